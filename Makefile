@@ -1,0 +1,43 @@
+# KBTP target: one Makefile for set-up, tests and the demo.
+# Ref: README.md (the two set-up commands), .ci/run (CI runs `make install` then `make test`).
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+# Debian packages the project needs on a fresh Debian 12 machine.
+APT_PKGS ?= build-essential make git python3-venv iverilog
+
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install apt venv test test-fast demo clean
+
+install: apt venv
+
+apt:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "apt: all of $(APT_PKGS) present"; fi; \
+	else echo "apt: not root or no apt-get; install by hand: $(APT_PKGS)"; fi
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -n 2 tests
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+demo: $(VENV)/.installed
+	$(PY) -m sim.demo
+
+clean:
+	rm -rf $(VENV) build sim_build .pytest_cache
