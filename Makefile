@@ -30,13 +30,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 venv: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: install
 	$(PY) -m pytest -q -n 2 tests
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
-demo: $(VENV)/.installed
+demo: install
 	$(PY) -m sim.demo
 
 clean:
