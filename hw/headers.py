@@ -343,3 +343,100 @@ EXT_HEADERS = {
     BthOpcode.SEND_LAST_INV: (IETH,), BthOpcode.SEND_ONLY_INV: (IETH,),
     BthOpcode.UD_SEND_ONLY: (DETH,), BthOpcode.UD_SEND_ONLY_IMM: (DETH, ImmDt),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# sim.rc: InfiniBand CM over QP1 (roce-layouts.md §7.1-§7.6; Linux ibta_vol1_c12.h tables)
+# --------------------------------------------------------------------------------------------
+
+GSI_QKEY = 0x80010000          # DETH Q_Key of every QP1 (GSI) datagram
+CM_MGMT_CLASS = 0x07           # MAD management class: Communication Management
+CM_CLASS_VERSION = 2
+MAD_METHOD_SEND = 0x03         # every CM message is a Send with R = 0
+IP_CM_SERVICE_ID_TCP = 0x0000000001060000   # | 16-bit port (rdma_cm TCP port space)
+
+
+class CmAttr(enum.Enum, shape=16):
+    CLASS_PORT_INFO = 0x0001
+    REQ = 0x0010
+    MRA = 0x0011
+    REJ = 0x0012
+    REP = 0x0013
+    RTU = 0x0014
+    DREQ = 0x0015
+    DREP = 0x0016
+    SIDR_REQ = 0x0017
+    SIDR_REP = 0x0018
+    LAP = 0x0019
+    APR = 0x001A
+
+
+MadHeader = wire_struct("MadHeader", [
+    ("base_version", 8), ("mgmt_class", 8), ("class_version", 8), ("method", 8),
+    ("status", 16), ("class_specific", 16), ("tid", 64),
+    ("attr_id", 16), ("reserved", 16), ("attr_mod", 32),
+], "MAD common header (24 octets); bit 7 of `method` is the R (response) bit.")
+
+CmReq = wire_struct("CmReq", [
+    ("local_comm_id", 32), ("vendor_id", 32), ("service_id", 64), ("local_ca_guid", 64),
+    ("rsvd24", 32), ("local_qkey", 32),
+    ("local_qpn", 24), ("responder_resources", 8),
+    ("local_eecn", 24), ("initiator_depth", 8),
+    ("remote_eecn", 24), ("remote_cm_response_timeout", 5), ("transport_service_type", 2),
+    ("e2e_flow_control", 1),
+    ("starting_psn", 24), ("local_cm_response_timeout", 5), ("retry_count", 3),
+    ("pkey", 16), ("path_mtu", 4), ("rdc_exists", 1), ("rnr_retry_count", 3),
+    ("max_cm_retries", 4), ("srq", 1), ("ext_transport_type", 3),
+    ("primary_local_lid", 16), ("primary_remote_lid", 16),
+    ("primary_local_gid", 128), ("primary_remote_gid", 128),
+    ("primary_flow_label", 20), ("rsvd88", 6), ("primary_packet_rate", 6),
+    ("primary_traffic_class", 8), ("primary_hop_limit", 8),
+    ("primary_sl", 4), ("primary_subnet_local", 1), ("rsvd94", 3),
+    ("primary_local_ack_timeout", 5), ("rsvd95", 3),
+    ("alternate_path", 44 * 8), ("private_data", 92 * 8),
+], "CM REQ (ConnectRequest) message, 232 octets after the MAD header.")
+
+CmRep = wire_struct("CmRep", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("local_qkey", 32),
+    ("local_qpn", 24), ("rsvd15", 8), ("local_eecn", 24), ("rsvd19", 8),
+    ("starting_psn", 24), ("rsvd23", 8),
+    ("responder_resources", 8), ("initiator_depth", 8),
+    ("target_ack_delay", 5), ("failover_accepted", 2), ("e2e_flow_control", 1),
+    ("rnr_retry_count", 3), ("srq", 1), ("rsvd27", 4),
+    ("local_ca_guid", 64), ("private_data", 196 * 8),
+], "CM REP (ConnectReply) message, 232 octets.")
+
+CmRtu = wire_struct("CmRtu", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("private_data", 224 * 8),
+], "CM RTU (ReadyToUse) message, 232 octets.")
+
+CmDrep = wire_struct("CmDrep", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("private_data", 224 * 8),
+], "CM DREP (DisconnectReply) message, 232 octets.")
+
+CmDreq = wire_struct("CmDreq", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("remote_qpn", 24), ("rsvd11", 8),
+    ("private_data", 220 * 8),
+], "CM DREQ (DisconnectRequest) message, 232 octets.")
+
+CmRej = wire_struct("CmRej", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("msg_rejected", 2), ("rsvd8", 6),
+    ("reject_info_length", 7), ("rsvd9", 1), ("reason", 16), ("ari", 72 * 8),
+    ("private_data", 148 * 8),
+], "CM REJ (ConnectReject) message, 232 octets.")
+
+CmMra = wire_struct("CmMra", [
+    ("local_comm_id", 32), ("remote_comm_id", 32), ("msg_mraed", 2), ("rsvd8", 6),
+    ("service_timeout", 5), ("rsvd9", 3), ("private_data", 222 * 8),
+], "CM MRA (MsgRcptAck) message, 232 octets.")
+
+IpCmHeader = wire_struct("IpCmHeader", [
+    ("maj_ver", 4), ("min_ver", 4), ("ip_ver", 4), ("rsvd1", 4), ("src_port", 16),
+    ("src_ip", 128), ("dst_ip", 128),
+], "RDMA IP CM Service header at the start of REQ private data (36 octets; annex A11).")
+
+__all__ += [
+    "GSI_QKEY", "CM_MGMT_CLASS", "CM_CLASS_VERSION", "MAD_METHOD_SEND", "IP_CM_SERVICE_ID_TCP",
+    "CmAttr", "MadHeader", "CmReq", "CmRep", "CmRtu", "CmDrep", "CmDreq", "CmRej", "CmMra",
+    "IpCmHeader",
+]
