@@ -76,7 +76,7 @@ __all__ = [
     "Hello", "HelloAck", "Load", "Store", "AllocStore", "Free", "Bind", "Completion", "Goodbye",
     "TableEntryValue", "RingSlotValue", "CompletionRecordValue",
     "encode", "decode", "encode_entry", "decode_entry", "encode_slot", "decode_slot",
-    "encode_record", "decode_record", "to_json_dict", "message_class",
+    "encode_record", "decode_record", "to_json_dict", "from_json_dict", "message_class",
     "ALLOWED_FLAGS", "REQUEST_OPCODES", "HEADER_SIZE", "HELLO_ACK_MIN_SIZE",
 ]
 
@@ -817,3 +817,90 @@ def to_json_dict(msg):
         out.update({f.name: _json_value(f.name, getattr(msg, f.name)) for f in fields(msg)})
         return out
     raise TypeError(f"cannot convert {msg!r} to JSON")
+
+
+def _int_from_json(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise KbtpError(name, f"expected an integer or a hex string, got {value!r}", value)
+    if isinstance(value, str):
+        try:
+            return int(value, 0)
+        except ValueError:
+            raise KbtpError(name, f"not an integer: {value!r}", value) from None
+    return value
+
+
+def _flags_from_json(name, enum_cls, value):
+    if isinstance(value, list):
+        out = 0
+        for item in value:
+            if isinstance(item, str) and item in enum_cls.__members__:
+                out |= enum_cls[item].value
+            else:
+                out |= _int_from_json(name, item)
+        return out
+    return _int_from_json(name, value)
+
+
+def _from_json_value(name, value, default):
+    if isinstance(default, (DataDesc, ComplDesc, DirectDesc)) or name in (
+            "data", "completion", "table", "pool", "partition", "ring", "head"):
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise KbtpError(name, f"expected an object, got {value!r}", value)
+        cls = {"data": DataDesc, "completion": ComplDesc}.get(name, DirectDesc)
+        return cls(**{f.name: _int_from_json(f"{name}.{f.name}", value.get(f.name, 0))
+                      for f in fields(cls)})
+    if name == "inline":
+        try:
+            return bytes.fromhex(value)
+        except (TypeError, ValueError):
+            raise KbtpError(name, f"not a hex string: {value!r}", value) from None
+    if name == "status":
+        if isinstance(value, str) and value in Status.__members__:
+            return Status[value].value
+        return _int_from_json(name, value)
+    if name in ("features", "requested_features"):
+        return _flags_from_json(name, Features, value)
+    return _int_from_json(name, value)
+
+
+def from_json_dict(obj):
+    """Inverse of :func:`to_json_dict` (names or ints for opcode/status/flags; hex or ints).
+
+    Missing fields take their defaults; ``version`` and unknown keys are ignored.
+    """
+    if not isinstance(obj, dict):
+        raise KbtpError("input", f"expected a JSON object, got {type(obj).__name__}")
+    kind = obj.get("struct")
+    if kind is not None:
+        cls = {"table_entry": TableEntryValue, "ring_slot": RingSlotValue,
+               "completion_record": CompletionRecordValue}.get(kind)
+        if cls is None:
+            raise KbtpError("struct", f"unknown structure {kind!r}", kind)
+        values = {}
+        for f in fields(cls):
+            value = obj.get(f.name, 0)
+            if f.name == "flags":
+                values[f.name] = _flags_from_json(f.name, EntryFlags, value)
+            else:
+                values[f.name] = _from_json_value(f.name, value, f.default)
+        return cls(**values)
+    op = obj.get("opcode")
+    try:
+        op = Opcode[op] if isinstance(op, str) and op in Opcode.__members__ else Opcode(
+            _int_from_json("opcode", op))
+    except ValueError:
+        raise KbtpError("opcode", f"unknown opcode {op!r}", op) from None
+    cls = _CLASSES[op]
+    flag_enum = GoodbyeFlags if op is Opcode.GOODBYE else ReqFlags
+    values = {}
+    for f in fields(cls):
+        if f.name not in obj:
+            continue
+        if f.name == "flags":
+            values[f.name] = _flags_from_json("flags", flag_enum, obj[f.name])
+        else:
+            values[f.name] = _from_json_value(f.name, obj[f.name], f.default)
+    return cls(**values)
