@@ -1,0 +1,241 @@
+# Ref: roce-layouts.md §2-§4 (field layouts restated here on purpose, NOT from hw/headers.py, so
+#      that tests have an oracle independent of the gateware's layouts); scapy.contrib.roce.
+"""Test helpers shared by the network tests (others may reuse them).
+
+- scapy layers missing from ``scapy.contrib.roce``: RETH, AtomicETH, AtomicAckETH, ImmDt, IETH,
+  DETH (AETH and BTH come from scapy itself, which also computes the ICRC);
+- :data:`OPCODE_EXTS`: the extended headers after the BTH per opcode (roce-layouts.md §3);
+- :func:`roce_frame` to build complete Ether/IPv4/UDP/BTH/... frames, :func:`dissect_roce` to
+  split BTH .. ICRC bytes with the scapy layers;
+- Amaranth-simulator stream helpers with random idles and back-pressure.
+"""
+
+import random
+import struct
+import zlib
+
+from scapy.fields import BitField, ByteField, IntField, XIntField, XLongField
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet, Raw
+from scapy.contrib.roce import BTH, AETH
+
+__all__ = ["RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH", "BTH",
+           "OPCODE_EXTS", "roce_frame", "dissect_roce", "icrc_of", "frame_beats",
+           "beats_bytes", "StreamDriver", "run_sim", "split_packets", "zlib_icrc", "seeded",
+           "random_ext_fields", "EXT_NAME"]
+
+
+class RETH(Packet):
+    name = "RETH"
+    fields_desc = [XLongField("va", 0), XIntField("rkey", 0), IntField("dma_length", 0)]
+
+
+class AtomicETH(Packet):
+    name = "AtomicETH"
+    fields_desc = [XLongField("va", 0), XIntField("rkey", 0), XLongField("swap_add", 0),
+                   XLongField("compare", 0)]
+
+
+class AtomicAckETH(Packet):
+    name = "AtomicAckETH"
+    fields_desc = [XLongField("orig_data", 0)]
+
+
+class ImmDt(Packet):
+    name = "ImmDt"
+    fields_desc = [XIntField("imm", 0)]
+
+
+class IETH(Packet):
+    name = "IETH"
+    fields_desc = [XIntField("rkey", 0)]
+
+
+class DETH(Packet):
+    name = "DETH"
+    fields_desc = [XIntField("qkey", 0), ByteField("reserved", 0), BitField("src_qp", 0, 24)]
+
+
+for _cls in (RETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH):
+    # Nothing is bound after these layers: what follows is payload (+ pad).
+    _cls.guess_payload_class = lambda self, payload: Raw
+
+#: roce-layouts.md §3: headers after the BTH, in order.
+OPCODE_EXTS = {
+    0x00: (), 0x01: (), 0x02: (), 0x03: (ImmDt,), 0x04: (), 0x05: (ImmDt,),
+    0x06: (RETH,), 0x07: (), 0x08: (), 0x09: (ImmDt,), 0x0A: (RETH,), 0x0B: (RETH, ImmDt),
+    0x0C: (RETH,), 0x0D: (AETH,), 0x0E: (), 0x0F: (AETH,), 0x10: (AETH,), 0x11: (AETH,),
+    0x12: (AETH, AtomicAckETH), 0x13: (AtomicETH,), 0x14: (AtomicETH,),
+    0x16: (IETH,), 0x17: (IETH,), 0x64: (DETH,), 0x65: (DETH, ImmDt),
+}
+
+#: Header field names per scapy layer, as the gateware records name them.
+EXT_NAME = {RETH: "reth", AETH: "aeth", AtomicETH: "atomic_eth", AtomicAckETH: "atomic_ack",
+            ImmDt: "imm", IETH: "ieth", DETH: "deth"}
+
+
+def random_ext_fields(cls, rng):
+    """Random field values for one extended header layer."""
+    out = {}
+    for f in cls.fields_desc:
+        bits = f.size if isinstance(f, BitField) else f.sz * 8
+        out[f.name] = rng.getrandbits(bits)
+    return out
+
+
+def roce_frame(opcode, payload=b"", *, ext=None, bth=None, src_mac="52:54:00:00:00:02",
+               dst_mac="52:54:00:00:00:01", src_ip="10.0.0.2", dst_ip="10.0.0.1",
+               sport=55996, ip_id=0, ttl=64, tos=0, flags="DF", pad=None):
+    """A complete RoCEv2 frame built by scapy (scapy computes IPv4 checksum and ICRC).
+
+    ``ext`` maps layer class -> field dict; ``pad`` defaults to (-len(payload)) % 4 zero
+    octets, announced in BTH PadCnt.
+    """
+    ext = ext or {}
+    padn = (-len(payload)) % 4 if pad is None else pad
+    bth_fields = {"opcode": opcode, "padcount": padn, "pkey": 0xFFFF, "dqpn": 0x11, "psn": 0}
+    bth_fields.update(bth or {})
+    p = BTH(**bth_fields)
+    for cls in OPCODE_EXTS.get(opcode, ()):
+        p = p / cls(**ext.get(cls, {}))
+    body = payload + b"\x00" * padn
+    if body:
+        p = p / Raw(body)
+    return (Ether(src=src_mac, dst=dst_mac) /
+            IP(src=src_ip, dst=dst_ip, id=ip_id, ttl=ttl, tos=tos, flags=flags) /
+            UDP(sport=sport, dport=4791, chksum=0) / p)
+
+
+def dissect_roce(raw):
+    """Split BTH .. ICRC octets with scapy: ``(bth_fields, {name: fields}, payload, icrc)``.
+
+    ``payload`` excludes the pad announced in PadCnt and the ICRC.
+    """
+    raw = bytes(raw)
+    bth = BTH(raw)
+    fields = {k: bth.getfieldval(k) for k in ("opcode", "solicited", "migreq", "padcount",
+                                                "version", "pkey", "fecn", "becn", "resv6",
+                                                "dqpn", "ackreq", "resv7", "psn")}
+    off, exts = 12, {}
+    for cls in OPCODE_EXTS[fields["opcode"]]:
+        size = len(cls())
+        layer = cls(raw[off:off + size])
+        exts[EXT_NAME[cls]] = {f.name: layer.getfieldval(f.name) for f in cls.fields_desc}
+        off += size
+    end = len(raw) - 4 - fields["padcount"]
+    return fields, exts, raw[off:end], raw[-4:]
+
+
+def icrc_of(frame):
+    """ICRC octets recomputed by scapy for an Ether/IP/UDP/BTH frame given as bytes."""
+    pkt = Ether(frame)
+    b = pkt[BTH]
+    return b.compute_icrc(None)
+
+
+# --------------------------------------------------------------------------------------------
+# Amaranth simulator helpers
+# --------------------------------------------------------------------------------------------
+
+def frame_beats(octets, width):
+    """Split octets into ``(data, keep, last)`` beats, lane 0 first on the wire."""
+    nl = width // 8
+    out = []
+    for off in range(0, len(octets), nl):
+        chunk = octets[off:off + nl]
+        out.append((int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1,
+                    int(off + nl >= len(octets))))
+    return out
+
+
+def beats_bytes(beats, width):
+    """Inverse of :func:`frame_beats`; checks that keep is contiguous from lane 0."""
+    nl = width // 8
+    out = bytearray()
+    for k, (d, keep, last) in enumerate(beats):
+        n = bin(keep).count("1")
+        assert keep == (1 << n) - 1, f"non-contiguous keep {keep:#x}"
+        assert n == nl or last, f"partial beat {k} (keep {keep:#x}) before the last one"
+        assert n > 0, "empty beat"
+        out += d.to_bytes(nl, "little")[:n]
+    return bytes(out)
+
+
+class StreamDriver:
+    """Random idle / back-pressure source and sink for ``amaranth.lib.stream`` ports.
+
+    ``idle`` and ``stall`` are probabilities per cycle (0 = full speed).
+    """
+
+    def __init__(self, rng, idle=0.0, stall=0.0):
+        self.rng = rng
+        self.idle = idle
+        self.stall = stall
+
+    async def put(self, ctx, port, payloads):
+        """Send payloads (dicts or ints for ``port.payload``) one per handshake."""
+        for p in payloads:
+            while self.idle and self.rng.random() < self.idle:
+                ctx.set(port.valid, 0)
+                await ctx.tick()
+            ctx.set(port.valid, 1)
+            ctx.set(port.payload, p)
+            await ctx.tick().until(port.ready)
+        ctx.set(port.valid, 0)
+
+    async def collect(self, ctx, port, out):
+        """Forever: accept beats into ``out`` (as sampled payload constants)."""
+        while True:
+            if self.stall and self.rng.random() < self.stall:
+                ctx.set(port.ready, 0)
+                await ctx.tick()
+                continue
+            ctx.set(port.ready, 1)
+            *_, valid, payload = await ctx.tick().sample(port.valid, port.payload)
+            if valid:
+                out.append(payload)
+
+
+def run_sim(dut, main, background=(), vcd=None):
+    """Run ``main`` (async testbench) with background testbenches until ``main`` returns."""
+    from amaranth.sim import Simulator
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    for bg in background:
+        sim.add_testbench(bg, background=True)
+    sim.add_testbench(main)
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        sim.run()
+
+
+def split_packets(beats, width, get=lambda b: (b.data, b.keep, b.last)):
+    """Group sampled output beats into packets: list of ``(bytes, first_beat)``."""
+    packets, cur, first = [], [], None
+    for b in beats:
+        if not cur:
+            first = b
+        cur.append(tuple(int(x) for x in get(b)))
+        if cur[-1][2]:
+            packets.append((beats_bytes(cur, width), first))
+            cur = []
+    assert not cur, "output ended inside a packet"
+    return packets
+
+
+def zlib_icrc(ip_to_end_without_icrc):
+    """Reference ICRC straight from roce-layouts.md §5 (masks applied here, zlib CRC)."""
+    m = bytearray(ip_to_end_without_icrc)
+    m[1] = 0xFF
+    m[8] = 0xFF
+    m[10:12] = b"\xff\xff"
+    m[26:28] = b"\xff\xff"
+    m[32] = 0xFF
+    return struct.pack("<I", zlib.crc32(b"\xff" * 8 + bytes(m)) & 0xFFFFFFFF)
+
+
+def seeded(seed):
+    return random.Random(seed)
