@@ -934,6 +934,12 @@ class TargetModel:
         if s is None or op in (Opcode.HELLO_ACK, Opcode.COMPLETION):
             self._complete_raw(c, raw, Status.MALFORMED)
             return None
+        both = ReqFlags.RECORD.value | ReqFlags.INVALIDATE.value
+        if (msg.flags & both == both and op is not Opcode.GOODBYE
+                and s.features & Features.RECORD_COMPLETION.value):
+            # a Write with Immediate cannot invalidate (Readings 9)
+            self._complete_raw(c, raw, Status.MALFORMED)
+            return None
         handler = {Opcode.LOAD: self._load, Opcode.STORE: self._store,
                    Opcode.ALLOC_STORE: self._alloc_store, Opcode.FREE: self._free,
                    Opcode.BIND: self._bind, Opcode.GOODBYE: self._goodbye}[op]

@@ -1,0 +1,551 @@
+# Ref: draft KBTP §Target Memory Structures, §Allocation Quotas, §Session Establishment,
+#      §Operations, §Completion, §Direct Modes, §Status Codes, §Examples; shared/spec/layouts.md
+"""Tests of the golden model (sim.model) against independent oracles.
+
+Requests are built and completions, HELLO_ACKs, entries, slots and records are parsed or
+predicted with :mod:`struct` straight from the byte offsets of layouts.md and the draft's byte
+examples, so these tests share no code (and no bug) with host.codec, hw.headers or sim.ring.
+"""
+
+import random
+import struct
+
+import pytest
+
+from sim.model import (AccessError, Disconnect, InvalidateStag, MemWrite, RdmaRead, RdmaWrite,
+                       SendMsg, TargetConfig, TargetModel, WriteImm)
+import struct
+
+OP = {"HELLO": 0x01, "HELLO_ACK": 0x02, "LOAD": 0x10, "STORE": 0x11, "ALLOC_STORE": 0x12,
+      "FREE": 0x13, "BIND": 0x14, "COMPLETION": 0x20, "GOODBYE": 0x30}
+ST = {"OK": 0, "INVALID_HANDLE": 1, "STALE_GENERATION": 2, "NOT_VALID": 3, "ALREADY_BOUND": 4,
+      "NO_SPACE": 5, "SEALED": 6, "NOT_SEALED": 7, "TOO_LARGE": 8, "MALFORMED": 9,
+      "INTERNAL": 10, "TICKET_ABANDONED": 11}
+INLINE, SEAL, RECORD, INVALIDATE, ALLOW_UNSEALED = 1, 2, 4, 8, 0x10
+DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE = 1, 2, 4, 8
+
+
+def header(op, flags=0, rid=0, handle=0, gen=0, le=False):
+    h = struct.pack("<Q" if le else ">Q", handle)
+    return struct.pack(">BBHQ", 1, OP[op], flags, rid) + h + struct.pack(">HH", gen, 0)
+
+
+def data_desc(stag, to, length, le=False):
+    return struct.pack("<IQI" if le else ">IQI", stag, to, length)
+
+
+def compl_desc(stag, to, le=False):
+    return struct.pack("<IQ" if le else ">IQ", stag, to) + b"\0" * 4
+
+
+def hello(features, iid, credits=8):
+    return header("HELLO") + struct.pack(">HH", features, credits) + iid.to_bytes(16, "big")
+
+
+def load(rid, handle, stag, to, length, flags=0, gen=0, le=False, record=None):
+    raw = header("LOAD", flags, rid, handle, gen, le) + data_desc(stag, to, length, le)
+    if record is not None:
+        raw += compl_desc(*record, le=le)
+    return raw
+
+
+def store(op, rid, handle, data=None, flags=0, gen=0, le=False, src=None, record=None):
+    """STORE/ALLOC_STORE: ``data`` inline (INLINE is added) or ``src=(stag, to, length)``."""
+    if data is not None:
+        flags |= INLINE
+        raw = header(op, flags, rid, handle, gen, le) + data_desc(0, 0, len(data), le)
+    else:
+        raw = header(op, flags, rid, handle, gen, le) + data_desc(*src, le=le)
+    if record is not None:
+        raw += compl_desc(*record, le=le)
+    return raw + (data or b"")
+
+
+def free(rid, handle, gen=0, le=False, flags=0, record=None):
+    raw = header("FREE", flags, rid, handle, gen, le)
+    if record is not None:
+        raw += compl_desc(*record, le=le)
+    return raw
+
+
+def bind(rid, handle, ticket, length, boff, gen=0, le=False):
+    return header("BIND", 0, rid, handle, gen, le) + struct.pack(">IIQ", ticket, length, boff)
+
+
+def goodbye(release=False):
+    return header("GOODBYE", 1 if release else 0)
+
+
+def parse_completion(raw, le=False):
+    assert len(raw) == 40, len(raw)
+    v, op, flags, rid = struct.unpack(">BBHQ", raw[:12])
+    (handle,) = struct.unpack(">Q", raw[12:20])     # handle of a COMPLETION: big-endian
+    gen, status, dlen, resv, boff = struct.unpack(">HHIIQ", raw[20:40])
+    assert (v, op, flags, resv) == (1, OP["COMPLETION"], 0, 0)
+    return {"rid": rid, "handle": handle, "gen": gen, "status": status, "dlen": dlen,
+            "boff": boff}
+
+
+def parse_hello_ack(raw):
+    v, op, flags, rid, handle, gen, status = struct.unpack(">BBHQQHH", raw[:24])
+    assert (v, op) == (1, OP["HELLO_ACK"])
+    out = dict(zip(("features", "credits", "block_size", "max_inline", "quota", "handle_base",
+                    "handle_count", "timeout"), struct.unpack(">HHIIIQII", raw[24:56])))
+    out["status"] = status
+    pos = 56
+    if out["features"] & DIRECT_LOAD and status == 0:
+        t = struct.unpack(">IQIQQIQI", raw[pos:pos + 48])
+        out["table"], out["table_base_handle"], out["pool"] = t[0:3], t[3], t[5:8]
+        pos += 48
+    if out["features"] & DIRECT_ALLOC and status == 0:
+        t = struct.unpack(">IQIIQIIQI", raw[pos:pos + 48])
+        out["partition"], out["ring"], out["head"] = t[0:3], t[3:6], t[6:9]
+        pos += 48
+    assert pos == len(raw) or status != 0
+    return out
+
+
+def entry(flags, gen, dlen, boff, le=False):
+    return struct.pack(">HHI", flags, gen, dlen) + struct.pack("<Q" if le else ">Q", boff)
+
+
+def slot(seq, boff, le=False):
+    return struct.pack(">II", seq & 0xFFFFFFFF, 0) + struct.pack("<Q" if le else ">Q", boff)
+
+
+def record(rid, status, gen, dlen, boff):
+    return struct.pack(">QHHIQ", rid, status, gen, dlen, boff)
+
+
+# --------------------------------------------------------------------------------------------
+# Harness helpers
+# --------------------------------------------------------------------------------------------
+
+DRAFT_ALLOC_STORE = bytes.fromhex(
+    "01120001 0000000000000007 0000000000004001 00000000"
+    "00000000 0000000000000000 00000008 4b56424c4f434b21".replace(" ", ""))
+DRAFT_COMPLETION = bytes.fromhex(
+    "01200000 0000000000000007 0000000000004001 00050000"
+    "00000008 00000000 0000000000150000".replace(" ", ""))
+MASK32 = 0xFFFFFFFF
+
+
+def up(m, conn, iid, features=0):
+    """Connect and say HELLO; return the parsed HELLO_ACK."""
+    m.connect(conn)
+    acts = m.receive(conn, hello(features, iid))
+    assert isinstance(acts[0], SendMsg)
+    return parse_hello_ack(acts[0].payload)
+
+
+def sends(acts):
+    return [a for a in acts if isinstance(a, SendMsg)]
+
+
+def comp(acts, le=False):
+    """The one COMPLETION among the actions, parsed."""
+    s = sends(acts)
+    assert len(s) == 1, acts
+    return parse_completion(s[0].payload, le)
+
+
+def mws(acts):
+    return [a for a in acts if isinstance(a, MemWrite)]
+
+
+def mem_entry(m, handle):
+    a = m.lay["table"] + 16 * (handle - m.cfg.table_base_handle)
+    return bytes(m.mem[a:a + 16])
+
+
+def mem_slot(m, base, s):
+    return bytes(m.mem[base + 16 * s: base + 16 * s + 16])
+
+
+def counter(m, addr):
+    return int.from_bytes(m.mem[addr:addr + 8], "little")
+
+
+def block(m, boff, n):
+    a = m.lay["pool"] + boff - m.cfg.pool_to_base
+    return bytes(m.mem[a:a + n])
+
+
+def masked_add_oracle(value, n):
+    """Field-by-field counter advance: ticket + 1 mod 2^32, slot offset + 16 mod 16N."""
+    ticket, off = value >> 32, value & MASK32
+    return (((ticket + 1) & MASK32) << 32) | ((off + 16) % (16 << n))
+
+
+def draft_cfg(**kw):
+    """The draft's example target: 32 KiB blocks, block 42 first on the ring, so that the
+    example ALLOC_STORE gets Block Offset 0x150000; entries start at Generation 4 so that the
+    bind produces the example's Generation 5."""
+    order = list(range(42, 64)) + list(range(42))
+    base = dict(block_size=32768, num_blocks=64, num_handles=256, table_base_handle=0x4000,
+                handles_per_initiator=64, initial_free_order=order, initial_generation=4,
+                quota_per_initiator=8)
+    base.update(kw)
+    return TargetConfig(**base)
+
+
+# --------------------------------------------------------------------------------------------
+# Session establishment
+# --------------------------------------------------------------------------------------------
+
+def test_hello_ack_negotiation_ranges_and_quotas():
+    cfg = TargetConfig(num_blocks=10, quota_per_initiator=4, num_handles=256,
+                       handles_per_initiator=64, features_offered=DIRECT_LOAD | RECORD_COMPLETION)
+    m = TargetModel(cfg)
+    acks = [up(m, c, 0x1000 + c, features=0xFFFF) for c in range(4)]
+    for a in acks:
+        assert a["status"] == 0
+        assert a["features"] == DIRECT_LOAD | RECORD_COMPLETION     # requested & offered
+        assert (a["block_size"], a["max_inline"], a["timeout"]) == (4096, 1024, 100)
+        assert a["table"] == (cfg.table_stag, 0, 256) and a["table_base_handle"] == 0x4000
+        assert a["pool"] == (cfg.pool_stag, 0, 10)
+    # non-overlapping handle ranges, 64 each, covering the table in order
+    assert [(a["handle_base"], a["handle_count"]) for a in acks] == \
+        [(0x4000 + 64 * i, 64) for i in range(4)]
+    # sum of quotas never exceeds F = 10: 4 + 4 + 2 + 0
+    assert [a["quota"] for a in acks] == [4, 4, 2, 0]
+    # a fifth initiator finds no handle range: NO_SPACE, then the target disconnects
+    m.connect(9)
+    acts = m.receive(9, hello(0, 0x9999))
+    assert parse_hello_ack(acts[0].payload)["status"] == ST["NO_SPACE"]
+    assert acts[-1] == Disconnect(9, acts[-1].reason)
+    # the RDMAP binding never offers RECORD_COMPLETION
+    m2 = TargetModel(TargetConfig(binding="rdmap"))
+    assert not up(m2, 1, 7, features=0xFFFF)["features"] & RECORD_COMPLETION
+
+
+def test_active_initiator_id_rejected_and_second_hello():
+    m = TargetModel(TargetConfig())
+    assert up(m, 1, 0xABCD)["status"] == 0
+    m.connect(2)
+    acts = m.receive(2, hello(0, 0xABCD))
+    assert parse_hello_ack(acts[0].payload)["status"] == ST["ALREADY_BOUND"]
+    assert isinstance(acts[1], Disconnect) and acts[1].conn == 2
+    assert m.receive(2, hello(0, 0xABCD)) == []           # closed connection: nothing
+    # a second HELLO on a live session: MALFORMED, session kept
+    acts = m.receive(1, hello(0, 0xABCD))
+    assert parse_hello_ack(acts[0].payload)["status"] == ST["MALFORMED"]
+    assert len(acts) == 1
+    c = comp(m.receive(1, store("ALLOC_STORE", 5, 0x4000, b"x")))
+    assert c["status"] == 0
+    # a malformed HELLO (version 2)
+    m.connect(3)
+    raw = bytearray(hello(0, 0x77))
+    raw[0] = 2
+    acts = m.receive(3, bytes(raw))
+    assert parse_hello_ack(acts[0].payload)["status"] == ST["MALFORMED"]
+    assert isinstance(acts[-1], Disconnect)
+    assert m.counters[("HELLO", "ALREADY_BOUND")] == 1
+    assert m.counters[("HELLO", "MALFORMED")] == 2
+
+
+def test_request_before_hello_is_malformed():
+    m = TargetModel(TargetConfig())
+    m.connect(1)
+    c = comp(m.receive(1, load(0x55, 0x4003, 1, 0, 8)))
+    assert (c["status"], c["rid"], c["handle"]) == (ST["MALFORMED"], 0x55, 0x4003)
+
+
+# --------------------------------------------------------------------------------------------
+# The draft's examples
+# --------------------------------------------------------------------------------------------
+
+def test_draft_alloc_store_example_bytes_memory_and_write_order():
+    m = TargetModel(draft_cfg())
+    up(m, 1, 0x1111)
+    acts = m.receive(1, DRAFT_ALLOC_STORE)
+    assert sends(acts)[0].payload == DRAFT_COMPLETION
+    lay = m.lay
+    head_new = masked_add_oracle(0, lay["ring_n"].bit_length() - 1)
+    entry_addr = lay["table"] + 16 * 1
+    expected = [
+        MemWrite(lay["head"], head_new.to_bytes(8, "little")),          # FetchAdd on Head
+        MemWrite(lay["ring"] + 8, b"\xff" * 8),                          # slot 0 consumed
+        MemWrite(lay["pool"] + 0x150000, b"KVBLOCK!"),                   # data
+        MemWrite(entry_addr + 4, struct.pack(">IQ", 8, 0x150000)),      # Data Length, Offset
+        MemWrite(entry_addr, struct.pack(">HH", 1, 5)),                  # then Flags, Gen
+    ]
+    assert mws(acts) == expected
+    assert acts.index(sends(acts)[0]) == len(acts) - 1                   # completion last
+    assert mem_entry(m, 0x4001) == entry(1, 5, 8, 0x150000)
+    assert block(m, 0x150000, 8) == b"KVBLOCK!"
+    assert m.counters[("ALLOC_STORE", "OK")] == 1
+
+
+def test_deferred_free_scenario_blocks_100_to_103():
+    bs = 4096
+    cfg = TargetConfig(block_size=bs, num_blocks=4, ring_order=2, pool_to_base=100 * bs,
+                       quotas={0xA: 1, 0xB: 3}, quota_per_initiator=0)
+    m = TargetModel(cfg)
+    assert up(m, "X", 0xA)["quota"] == 1
+    assert up(m, "Y", 0xB)["quota"] == 3
+    ring, lay = m.lay["ring"], m.lay
+    for s in range(4):                                   # initialization
+        assert mem_slot(m, ring, s) == slot(s, (100 + s) * bs)
+    m.hold("X")
+    acts = m.receive("X", store("ALLOC_STORE", 1, 0x4000, b"X" * 10))
+    assert acts == [MemWrite(lay["head"], masked_add_oracle(0, 2).to_bytes(8, "little"))]
+    got = []
+    for i in range(3):
+        c = comp(m.receive("Y", store("ALLOC_STORE", 10 + i, 0x4040 + i, b"Y%d" % i)))
+        got.append(c["boff"] // bs)
+    assert got == [101, 102, 103]
+    acts = m.receive("Y", free(20, 0x4040))                  # frees block 101
+    assert comp(acts)["status"] == 0
+    tail_new = masked_add_oracle((4 << 32) | 0, 2)          # Tail was (4, 0)
+    assert [w for w in mws(acts) if w.addr == lay["tail"]] == \
+        [MemWrite(lay["tail"], tail_new.to_bytes(8, "little"))]
+    assert not [w for w in mws(acts) if ring <= w.addr < ring + 64]   # deferred: no slot write
+    assert mem_slot(m, ring, 0) == slot(0, 100 * bs)             # slot 0 still X's
+    acts = m.release("X")
+    assert comp(acts)["boff"] == 100 * bs and comp(acts)["rid"] == 1
+    slot_writes = [w for w in mws(acts) if ring <= w.addr < ring + 64]
+    assert slot_writes == [MemWrite(ring + 8, b"\xff" * 8),                    # X consumes
+                           MemWrite(ring + 8, struct.pack(">Q", 101 * bs)),     # deferred free:
+                           MemWrite(ring, struct.pack(">I", 4))]               # offset, then seq
+    assert mem_slot(m, ring, 0) == slot(4, 101 * bs)
+    c = comp(m.receive("Y", store("ALLOC_STORE", 30, 0x4041 + 2, b"again")))
+    assert c["boff"] == 101 * bs                                  # ticket 4 gets block 101
+    bound = sorted(int.from_bytes(mem_entry(m, h)[8:], "big") // bs
+                   for h in (0x4000, 0x4041, 0x4042, 0x4043))
+    assert bound == [100, 101, 102, 103]                          # none lost, none twice
+
+
+# --------------------------------------------------------------------------------------------
+# LOAD, STORE, FREE
+# --------------------------------------------------------------------------------------------
+
+def test_load_store_seal_and_rdma_transfers():
+    m = TargetModel(TargetConfig(block_size=256))
+    up(m, 1, 0x1)
+    im = m.initiator_memory(1)
+    src = bytes(range(200))
+    im.register(0x51, src, base_to=0x1000, access="r")
+    im.register(0x52, 256, base_to=0x9000, access="w")
+    # ALLOC_STORE by RDMA Read (no INLINE), not sealed
+    acts = m.receive(1, store("ALLOC_STORE", 1, 0x4005, src=(0x51, 0x1010, 100)))
+    # draft order: allocate (Head FetchAdd, slot consumed), obtain the data, write it, entry
+    assert acts[2] == RdmaRead(1, 0x51, 0x1010, 100, src[0x10:0x10 + 100])
+    assert [type(a).__name__ for a in acts] == ["MemWrite"] * 2 + ["RdmaRead"] + \
+        ["MemWrite"] * 3 + ["SendMsg"]
+    c = comp(acts)
+    assert (c["status"], c["dlen"], c["gen"], c["handle"]) == (0, 100, 2, 0x4005)
+    boff = c["boff"]
+    assert block(m, boff, 100) == src[0x10:0x10 + 100]
+    assert mem_entry(m, 0x4005) == entry(1, 2, 100, boff)
+    # LOAD of an unsealed block: NOT_SEALED, unless ALLOW_UNSEALED
+    c = comp(m.receive(1, load(2, 0x4005, 0x52, 0x9000, 256)))
+    assert (c["status"], c["gen"]) == (ST["NOT_SEALED"], 2)
+    acts = m.receive(1, load(3, 0x4005, 0x52, 0x9000, 256, flags=ALLOW_UNSEALED))
+    assert acts[0] == RdmaWrite(1, 0x52, 0x9000, src[0x10:0x10 + 100])
+    assert comp(acts) == {"rid": 3, "handle": 0x4005, "gen": 2, "status": 0, "dlen": 100,
+                          "boff": boff}
+    assert im.contents(0x52)[:100] == src[0x10:0x10 + 100]
+    # LOAD whose destination is smaller than Data Length: TOO_LARGE, nothing written
+    acts = m.receive(1, load(4, 0x4005, 0x52, 0x9000, 99, flags=ALLOW_UNSEALED))
+    assert comp(acts)["status"] == ST["TOO_LARGE"] and len(acts) == 1
+    # STORE inline + SEAL: data, then Data Length, then Flags; Generation unchanged
+    acts = m.receive(1, store("STORE", 5, 0x4005, b"sealed!", flags=SEAL))
+    a = m.lay["table"] + 16 * 5
+    assert mws(acts) == [MemWrite(m.lay["pool"] + boff - 0, b"sealed!"),
+                         MemWrite(a + 4, struct.pack(">I", 7)),
+                         MemWrite(a, struct.pack(">H", 3))]
+    assert comp(acts)["status"] == 0
+    assert mem_entry(m, 0x4005) == entry(3, 2, 7, boff)
+    # STORE to a sealed block: SEALED; LOAD now works without ALLOW_UNSEALED
+    assert comp(m.receive(1, store("STORE", 6, 0x4005, b"no")))["status"] == ST["SEALED"]
+    acts = m.receive(1, load(7, 0x4005, 0x52, 0x9000, 7))
+    assert acts[0].data == b"sealed!" and comp(acts)["dlen"] == 7
+
+
+def test_free_entry_ring_and_generation_wrap():
+    cfg = TargetConfig(num_blocks=4, initial_generation=0xFFFE)
+    m = TargetModel(cfg)
+    up(m, 1, 0x1)
+    c = comp(m.receive(1, store("ALLOC_STORE", 1, 0x4000, b"abc", flags=SEAL)))
+    assert c["gen"] == 0xFFFF
+    boff = c["boff"]
+    acts = m.receive(1, free(2, 0x4000))
+    a, lay = m.lay["table"], m.lay
+    # entry first (flags cleared, Generation 0xFFFF + 1 skips 0 -> 1), then the Tail FetchAdd,
+    # then the slot: Block Offset, then Sequence (ticket 4 = F lands on slot 0)
+    assert mws(acts) == [
+        MemWrite(a, struct.pack(">HH", 0, 1)),
+        MemWrite(lay["tail"], masked_add_oracle(4 << 32, 2).to_bytes(8, "little")),
+        MemWrite(lay["ring"] + 8, struct.pack(">Q", boff)),
+        MemWrite(lay["ring"], struct.pack(">I", 4)),
+    ]
+    assert comp(acts) == {"rid": 2, "handle": 0x4000, "gen": 1, "status": 0, "dlen": 0,
+                          "boff": boff}
+    assert mem_entry(m, 0x4000) == entry(0, 1, 3, boff)
+    assert mem_slot(m, lay["ring"], 0) == slot(4, boff)
+    assert comp(m.receive(1, free(3, 0x4000)))["status"] == ST["NOT_VALID"]
+    assert m.occupancy()["shared"] == 4
+    # rebinding: Generation 2
+    assert comp(m.receive(1, store("ALLOC_STORE", 4, 0x4000, b"z")))["gen"] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Status codes and validation order
+# --------------------------------------------------------------------------------------------
+
+def test_every_status_code_is_reachable():
+    cfg = TargetConfig(block_size=64, num_blocks=8, quota_per_initiator=2, max_inline=32,
+                       direct_partitions=1, direct_quota=2, ticket_timeout_ms=10)
+    m = TargetModel(cfg)
+    up(m, 1, 0xA)                                   # range 0x4000.., quota 2
+    up(m, 2, 0xB)                                   # range 0x4040.., quota 2
+    m.initiator_memory(1).register(0x61, 64, access="rw")
+    seen = {}
+
+    def req(conn, raw, expect):
+        c = comp(m.receive(conn, raw))
+        assert c["status"] == ST[expect], (expect, c)
+        seen[expect] = True
+        return c
+
+    req(1, store("ALLOC_STORE", 1, 0x4000, b"a"), "OK")
+    req(1, store("ALLOC_STORE", 2, 0x4040, b"a"), "INVALID_HANDLE")   # B's range
+    req(1, load(3, 0x4000 + 256, 0x61, 0, 8), "INVALID_HANDLE")       # outside the table
+    req(1, free(4, 0x4000, gen=7), "STALE_GENERATION")
+    req(1, free(5, 0x4001), "NOT_VALID")
+    req(1, store("ALLOC_STORE", 6, 0x4000, b"b"), "ALREADY_BOUND")
+    req(1, store("ALLOC_STORE", 7, 0x4001, b"b"), "OK")
+    req(1, store("ALLOC_STORE", 8, 0x4002, b"c"), "NO_SPACE")          # quota 2 used
+    req(1, store("STORE", 9, 0x4001, b"s", flags=SEAL), "OK")
+    req(1, store("STORE", 10, 0x4001, b"t"), "SEALED")
+    req(1, load(11, 0x4000, 0x61, 0, 64), "NOT_SEALED")
+    req(1, store("STORE", 12, 0x4000, src=(0x61, 0, 65)), "TOO_LARGE")  # > Block Size
+    req(1, store("STORE", 13, 0x4000, b"x" * 33), "TOO_LARGE")          # > Max Inline
+    req(1, store("STORE", 14, 0x4000, src=(0x99, 0, 8)), "INTERNAL")    # unknown STag
+    bad = bytearray(load(15, 0x4000, 0x61, 0, 8))
+    bad[23] = 1                                                        # Status != 0
+    c = req(1, bytes(bad), "MALFORMED")
+    assert (c["rid"], c["handle"]) == (15, 0x4000)                     # echoed
+    # TICKET_ABANDONED: a direct initiator takes a ticket and lets it time out
+    ack = up(m, 3, 0xC, features=DIRECT_ALLOC)
+    stag, to, _ = ack["head"]
+    old = m.remote_fetch_add(3, stag, to, 0x0000000100000010, (1 << 63) | (1 << 31) | (1 << 4),
+                             now_ms=0)
+    m.tick(11)
+    req(3, bind(16, ack["handle_base"], old >> 32, 4, 0), "TICKET_ABANDONED")
+    assert set(seen) == set(ST)
+    names = {k[1] for k in m.counters}
+    assert set(ST) <= names
+
+
+def test_ring_empty_no_space_with_overcommitted_quotas():
+    m = TargetModel(TargetConfig(num_blocks=2, quota_per_initiator=2, overcommit_quotas=True))
+    up(m, 1, 0xA)
+    up(m, 2, 0xB)
+    assert comp(m.receive(1, store("ALLOC_STORE", 1, 0x4000, b"a")))["status"] == 0
+    assert comp(m.receive(2, store("ALLOC_STORE", 1, 0x4040, b"a")))["status"] == 0
+    acts = m.receive(2, store("ALLOC_STORE", 2, 0x4041, b"a"))     # quota 2 ok, ring empty
+    assert comp(acts)["status"] == ST["NO_SPACE"]
+    assert mws(acts) == []                                           # no ticket taken
+    assert m.occupancy()["shared"] == 0
+
+
+@pytest.mark.parametrize("raw_args, expect", [
+    # out of own range AND too long AND stale: the handle check comes first
+    (("STORE", 0x4040, 5000, 9), "INVALID_HANDLE"),
+    # own range, too long, stale generation: length before generation
+    (("STORE", 0x4000, 5000, 9), "TOO_LARGE"),
+    # own range, stale generation, not valid: generation before the entry state
+    (("STORE", 0x4001, 10, 9), "STALE_GENERATION"),
+    (("ALLOC_STORE", 0x4000, 10, 9), "STALE_GENERATION"),
+    (("ALLOC_STORE", 0x4000, 10, 0), "ALREADY_BOUND"),
+    (("ALLOC_STORE", 0x4000, 10, 2), "ALREADY_BOUND"),   # matching Generation is fine
+])
+def test_validation_order(raw_args, expect):
+    m = TargetModel(TargetConfig())
+    up(m, 1, 0xA)
+    up(m, 2, 0xB)
+    m.initiator_memory(1).register(0x61, 8192, access="r")
+    assert comp(m.receive(1, store("ALLOC_STORE", 1, 0x4000, b"a")))["gen"] == 2
+    op, h, length, gen = raw_args
+    before = bytes(m.mem)
+    acts = m.receive(1, store(op, 9, h, src=(0x61, 0, length), gen=gen))
+    assert comp(acts)["status"] == ST[expect]
+    assert mws(acts) == [] and bytes(m.mem) == before            # no other effect
+
+
+def test_load_any_handle_same_domain_only():
+    m = TargetModel(TargetConfig(trust_domains={0xA: 0, 0xB: 0, 0xC: 1}))
+    up(m, 1, 0xA)
+    up(m, 2, 0xB)
+    up(m, 3, 0xC)
+    m.initiator_memory(2).register(0x62, 64)
+    m.initiator_memory(3).register(0x63, 64)
+    assert comp(m.receive(1, store("ALLOC_STORE", 1, 0x4000, b"shared", flags=SEAL)))["status"] == 0
+    acts = m.receive(2, load(1, 0x4000, 0x62, 0, 64))             # another initiator, same domain
+    assert comp(acts)["status"] == 0 and acts[0].data == b"shared"
+    assert comp(m.receive(3, load(1, 0x4000, 0x63, 0, 64)))["status"] == ST["INVALID_HANDLE"]
+
+
+# --------------------------------------------------------------------------------------------
+# Completion variants
+# --------------------------------------------------------------------------------------------
+
+def test_record_completion_write_with_immediate():
+    m = TargetModel(TargetConfig())
+    ack = up(m, 1, 0xA, features=RECORD_COMPLETION)
+    assert ack["features"] == RECORD_COMPLETION
+    im = m.initiator_memory(1)
+    im.register(0x70, 48, base_to=0x700)
+    rid = 0x1122334455667788
+    acts = m.receive(1, store("ALLOC_STORE", rid, 0x4002, b"rec", flags=RECORD,
+                              record=(0x70, 0x718)))
+    assert sends(acts) == []
+    w = acts[-1]
+    boff = int.from_bytes(mem_entry(m, 0x4002)[8:], "big")
+    assert w == WriteImm(1, 0x70, 0x718, record(rid, 0, 2, 3, boff), 0x55667788)
+    assert im.contents(0x70)[0x18:0x30] == record(rid, 0, 2, 3, boff)
+    # an error is recorded too
+    acts = m.receive(1, free(9, 0x4003, flags=RECORD, record=(0x70, 0x700)))
+    assert acts[-1].data == record(9, ST["NOT_VALID"], 1, 0, 0)
+    # RECORD + INVALIDATE cannot be honoured by a Write with Immediate: MALFORMED Send
+    im.register(0x71, 8)
+    c = comp(m.receive(1, load(10, 0x4002, 0x71, 0, 8, flags=RECORD | INVALIDATE,
+                              record=(0x70, 0x700))))
+    assert c["status"] == ST["MALFORMED"]
+    # without RECORD_COMPLETION the flag is ignored: a COMPLETION Send
+    m2 = TargetModel(TargetConfig(binding="rdmap"))
+    up(m2, 1, 0xA, features=RECORD_COMPLETION)
+    m2.initiator_memory(1).register(0x70, 24)
+    acts = m2.receive(1, free(9, 0x4003, flags=RECORD, record=(0x70, 0)))
+    assert comp(acts)["status"] == ST["NOT_VALID"] and not any(
+        isinstance(a, WriteImm) for a in acts)
+
+
+def test_invalidate_and_initiator_memory_faults():
+    m = TargetModel(TargetConfig())
+    up(m, 1, 0xA)
+    im = m.initiator_memory(1)
+    im.register(0x80, b"payload!", access="r")
+    im.register(0x81, 16, access="w")
+    acts = m.receive(1, store("ALLOC_STORE", 1, 0x4000, flags=SEAL | INVALIDATE,
+                              src=(0x80, 0, 8)))
+    assert sends(acts)[0].invalidate_stag == 0x80
+    assert not im.buffers[0x80].valid
+    with pytest.raises(AccessError):
+        im.read(0x80, 0, 8)
+    # the invalidated source now faults: INTERNAL, the block goes back, nothing bound
+    occ = m.occupancy()["shared"]
+    acts = m.receive(1, store("ALLOC_STORE", 2, 0x4001, src=(0x80, 0, 8)))
+    assert comp(acts)["status"] == ST["INTERNAL"]
+    assert [a for a in acts if isinstance(a, RdmaRead)][0].error
+    assert m.occupancy()["shared"] == occ and mem_entry(m, 0x4001)[:2] == b"\0\0"
+    assert m.usage(0xA) == 1
+    # write access missing on the LOAD destination: INTERNAL; out of range too
+    im.register(0x82, 16, access="r")
+    assert comp(m.receive(1, load(3, 0x4000, 0x82, 0, 16)))["status"] == ST["INTERNAL"]
+    assert comp(m.receive(1, load(4, 0x4000, 0x81, 9, 16)))["status"] == ST["INTERNAL"]
+    acts = m.receive(1, load(5, 0x4000, 0x81, 0, 16, flags=INVALIDATE))
+    assert comp(acts)["status"] == 0 and sends(acts)[0].invalidate_stag == 0x81
+    assert im.contents(0x81)[:8] == b"payload!"
