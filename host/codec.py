@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Messages (Common Header, Descriptors, KBTP Opcodes), §Session Establishment
-#      (HELLO, HELLO_ACK, ADDR_LE, GOODBYE), §Target Memory Structures, §Completion, §Status Codes;
-#      shared/spec/layouts.md (all offsets come from hw/headers.py)
+#      (HELLO, HELLO_ACK, ADDR_LE, GOODBYE), §Target Memory Structures, §Completion,
+#      §Status Codes; shared/spec/layouts.md (all offsets come from hw/headers.py)
 """KBTP message and memory-structure codec (host side, plain Python).
 
 Every message of the draft encodes to and strictly decodes from its wire bytes with the layouts of
@@ -66,7 +66,7 @@ from typing import ClassVar
 
 from hw.headers import (
     KBTP_VERSION, SLOT_EMPTY, BindBody, CommonHeader, CompletionBody, CompletionDescriptor,
-    CompletionRecord, DataDescriptor, DirectAllocPart, DirectDescriptor, DirectLoadPart,
+    CompletionRecord, DataDescriptor, DirectAllocPart, DirectLoadPart,
     EntryFlags, Features, GoodbyeFlags, HelloAckBody, HelloBody, Opcode, ReqFlags, RingSlot,
     Status, TableEntry, pack, unpack, wire_fields,
 )
