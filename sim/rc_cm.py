@@ -67,13 +67,14 @@ def _pd_int(data, size):
 
 def encode_mad(attr, tid, **body):
     """MAD header + CM message body; ``private_data`` may be given as bytes."""
-    struct = _BODY[int(attr)]
+    attr = attr.value if isinstance(attr, CmAttr) else attr
+    struct = _BODY[attr]
     if isinstance(body.get("private_data"), (bytes, bytearray)):
         bits = dict(struct.WIRE_FIELDS)["private_data"]
         body["private_data"] = _pd_int(body["private_data"], bits // 8)
     hdr = pack(MadHeader, base_version=1, mgmt_class=CM_MGMT_CLASS,
                class_version=CM_CLASS_VERSION, method=MAD_METHOD_SEND, tid=tid,
-               attr_id=int(attr))
+               attr_id=attr)
     return hdr + pack(struct, **body)
 
 
