@@ -134,8 +134,7 @@ def up(m, conn, iid, features=0):
     """Connect and say HELLO; return the parsed HELLO_ACK."""
     m.connect(conn)
     acts = m.receive(conn, hello(features, iid))
-    assert isinstance(acts[0], SendMsg)
-    return parse_hello_ack(acts[0].payload)
+    return parse_hello_ack(sends(acts)[0].payload)
 
 
 def sends(acts):
@@ -549,3 +548,380 @@ def test_invalidate_and_initiator_memory_faults():
     acts = m.receive(1, load(5, 0x4000, 0x81, 0, 16, flags=INVALIDATE))
     assert comp(acts)["status"] == 0 and sends(acts)[0].invalidate_stag == 0x81
     assert im.contents(0x81)[:8] == b"payload!"
+
+
+# --------------------------------------------------------------------------------------------
+# Direct modes
+# --------------------------------------------------------------------------------------------
+
+def direct_cfg(**kw):
+    base = dict(block_size=256, num_blocks=12, direct_partitions=2, direct_quota=4,
+                quota_per_initiator=2, ticket_timeout_ms=50)
+    base.update(kw)
+    return TargetConfig(**base)
+
+
+def add_mask(n):
+    return (1 << 63) | (1 << 31) | (1 << (n + 3))
+
+
+def take_ticket(m, conn, ack, now=0, masked=True):
+    """The initiator's FetchAdd on its Head, then its slot read (DIRECT_ALLOC)."""
+    n = (ack["ring"][2]).bit_length() - 1
+    hstag, hto, _ = ack["head"]
+    if masked:
+        old = m.remote_fetch_add(conn, hstag, hto, 0x0000000100000010, add_mask(n), now_ms=now)
+        ticket, off = old >> 32, old & MASK32
+    else:
+        old = m.remote_fetch_add(conn, hstag, hto, 0x0000000100000000, 0, now_ms=now)
+        ticket = old >> 32
+        assert old & MASK32 == 0
+        off = 16 * (ticket % (1 << n))
+    rstag, rto, _ = ack["ring"]
+    raw = m.remote_read(conn, rstag, rto + off, 16)
+    seq, _, boff = struct.unpack(">IIQ", raw)
+    return ticket, off, seq, boff
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_direct_alloc_bind_and_direct_load(masked):
+    m = TargetModel(direct_cfg(masked=masked))
+    ack = up(m, 1, 0xD, features=DIRECT_ALLOC | DIRECT_LOAD)
+    assert ack["features"] == DIRECT_ALLOC | DIRECT_LOAD
+    assert ack["quota"] == 4 and ack["partition"][2] == 4 and ack["ring"][2] == 4
+    assert ack["head"][2] == 1 and ack["head"][1] % 8 == 0
+    pstag, pto, _ = ack["partition"]
+    assert pto == 4 * 256                                 # partition 0 = blocks 4..7
+    hb = ack["handle_base"]
+    ticket, off, seq, boff = take_ticket(m, 1, ack, masked=masked)
+    assert (ticket, off, seq, boff) == (0, 0, 0, pto)
+    m.remote_write(1, pstag, boff, b"direct data")
+    with pytest.raises(AccessError):                      # outside the partition
+        m.remote_write(1, pstag, pto + 4 * 256, b"x")
+    acts = m.receive(1, bind(1, hb + 3, ticket, 11, boff))
+    d = m.lay["direct"][0]
+    ea = m.lay["table"] + 16 * (hb + 3 - 0x4000)
+    assert mws(acts) == [MemWrite(d["ring"] + 8, b"\xff" * 8),            # slot consumed
+                         MemWrite(ea + 4, struct.pack(">IQ", 11, boff)),
+                         MemWrite(ea, struct.pack(">HH", 1, 2))]
+    assert comp(acts) == {"rid": 1, "handle": hb + 3, "gen": 2, "status": 0, "dlen": 11,
+                          "boff": boff}
+    assert m.usage(0xD) == 1
+    # the same ticket again, a ticket not taken, a wrong Block Offset: MALFORMED
+    assert comp(m.receive(1, bind(2, hb + 4, ticket, 1, boff)))["status"] == ST["MALFORMED"]
+    assert comp(m.receive(1, bind(3, hb + 4, 1, 1, boff + 256)))["status"] == ST["MALFORMED"]
+    t1, _, _, b1 = take_ticket(m, 1, ack, masked=masked)
+    assert comp(m.receive(1, bind(4, hb + 4, t1, 1, b1 + 256)))["status"] == ST["MALFORMED"]
+    assert comp(m.receive(1, bind(5, hb + 4, t1, 257, b1)))["status"] == ST["TOO_LARGE"]
+    assert comp(m.receive(1, bind(6, hb + 3, t1, 1, b1)))["status"] == ST["ALREADY_BOUND"]
+    # DIRECT_LOAD: entry, block, entry again, through the read-only STags
+    tstag, tto, _ = ack["table"]
+    e1 = m.remote_read(1, tstag, tto + 16 * (hb + 3 - ack["table_base_handle"]), 16)
+    assert e1 == entry(1, 2, 11, boff)
+    assert m.remote_read(1, ack["pool"][0], boff, 11) == b"direct data"
+    with pytest.raises(AccessError):                      # the pool is read-only
+        m.remote_write(1, ack["pool"][0], boff, b"x")
+    # a FREE returns the block to the partition ring, not the shared one
+    shared = m.occupancy()["shared"]
+    assert comp(m.receive(1, free(7, hb + 3)))["status"] == 0
+    assert m.occupancy()["shared"] == shared
+    assert m.occupancy()["partition0"] == 3               # 4 - t1 outstanding
+    # target-executed ALLOC_STORE of a direct session uses its partition ring
+    c = comp(m.receive(1, store("ALLOC_STORE", 8, hb + 9, b"t")))
+    assert c["status"] == 0 and pto <= c["boff"] < pto + 4 * 256
+
+
+def test_direct_modes_only_for_trusted_domains_and_matching_byte_order():
+    m = TargetModel(direct_cfg(trust_domains={0xE: 5}))
+    ack = up(m, 1, 0xE, features=DIRECT_ALLOC | DIRECT_LOAD)
+    assert ack["features"] == 0 and ack["quota"] == 2
+    m2 = TargetModel(direct_cfg(addr_le=True))
+    assert up(m2, 1, 0xF, features=DIRECT_LOAD)["features"] == 0       # would misread LE
+    assert up(m2, 2, 0x10, features=DIRECT_LOAD | ADDR_LE)["features"] == DIRECT_LOAD | ADDR_LE
+    # partitions run out: the third direct initiator falls back to the shared ring
+    m3 = TargetModel(direct_cfg())
+    up(m3, 1, 1, features=DIRECT_ALLOC)
+    up(m3, 2, 2, features=DIRECT_ALLOC)
+    ack = up(m3, 3, 3, features=DIRECT_ALLOC)
+    assert ack["features"] == 0 and ack["quota"] == 2
+    with pytest.raises(AccessError):                      # no DIRECT_LOAD granted: no access
+        m3.remote_read(3, m3.cfg.table_stag, 0, 16)
+
+
+def test_ticket_timeout_invalidates_and_reclaims():
+    m = TargetModel(direct_cfg())
+    ack = up(m, 1, 0xD, features=DIRECT_ALLOC)
+    hb = ack["handle_base"]
+    t0, _, _, b0 = take_ticket(m, 1, ack, now=0)
+    t1, _, _, b1 = take_ticket(m, 1, ack, now=30)
+    assert m.usage(0xD) == 2 and m.occupancy()["partition0"] == 2
+    assert m.tick(49) == []                                 # not yet
+    acts = m.tick(50)
+    stags = {ack["partition"][0], ack["ring"][0], ack["head"][0]}
+    inv = [a for a in acts if isinstance(a, InvalidateStag)]
+    assert {a.stag for a in inv} == stags and all(a.conn == 1 for a in inv)
+    # invalidation comes before any slot is touched
+    first_mw = next(i for i, a in enumerate(acts) if isinstance(a, MemWrite))
+    assert first_mw > max(acts.index(a) for a in inv)
+    assert m.counters[("RECLAIM", "OK")] == 2
+    assert m.usage(0xD) == 0 and m.occupancy()["partition0"] == 4
+    # both blocks went back with new Tail tickets 4 and 5 onto slots 0 and 1
+    d = m.lay["direct"][0]
+    assert mem_slot(m, d["ring"], 0) == slot(4, b0)
+    assert mem_slot(m, d["ring"], 1) == slot(5, b1)
+    c = comp(m.receive(1, bind(1, hb, t0, 4, b0)))
+    assert c["status"] == ST["TICKET_ABANDONED"]
+    with pytest.raises(AccessError):
+        m.remote_fetch_add(1, ack["head"][0], 0, 1 << 32)
+    with pytest.raises(AccessError):
+        m.remote_write(1, ack["partition"][0], b0, b"late")
+    # DIRECT_ALLOC is off for the session; a later BIND is MALFORMED; ALLOC_STORE still works
+    assert comp(m.receive(1, bind(2, hb, 7, 4, b0)))["status"] == ST["MALFORMED"]
+    assert comp(m.receive(1, store("ALLOC_STORE", 3, hb, b"ok")))["status"] == 0
+
+
+def test_over_quota_ticket_gets_no_space_then_reclaim_waits_for_its_block():
+    m = TargetModel(direct_cfg(direct_quota=2, num_blocks=8))
+    ack = up(m, 1, 0xD, features=DIRECT_ALLOC)
+    hb = ack["handle_base"]
+    tickets = [take_ticket(m, 1, ack, now=0) for _ in range(3)]   # quota 2, ring N = 2
+    t2, o2, seq2, _ = tickets[2]
+    assert seq2 != t2                                     # no block for the third ticket
+    assert comp(m.receive(1, bind(1, hb, t2, 1, tickets[0][3])))["status"] == ST["NO_SPACE"]
+    for i in range(2):
+        t, _, _, b = tickets[i]
+        assert comp(m.receive(1, bind(2 + i, hb + i, t, 1, b)))["status"] == 0
+    assert m.usage(0xD) == 3                              # 2 bound + 1 ticket over quota
+    m.tick(100)                                           # ticket 2 abandoned, no block yet
+    assert ("RECLAIM", "OK") not in m.counters
+    # freeing handle hb writes slot 0 with Tail ticket 2, which ticket 2 was waiting for:
+    # it is reclaimed in the same call, and its block goes back with Tail ticket 3
+    acts = m.receive(1, free(4, hb))
+    assert comp(acts)["status"] == 0
+    assert m.counters[("RECLAIM", "OK")] == 1
+    assert m.usage(0xD) == 1 and m.occupancy()["partition0"] == 1
+    d = m.lay["direct"][0]
+    assert mem_slot(m, d["ring"], 1) == slot(3, tickets[0][3])
+    assert comp(m.receive(1, bind(5, hb, t2, 1, tickets[0][3])))["status"] == \
+        ST["TICKET_ABANDONED"]
+
+
+# --------------------------------------------------------------------------------------------
+# GOODBYE, retention, reconnection
+# --------------------------------------------------------------------------------------------
+
+def test_goodbye_retention_and_reconnection():
+    m = TargetModel(TargetConfig(retention_ms=1000))
+    ack = up(m, 1, 0xA)
+    m.initiator_memory(1).register(0x90, 16)
+    c = comp(m.receive(1, store("ALLOC_STORE", 1, 0x4007, b"keep me", flags=SEAL)))
+    before = mem_entry(m, 0x4007)
+    acts = m.receive(1, goodbye(), now_ms=100)
+    assert acts == [Disconnect(1, acts[0].reason)] and sends(acts) == []
+    assert m.quota_use()[0xA] == (1, 4, "retained")
+    # another initiator cannot take the retained range
+    assert up(m, 2, 0xB)["handle_base"] == 0x4040
+    # reconnect within retention: same range, binding intact
+    ack2 = up(m, 3, 0xA, features=0)
+    assert (ack2["handle_base"], ack2["quota"]) == (ack["handle_base"], ack["quota"])
+    assert mem_entry(m, 0x4007) == before
+    m.initiator_memory(3).register(0x90, 16)
+    acts = m.receive(3, load(2, 0x4007, 0x90, 0, 16))
+    assert comp(acts)["status"] == 0 and acts[0].data == b"keep me"
+    # connection failure: retained again; expiry frees the binding
+    m.disconnect(3, now_ms=2000)
+    assert m.tick(2999) == []
+    occ = m.occupancy()["shared"]
+    acts = m.tick(3000)
+    a = m.lay["table"] + 16 * 7
+    assert mws(acts)[0] == MemWrite(a, struct.pack(">HH", 0, 3))
+    assert m.occupancy()["shared"] == occ + 1
+    assert m.counters[("RETENTION_EXPIRY", "OK")] == 1
+    assert 0xA not in m.quota_use()
+    ack3 = up(m, 4, 0xA)                                  # a fresh session, range 0 free again
+    assert ack3["handle_base"] == 0x4000
+    assert comp(m.receive(4, load(3, 0x4007, 0x90, 0, 16)))["status"] == ST["NOT_VALID"]
+
+
+def test_goodbye_release_frees_everything():
+    m = TargetModel(direct_cfg())
+    ack = up(m, 1, 0xD, features=DIRECT_ALLOC)
+    hb = ack["handle_base"]
+    for i in range(2):
+        assert comp(m.receive(1, store("ALLOC_STORE", i, hb + i, b"v")))["status"] == 0
+    take_ticket(m, 1, ack)
+    assert m.usage(0xD) == 3
+    acts = m.receive(1, goodbye(release=True))
+    assert isinstance(acts[-1], Disconnect)
+    assert {a.stag for a in acts if isinstance(a, InvalidateStag)} == \
+        {ack["partition"][0], ack["ring"][0], ack["head"][0]}
+    assert m.occupancy()["partition0"] == 4
+    assert 0xD not in m.quota_use()
+    for i in range(2):
+        assert mem_entry(m, hb + i)[:4] == struct.pack(">HH", 0, 3)
+    # the partition is free for the next direct initiator
+    assert up(m, 2, 0xE, features=DIRECT_ALLOC)["partition"][1] == 4 * 256
+
+
+def test_retained_direct_session_reclaims_without_invalidation_and_keeps_partition():
+    m = TargetModel(direct_cfg())
+    ack = up(m, 1, 0xD, features=DIRECT_ALLOC)
+    take_ticket(m, 1, ack, now=0)
+    m.disconnect(1, now_ms=1)
+    acts = m.tick(60)
+    assert not any(isinstance(a, InvalidateStag) for a in acts)
+    assert m.counters[("RECLAIM", "OK")] == 1
+    ack2 = up(m, 2, 0xD, features=DIRECT_ALLOC)
+    assert ack2["features"] == DIRECT_ALLOC
+    assert ack2["partition"][1] == ack["partition"][1]
+    assert ack2["partition"][0] != ack["partition"][0]     # a new, connection-specific STag
+    t, _, seq, boff = take_ticket(m, 2, ack2, now=61)
+    assert seq == t
+    assert comp(m.receive(2, bind(1, ack2["handle_base"], t, 1, boff)))["status"] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Trust domains, ADDR_LE, unmasked counters
+# --------------------------------------------------------------------------------------------
+
+def test_trust_domain_clearing():
+    bs = 128
+    m = TargetModel(TargetConfig(block_size=bs, trust_domains={0xA: 1, 0xB: 2}))
+    up(m, 1, 0xA)
+    c = comp(m.receive(1, store("ALLOC_STORE", 1, 0x4000, b"secret" * 10)))
+    acts = m.receive(1, free(2, 0x4000))
+    zero = [w for w in mws(acts) if w.data == bytes(bs)]
+    assert zero == [MemWrite(m.lay["pool"] + c["boff"], bytes(bs))]
+    idx = mws(acts).index(zero[0])
+    assert mws(acts)[0].addr == m.lay["table"]             # entry, then clear, then ring
+    assert 0 < idx < [i for i, w in enumerate(mws(acts)) if w.addr == m.lay["tail"]][0]
+    assert block(m, c["boff"], bs) == bytes(bs)
+    # one trust domain: no clearing, the old contents stay
+    m2 = TargetModel(TargetConfig(block_size=bs))
+    up(m2, 1, 0xA)
+    c = comp(m2.receive(1, store("ALLOC_STORE", 1, 0x4000, b"secret")))
+    acts = m2.receive(1, free(2, 0x4000))
+    assert not [w for w in mws(acts) if w.data == bytes(bs)]
+    assert block(m2, c["boff"], 6) == b"secret"
+
+
+def test_partition_cleared_when_handed_to_another_domain():
+    m = TargetModel(direct_cfg(trust_domains={0xA: 0, 0xB: 0, 0xC: 3},
+                               direct_domains=frozenset({0, 3})))
+    ack = up(m, 1, 0xA, features=DIRECT_ALLOC)
+    t, _, _, boff = take_ticket(m, 1, ack)
+    m.remote_write(1, ack["partition"][0], boff, b"A's data")
+    m.receive(1, bind(1, ack["handle_base"], t, 8, boff))
+    m.receive(1, goodbye(release=True))
+    assert block(m, boff, 8) == b"A's data"               # back on the partition: kept
+    up(m, 2, 0xB, features=DIRECT_ALLOC)                  # same domain: nothing cleared
+    assert block(m, boff, 8) == b"A's data"
+    m.receive(2, goodbye(release=True))
+    m.connect(3)
+    acts = m.receive(3, hello(DIRECT_ALLOC, 0xC))         # another domain: cleared first
+    pool = m.lay["pool"]
+    assert mws(acts) == [MemWrite(pool + boff + i * 256, bytes(256)) for i in range(4)]
+    assert isinstance(acts[-1], SendMsg)
+    assert block(m, boff, 8) == bytes(8)
+
+
+def test_addr_le_messages_and_memory():
+    bs = 4096
+    m = TargetModel(TargetConfig(addr_le=True, block_size=bs, pool_to_base=0x1234_0000))
+    ack = up(m, 1, 0xA, features=ADDR_LE)
+    assert ack["features"] == ADDR_LE
+    # every slot's Block Offset is little-endian from initialization on
+    assert mem_slot(m, m.lay["ring"], 1) == slot(1, 0x1234_0000 + bs, le=True)
+    m.initiator_memory(1).register(0xA0B0C0D0, b"little endian!", base_to=0x1122334455)
+    acts = m.receive(1, store("ALLOC_STORE", 3, 0x4009, le=True, flags=SEAL,
+                              src=(0xA0B0C0D0, 0x1122334455, 14)))
+    c = comp(acts)
+    assert (c["status"], c["handle"], c["boff"]) == (0, 0x4009, 0x1234_0000)
+    assert mem_entry(m, 0x4009) == entry(3, 2, 14, 0x1234_0000, le=True)
+    assert mws(acts)[1] == MemWrite(m.lay["ring"] + 8, b"\xff" * 8)
+    # a request encoded big-endian means another handle: 0x4009 read LE is out of the table
+    c = comp(m.receive(1, free(4, 0x4009, le=False)))
+    assert c["status"] == ST["INVALID_HANDLE"]
+    acts = m.receive(1, free(5, 0x4009, le=True))
+    assert comp(acts)["status"] == 0
+    assert mem_slot(m, m.lay["ring"], 0) == slot(16, 0x1234_0000, le=True)
+
+
+def test_unmasked_counters():
+    m = TargetModel(TargetConfig(masked=False, num_blocks=4))
+    up(m, 1, 0xA)
+    lay = m.lay
+    assert counter(m, lay["tail"]) == 4 << 32
+    for i in range(3):
+        comp(m.receive(1, store("ALLOC_STORE", i, 0x4000 + i, b"u")))
+        assert counter(m, lay["head"]) == (i + 1) << 32
+    acts = m.receive(1, free(9, 0x4001))
+    assert counter(m, lay["tail"]) == 5 << 32
+    b1 = int.from_bytes(mem_entry(m, 0x4001)[8:], "big")
+    assert mem_slot(m, lay["ring"], 0) == slot(4, b1)       # 16 * (4 mod 4) = slot 0
+    assert comp(acts)["status"] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Random runs: the model's own invariants against brute-force accounting
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_runs_keep_every_block_in_one_place(seed):
+    rnd = random.Random(seed)
+    bs = 64
+    cfg = TargetConfig(block_size=bs, num_blocks=10, quota_per_initiator=3, num_handles=64,
+                       handles_per_initiator=16, addr_le=bool(seed % 2), masked=seed % 3 != 0,
+                       trust_domains={1: 0, 2: 1})
+    m = TargetModel(cfg)
+    le = cfg.addr_le
+    feats = ADDR_LE if le else 0
+    ranges = {c: up(m, c, c, features=feats)["handle_base"] for c in (1, 2, 3)}
+    shadow = {}                                   # handle -> (data, sealed, gen)
+    for step in range(300):
+        c = rnd.choice((1, 2, 3))
+        h = ranges[c] + rnd.randrange(5)
+        op = rnd.choice(("ALLOC_STORE", "STORE", "FREE", "LOAD"))
+        data = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 20)))
+        seal = rnd.randrange(2) == 1
+        if op == "LOAD":
+            m.initiator_memory(c).register(0x42, 64)
+            acts = m.receive(c, load(step, h, 0x42, 0, 64, flags=ALLOW_UNSEALED, le=le))
+        elif op == "FREE":
+            acts = m.receive(c, free(step, h, le=le))
+        else:
+            acts = m.receive(c, store(op, step, h, data, le=le, flags=SEAL if seal else 0))
+        r = comp(acts)
+        used = sum(1 for k in shadow if ranges[c] <= k < ranges[c] + 16)
+        if op == "ALLOC_STORE":
+            expect = "ALREADY_BOUND" if h in shadow else ("NO_SPACE" if used >= 3 else "OK")
+            if expect == "OK":
+                shadow[h] = (data, seal)
+        elif op == "STORE":
+            expect = "NOT_VALID" if h not in shadow else ("SEALED" if shadow[h][1] else "OK")
+            if expect == "OK":
+                shadow[h] = (data, seal)
+        elif op == "FREE":
+            expect = "OK" if h in shadow else "NOT_VALID"
+            shadow.pop(h, None)
+        else:
+            expect = "OK" if h in shadow else "NOT_VALID"
+            if expect == "OK":
+                assert acts[0].data == shadow[h][0]
+        assert r["status"] == ST[expect], (step, op, r)
+        # brute force: each block is bound to exactly one handle or free in the ring
+        order = "<Q" if le else ">Q"
+        bound = []
+        for k in range(64):
+            raw = mem_entry(m, 0x4000 + k)
+            if struct.unpack(">H", raw[:2])[0] & 1:
+                bound.append(struct.unpack(order, raw[8:])[0])
+        assert len(set(bound)) == len(bound) == len(shadow)
+        ring, n = m.lay["ring"], m.lay["ring_n"]
+        head, tail = counter(m, m.lay["head"]) >> 32, counter(m, m.lay["tail"]) >> 32
+        free_blocks = []
+        for t in range(head, tail):
+            raw = mem_slot(m, ring, t % n)
+            assert struct.unpack(">I", raw[:4])[0] == t & MASK32
+            free_blocks.append(struct.unpack(order, raw[8:])[0])
+        assert sorted(free_blocks + bound) == [i * bs for i in range(10)]
