@@ -121,6 +121,10 @@ class KbtpError(ValueError):
         The status a target must answer (``Status.MALFORMED``, ``Status.TOO_LARGE``).
     message : str
         Human-readable reason, naming the value; ``str(err)`` is ``"<field>: <message>"``.
+    header : dict or None
+        Set by :func:`decode`: the common header as ints (``version``, ``opcode``, ``flags``,
+        ``request_id``, ``handle``, ``generation``, ``status``; handle per ADDR_LE for request
+        opcodes) when 24 octets or more arrived.
     """
 
     def __init__(self, field, message, value=None, status=Status.MALFORMED):
@@ -128,6 +132,7 @@ class KbtpError(ValueError):
         self.value = value
         self.status = Status(status)
         self.message = message
+        self.header = None
         super().__init__(f"{field}: {message}")
 
 
@@ -520,9 +525,21 @@ def decode(raw, *, addr_le=False, max_inline=None, block_size=None):
     Raises
     ------
     KbtpError
-        With ``field``, ``value`` and the ``status`` the target must answer.
+        With ``field``, ``value`` and the ``status`` the target must answer, and ``header``:
+        the common-header fields when at least 24 octets arrived (so that a target can echo
+        Request ID and Block Handle in its MALFORMED completion), else None.
     """
     raw = bytes(raw)
+    try:
+        return _decode(raw, addr_le, max_inline, block_size)
+    except KbtpError as err:
+        if len(raw) >= HEADER_SIZE:
+            le = addr_le and raw[1] in {op.value for op in REQUEST_OPCODES}
+            err.header = _unpack(CommonHeader, raw, 0, _LE_HANDLE if le else ())
+        raise
+
+
+def _decode(raw, addr_le, max_inline, block_size):
     if len(raw) < HEADER_SIZE:
         raise KbtpError("header", f"truncated: {len(raw)} octet(s), the common header needs "
                         f"{HEADER_SIZE}", len(raw))
@@ -635,7 +652,9 @@ def decode(raw, *, addr_le=False, max_inline=None, block_size=None):
 def _check_flags(op, flags):
     allowed = ALLOWED_FLAGS[op]
     enum_cls = GoodbyeFlags if op is Opcode.GOODBYE else ReqFlags
-    known = sum(m.value for m in enum_cls) if allowed else 0
+    known = sum(m.value for m in enum_cls)
+    if flags and not allowed:
+        raise KbtpError("flags", f"{op.name} has no flags, got {flags:#06x}", flags)
     unknown = flags & ~known & 0xFFFF
     if unknown:
         raise KbtpError("flags", f"unknown flag bits {unknown:#06x} for {op.name}", flags)

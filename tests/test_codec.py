@@ -522,3 +522,16 @@ def test_enum_values_accepted():
     b = Load(flags=RECORD | INVALIDATE, completion=ComplDesc(1, 2))
     assert a == b and encode(a) == encode(b)
     assert Hello(requested_features=Features.ADDR_LE).requested_features == 8
+
+
+@pytest.mark.parametrize("le", ORDERS)
+def test_error_carries_the_header_for_the_malformed_completion(le):
+    raw = hdr(OP["LOAD"], INLINE, 0x77, 0x4001, 9, le=le) + dd()
+    with pytest.raises(KbtpError) as info:
+        decode(raw, addr_le=le)
+    assert info.value.header["request_id"] == 0x77
+    assert info.value.header["handle"] == 0x4001
+    assert info.value.header["generation"] == 9
+    with pytest.raises(KbtpError) as info:
+        decode(raw[:23], addr_le=le)
+    assert info.value.header is None
