@@ -77,15 +77,18 @@ class LossyLink:
         return n
 
 
-def run(a, b, *, link=None, until=None, step_us=10, now_us=0, max_us=600_000_000,
+def run(a, b, *, link=None, until=None, step_us=10, now_us=None, max_us=600_000_000,
         max_steps=2_000_000, log=False):
     """Drive endpoints ``a`` and ``b`` over ``link`` until ``until()`` is true.
 
     ``until`` is a callable (stop condition) or an int (stop time). Time moves in steps of
     ``step_us`` while frames are in flight and jumps to the next timer deadline when the
-    link is idle. Returns the final time; raises TimeoutError after ``max_us``.
+    link is idle; it starts at ``now_us`` (default: the later of the endpoints' ``now``).
+    Returns the final time; raises TimeoutError after ``max_us``.
     """
     link = link or LossyLink()
+    if now_us is None:              # continue from where the endpoints are
+        now_us = max(getattr(a, "now", 0), getattr(b, "now", 0))
     if not log:
         link.log = _NoLog()
     ends = (a, b)
