@@ -774,7 +774,8 @@ class TargetModel:
                 return f"{name}.slot[{s}]." + {0: "sequence", 8: "block_offset"}.get(r, f"+{r}")
         if lay["pool"] <= addr < lay["pool"] + lay["pool_size"]:
             b, r = divmod(addr - lay["pool"], self.cfg.block_size)
-            return f"block[{b}]" + (f"+{r}" if r else "") + f" ({length} octets)"
+            boff = self.cfg.block_offset(b)
+            return f"block {boff:#x}" + (f"+{r}" if r else "") + f" ({length} octets)"
         return f"{addr:#x}"
 
     # ---------------------------------------------------------------- entries

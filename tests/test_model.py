@@ -1,5 +1,5 @@
 # Ref: draft KBTP §Target Memory Structures, §Allocation Quotas, §Session Establishment,
-#      §Operations, §Completion, §Direct Modes, §Status Codes, §Examples; shared/spec/layouts.md
+#      §Operations, §Completion, §Direct Modes, §Status Codes, §Examples; layouts.md
 """Tests of the golden model (sim.model) against independent oracles.
 
 Requests are built and completions, HELLO_ACKs, entries, slots and records are parsed or
@@ -313,6 +313,30 @@ def test_deferred_free_scenario_blocks_100_to_103():
     bound = sorted(int.from_bytes(mem_entry(m, h)[8:], "big") // bs
                    for h in (0x4000, 0x4041, 0x4042, 0x4043))
     assert bound == [100, 101, 102, 103]                          # none lost, none twice
+
+
+def test_allocation_waiting_for_a_deferred_free_blocks_only_its_connection():
+    bs = 4096
+    cfg = TargetConfig(block_size=bs, num_blocks=4, pool_to_base=100 * bs,
+                       quotas={0xA: 1, 0xB: 3}, quota_per_initiator=0)
+    m = TargetModel(cfg)
+    up(m, "X", 0xA)
+    up(m, "Y", 0xB)
+    m.initiator_memory("Y").register(0x5, 64)
+    m.hold("X")
+    m.receive("X", store("ALLOC_STORE", 1, 0x4000, b"X"))              # ticket 0, held
+    for i in range(3):
+        comp(m.receive("Y", store("ALLOC_STORE", 10 + i, 0x4040 + i, b"Y")))
+    comp(m.receive("Y", free(20, 0x4040)))                              # deferred on slot 0
+    acts = m.receive("Y", store("ALLOC_STORE", 21, 0x4045, b"Y4"))      # ticket 4: waits
+    assert sends(acts) == [] and [w.what for w in mws(acts)] == ["shared.head"]
+    assert m.receive("Y", load(22, 0x4041, 0x5, 0, 64, flags=ALLOW_UNSEALED)) == []  # queued
+    acts = m.release("X")
+    done = [parse_completion(a.payload) for a in sends(acts)]
+    assert [(a.conn, d["rid"]) for a, d in zip(sends(acts), done)] == \
+        [("X", 1), ("Y", 21), ("Y", 22)]                              # in order, per connection
+    assert [d["boff"] // bs for d in done[:2]] == [100, 101]
+    assert done[2]["status"] == 0
 
 
 # --------------------------------------------------------------------------------------------
