@@ -45,8 +45,10 @@ Where the draft is silent or ambiguous the model does what follows (also in the 
 4. ADDR_LE is target-wide for memory structures (``cfg.addr_le``: Block Offset of entries and
    slots). A session gets ADDR_LE iff it requests it and the target offers it; it gets direct
    modes only when its ADDR_LE equals ``cfg.addr_le`` (otherwise it would misread the
-   structures), and only if its trust domain is in ``direct_domains``. RECORD_COMPLETION is
-   never offered with ``binding="rdmap"``.
+   structures), and only if its trust domain is in ``direct_domains``. DIRECT_LOAD also needs
+   every configured domain to be the initiator's own (the Pool and Table STags reach every
+   block and entry); DIRECT_ALLOC exposes only the initiator's partition, ring and Head.
+   RECORD_COMPLETION is never offered with ``binding="rdmap"``.
 5. HELLO rejections: an Initiator ID whose session is active -> HELLO_ACK Status ALREADY_BOUND
    ("that ID is bound to a live session"); no free handle range -> NO_SPACE; undecodable HELLO
    -> MALFORMED. Each is followed by :class:`Disconnect`. A second HELLO on a connection that
@@ -107,7 +109,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hw.headers import (SLOT_EMPTY, EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags,
+from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags,
                         Status, TableEntry, CommonHeader, unpack)
 from host import codec
 from host.codec import KbtpError
@@ -914,7 +916,10 @@ class TargetModel:
         except ValueError:
             name = f"OPCODE_{f['opcode']:#04x}"
         self._count(name, status)
-        payload = codec.encode(codec.Completion(request_id=f["request_id"], handle=f["handle"],
+        # only fields whose octets all arrived are echoed; the rest is 0
+        rid = f["request_id"] if len(raw) >= 12 else 0
+        handle = f["handle"] if len(raw) >= 20 else 0
+        payload = codec.encode(codec.Completion(request_id=rid, handle=handle,
                                                 status=Status(status).value),
                                addr_le=s.addr_le if s else False)
         self._emit(SendMsg(c.conn_id, payload))
@@ -979,6 +984,9 @@ class TargetModel:
         offered = cfg.offered()
         if domain not in cfg.direct_domains:
             offered &= ~_DIRECT
+        if self._possible_domains() != {domain}:
+            # the Pool STag reaches every block: only when no other domain can own one
+            offered &= ~Features.DIRECT_LOAD.value
         feats = msg.requested_features & offered
         if bool(feats & Features.ADDR_LE.value) != cfg.addr_le:
             feats &= ~_DIRECT

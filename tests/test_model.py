@@ -243,6 +243,21 @@ def test_active_initiator_id_rejected_and_second_hello():
     assert m.counters[("HELLO", "MALFORMED")] == 2
 
 
+def test_decode_errors_echo_what_arrived():
+    m = TargetModel(TargetConfig(addr_le=True))
+    up(m, 1, 0xA, features=ADDR_LE)
+    raw = load(0x0102030405060708, 0x4003, 1, 0, 8, le=True)
+    c = comp(m.receive(1, raw[:30]))                       # truncated descriptor
+    assert (c["status"], c["rid"], c["handle"]) == (ST["MALFORMED"], 0x0102030405060708, 0x4003)
+    c = comp(m.receive(1, raw[:16]))                       # the handle did not arrive
+    assert (c["status"], c["rid"], c["handle"]) == (ST["MALFORMED"], 0x0102030405060708, 0)
+    bad = bytearray(raw)
+    bad[1] = 0x77                                          # unknown opcode
+    assert comp(m.receive(1, bytes(bad)))["status"] == ST["MALFORMED"]
+    assert m.counters[("LOAD", "MALFORMED")] == 2
+    assert m.counters[("OPCODE_0x77", "MALFORMED")] == 1
+
+
 def test_request_before_hello_is_malformed():
     m = TargetModel(TargetConfig())
     m.connect(1)
@@ -659,6 +674,9 @@ def test_direct_modes_only_for_trusted_domains_and_matching_byte_order():
     m = TargetModel(direct_cfg(trust_domains={0xE: 5}))
     ack = up(m, 1, 0xE, features=DIRECT_ALLOC | DIRECT_LOAD)
     assert ack["features"] == 0 and ack["quota"] == 2
+    # a trusted initiator on a target with two domains: its partition, but not the whole pool
+    ack = up(m, 2, 0xF, features=DIRECT_ALLOC | DIRECT_LOAD)
+    assert ack["features"] == DIRECT_ALLOC and ack["quota"] == 4
     m2 = TargetModel(direct_cfg(addr_le=True))
     assert up(m2, 1, 0xF, features=DIRECT_LOAD)["features"] == 0       # would misread LE
     assert up(m2, 2, 0x10, features=DIRECT_LOAD | ADDR_LE)["features"] == DIRECT_LOAD | ADDR_LE
