@@ -36,13 +36,16 @@ Readings of the draft (documented choices)
 """
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from hw.headers import (RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSlot, pack,
                         ring_add_mask, unpack)
 
 __all__ = [
     "MASK64", "MASK32", "SLOT_SIZE", "masked_fetch_add", "fetch_add", "counter_fields",
-    "RingEmpty", "RingStall", "RingImage",
+    "RingEmpty", "RingStall", "RingImage", "Allocator", "DirectAllocator", "Freer",
+    "SeqFreer",
+    "Initiator", "InvariantViolation", "RingWorld", "ExploreResult", "explore",
 ]
 
 MASK64 = (1 << 64) - 1
@@ -249,6 +252,12 @@ class RingImage:
         """A slot is consumed (empty) when its Block Offset is all ones."""
         return self.read_block_offset(slot_offset) == SLOT_EMPTY
 
+    def slot_free_for(self, ticket: int, slot_offset: int) -> bool:
+        """May the free with Tail ticket ``ticket`` write this slot: consumed, and its Sequence
+        is ``ticket - N`` (its previous content was written for ticket - N, then consumed)?"""
+        seq, bo = self.read_slot(slot_offset)
+        return bo == SLOT_EMPTY and seq == ((ticket - self.N) & MASK32)
+
     def slot_ready(self, ticket: int, slot_offset: int) -> bool:
         """The slot holds the block of ``ticket``: Sequence == ticket and not consumed."""
         seq, bo = self.read_slot(slot_offset)
@@ -323,7 +332,11 @@ class RingImage:
         if block_offset == SLOT_EMPTY or not 0 <= block_offset <= MASK64:
             raise ValueError(f"block offset {block_offset:#x} cannot be stored in a slot")
         u, o = self.fetch_add_counter("tail")
-        if self.pending_frees.get(o) or not self.slot_consumed(o):
+        # Consumed is not enough when frees may be in flight concurrently (see SeqFreer); the
+        # Sequence check makes the rule safe for any caller, and agrees with the draft's text in
+        # this single-threaded model, where an older free into the slot is always written or
+        # waiting in pending_frees.
+        if self.pending_frees.get(o) or not self.slot_free_for(u, o):
             self.pending_frees.setdefault(o, deque()).append((u, block_offset))
             return "deferred", u, o
         self.write_block_offset(o, block_offset)
@@ -379,3 +392,560 @@ class RingImage:
     def slots(self) -> list[tuple[int, int]]:
         """All slots as ``(sequence, block_offset)``, slot 0 first."""
         return [self.read_slot(SLOT_SIZE * s) for s in range(self.N)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Step machines: the same rules, one memory action per step
+# ------------------------------------------------------------------------------------------------
+#
+# Each machine keeps its state in a plain tuple ``st`` so that an explorer can snapshot and restore
+# it cheaply; ``enabled_in(ring, st)`` says whether the next action can happen now (a read that
+# would fail its check changes nothing, so it is modelled as "not enabled": the actor waits), and
+# ``advance(ring, st)`` performs exactly one memory action and returns ``(new_st, event)``.
+# Events are tuples naming the action and its operands, for invariant checkers.
+
+
+class _Machine:
+    """Common wrapper: an instance holds ``ring`` and ``st`` and forwards to the static rules."""
+
+    def __init__(self, ring, st):
+        self.ring = ring
+        self.st = st
+
+    @property
+    def phase(self):
+        return self.st[0]
+
+    @property
+    def done(self):
+        return self.st[0] == "done"
+
+    def enabled(self):
+        return self.enabled_in(self.ring, self.st)
+
+    def step(self):
+        """Perform one memory action; returns the event tuple."""
+        if not self.enabled():
+            raise RuntimeError(f"{type(self).__name__} in {self.st!r} cannot step now")
+        self.st, event = self.advance(self.ring, self.st)
+        return event
+
+
+class Allocator(_Machine):
+    """Target-executed allocation chain: FetchAdd Head; read slot (until its Sequence is the ticket
+    and it is not empty); mark it consumed.
+
+    States: ``("start",)`` -> ``("read", t, o)`` -> ``("consume", t, o, block)`` ->
+    ``("done", t, o, block)``. A reclamation of an abandoned ticket starts at ``("read", t, o)``.
+    """
+
+    def __init__(self, ring, st=("start",)):
+        super().__init__(ring, st)
+
+    @staticmethod
+    def enabled_in(ring, st):
+        if st[0] == "read":
+            return ring.slot_ready(st[1], st[2])
+        return st[0] != "done"
+
+    @staticmethod
+    def advance(ring, st):
+        ph = st[0]
+        if ph == "start":
+            t, o = ring.fetch_add_counter("head")
+            return ("read", t, o), ("fetch_head", t, o)
+        if ph == "read":
+            _, t, o = st
+            seq, bo = ring.read_slot(o)          # one 16-octet read
+            return ("consume", t, o, bo), ("read", t, o, seq, bo)
+        if ph == "consume":
+            _, t, o, b = st
+            ring.write_block_offset(o, SLOT_EMPTY)
+            return ("done", t, o, b), ("consume", t, o, b)
+        raise RuntimeError(f"Allocator cannot step from {st!r}")
+
+
+class DirectAllocator(_Machine):
+    """DIRECT_ALLOC by an initiator: FetchAdd its Head; RDMA Read the slot until ready; read it once
+    more to confirm (a 16-octet read is not atomic); write the data (no ring action); send BIND,
+    which the target verifies against the slot and then consumes.
+
+    States: ``("start",)`` -> ``("read", t, o)`` -> ``("confirm", t, o, b)`` ->
+    ``("bind", t, o, b)`` -> ``("done", t, o, b)``; a failed confirmation goes back to ``read``;
+    a BIND the target rejects ends in ``("rejected", t, o, b)``.
+    """
+
+    def __init__(self, ring, st=("start",)):
+        super().__init__(ring, st)
+
+    @property
+    def done(self):
+        return self.st[0] in ("done", "rejected")
+
+    @staticmethod
+    def enabled_in(ring, st):
+        if st[0] == "read":
+            return ring.slot_ready(st[1], st[2])
+        return st[0] not in ("done", "rejected")
+
+    @staticmethod
+    def advance(ring, st):
+        ph = st[0]
+        if ph == "start":
+            t, o = ring.fetch_add_counter("head")
+            return ("read", t, o), ("fetch_head", t, o)
+        if ph == "read":
+            _, t, o = st
+            seq, bo = ring.read_slot(o)
+            return ("confirm", t, o, bo), ("read", t, o, seq, bo)
+        if ph == "confirm":
+            _, t, o, b = st
+            seq, bo = ring.read_slot(o)
+            if seq == (t & MASK32) and bo == b:
+                return ("bind", t, o, b), ("confirm", t, o, seq, bo)
+            return ("read", t, o), ("confirm_failed", t, o, seq, bo)
+        if ph == "bind":
+            _, t, o, b = st
+            # Target side of BIND: verify the slot of the ticket holds that block, then consume.
+            if ring.slot_of(t) == o and ring.bind_check(t, b):
+                ring.write_block_offset(o, SLOT_EMPTY)
+                return ("done", t, o, b), ("consume", t, o, b)
+            return ("rejected", t, o, b), ("bind_rejected", t, o, b)
+        raise RuntimeError(f"DirectAllocator cannot step from {st!r}")
+
+
+class Freer(_Machine):
+    """Target free of one block: FetchAdd Tail; read the slot's Block Offset; if consumed write
+    Block Offset then Sequence (two writes), otherwise wait (deferred) until it is consumed.
+
+    States: ``("start", b)`` -> ``("check", b, u, o)`` -> ``("deferred", b, u, o)`` (only while
+    the slot is not consumed) -> ``("write_bo", b, u, o)`` -> ``("write_seq", b, u, o)`` ->
+    ``("done", b, u, o)``. ``deferred`` is enabled only once the slot reads as consumed.
+    """
+
+    def __init__(self, ring, block_offset=None, st=None):
+        super().__init__(ring, st if st is not None else ("start", block_offset))
+
+    #: False: the draft's literal rule, the slot is free when its Block Offset is all ones.
+    CHECK_SEQUENCE = False
+
+    @classmethod
+    def slot_free(cls, ring, u, o):
+        """May free ticket ``u`` write slot ``o`` now?"""
+        if cls.CHECK_SEQUENCE:
+            return ring.slot_free_for(u, o)
+        return ring.slot_consumed(o)
+
+    @classmethod
+    def enabled_in(cls, ring, st):
+        if st[0] == "deferred":
+            return cls.slot_free(ring, st[2], st[3])
+        return st[0] != "done"
+
+    @classmethod
+    def advance(cls, ring, st):
+        ph = st[0]
+        if ph == "start":
+            b = st[1]
+            u, o = ring.fetch_add_counter("tail")
+            return ("check", b, u, o), ("fetch_tail", u, o, b)
+        _, b, u, o = st
+        if ph in ("check", "deferred"):
+            if cls.slot_free(ring, u, o):         # one read of the slot
+                return ("write_bo", b, u, o), ("check_consumed", u, o)
+            return ("deferred", b, u, o), ("defer", u, o)
+        if ph == "write_bo":
+            ring.write_block_offset(o, b)
+            return ("write_seq", b, u, o), ("write_bo", u, o, b)
+        if ph == "write_seq":
+            ring.write_sequence(o, u)
+            return ("done", b, u, o), ("write_seq", u, o, b)
+        raise RuntimeError(f"Freer cannot step from {st!r}")
+
+
+class SeqFreer(Freer):
+    """Free that writes its slot only when it is consumed AND its Sequence is ``u - N``, i.e. the
+    slot's previous content was the one for ticket ``u - N`` (written, then consumed).
+
+    The draft's literal check (Block Offset all ones) cannot tell "the previous free into this
+    slot was consumed" from "the previous free into this slot has not written it yet": two frees
+    N tickets apart, both in flight, then both see a consumed slot and the later one may write
+    first, losing a block (found by :func:`explore`). The Sequence the draft already gives the
+    initially empty slots (s - N) makes this check work from the first free on.
+    """
+
+    CHECK_SEQUENCE = True
+
+
+# ------------------------------------------------------------------------------------------------
+# Exhaustive exploration of concurrent allocations and frees
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Initiator:
+    """One initiator in an exploration.
+
+    Parameters
+    ----------
+    quota : int
+        Allocation Quota; usage = held blocks + allocation tickets in flight + frees whose usage
+        has not been released yet (see ``release`` of :class:`RingWorld`).
+    allocs : int
+        Allocations it starts (at any time, while under quota).
+    frees : int
+        Frees it starts, each of any block it holds at that time.
+    direct : bool
+        Its allocations are DIRECT_ALLOC (initiator reads the slot, BIND consumes it) instead of
+        target-executed chains.
+    abandons : int
+        DIRECT_ALLOC tickets it takes and never binds; the target reclaims each one (waits for
+        the slot, consumes it, frees the block with a new Tail ticket).
+    """
+
+    quota: int
+    allocs: int = 1
+    frees: int = 0
+    direct: bool = False
+    abandons: int = 0
+
+
+class InvariantViolation(AssertionError):
+    """An exploration found a state or action that breaks a ring invariant."""
+
+
+_KIND = {"A": Allocator, "D": DirectAllocator, "R": Allocator, "F": Freer}
+
+
+class RingWorld:
+    """A ring plus initiators whose operations interleave one memory action at a time.
+
+    A world state is ``(mem, ops, inits, written)``: the ring and counters bytes; the operations
+    in flight as sorted ``(kind, owner, st)`` tuples (kind A = target allocation, D = direct
+    allocation, R = reclamation of an abandoned ticket, F = free); per initiator ``(held blocks,
+    allocs left, frees left, abandons left, usage)``; and a ghost record, per slot, of the last
+    completed write ``(ticket, block)`` (what the slot must hold for its next reader), which the
+    invariant checks compare the memory against. The ghost is kept from the operations'
+    intentions, not from the ring code, so the two cannot share a bug.
+
+    Parameters
+    ----------
+    n_order : int
+        Ring of N = 2 ** n_order slots.
+    blocks : list of int
+        The F <= N free block offsets.
+    initiators : list of Initiator
+        Their quotas must sum to at most F (the draft's target rule), unless ``check_quota``
+        is False.
+    masked, addr_le : bool
+        Counter variant and slot byte order.
+    release : str
+        When a FREE releases its unit of usage: ``"written"`` once the slot is written (the
+        conservative reading) or ``"ticket"`` as soon as it holds its Tail ticket (a FREE that
+        completes while deferred).
+    free_check : str
+        ``"consumed"``: frees use the draft's literal check (:class:`Freer`); ``"sequence"``:
+        they also require Sequence == u - N (:class:`SeqFreer`).
+    per_slot_order : bool
+        The target also keeps its frees in flight per slot in ticket order (as
+        :meth:`RingImage.free` does with ``pending_frees``): a free does not check its slot
+        while an older free into the same slot is still in flight. The draft's text needs only
+        the Block Offset check; this option shows what the extra bookkeeping buys.
+    """
+
+    def __init__(self, n_order, blocks, initiators, *, masked=True, addr_le=False,
+                 release="written", check_quota=True, per_slot_order=False,
+                 free_check="consumed"):
+        self.N = 1 << n_order
+        self.blocks = tuple(blocks)
+        self.initiators = tuple(initiators)
+        if check_quota and sum(i.quota for i in initiators) > len(blocks):
+            raise ValueError("sum of quotas exceeds F")
+        if release not in ("written", "ticket"):
+            raise ValueError("release must be 'written' or 'ticket'")
+        self.release = release
+        self.per_slot_order = per_slot_order
+        if free_check not in ("consumed", "sequence"):
+            raise ValueError("free_check must be 'consumed' (draft text) or 'sequence'")
+        self.kinds = dict(_KIND, F=SeqFreer if free_check == "sequence" else Freer)
+        self.mem = bytearray(SLOT_SIZE * self.N + 16)
+        self.ring = RingImage(self.mem, 0, n_order, SLOT_SIZE * self.N, SLOT_SIZE * self.N + 8,
+                              addr_le=addr_le, masked=masked)
+        self.ring.initialize(list(blocks))
+        F = len(blocks)
+        written = tuple((s, blocks[s]) if s < F else ((s - self.N) & MASK32, -1)
+                        for s in range(self.N))
+        inits = tuple(((), i.allocs, i.frees, i.abandons, 0) for i in initiators)
+        self.initial = (bytes(self.mem), (), inits, written)
+
+    # -- one transition ------------------------------------------------------------------------
+
+    def _fail(self, msg, state):
+        raise InvariantViolation(f"{msg}\n  in state ops={state[1]} inits={state[2]} "
+                                 f"written={state[3]}\n  slots={self.ring.slots()}")
+
+    def successors(self, state):
+        """Yield ``(label, next_state)`` for every action enabled in ``state``; checks the
+        action invariants on the way (raises InvariantViolation)."""
+        mem, ops, inits, written = state
+        ring = self.ring
+        # Initiator actions: start an allocation (its FetchAdd included), an abandoned direct
+        # ticket, or a free of a held block (FetchAdd Tail included).
+        for i, (held, al, fr, ab, usage) in enumerate(inits):
+            q = self.initiators[i].quota
+            if al and usage < q:
+                kind = "D" if self.initiators[i].direct else "A"
+                yield from self._start(state, i, kind, (held, al - 1, fr, ab, usage + 1))
+            if ab and usage < q:
+                yield from self._start(state, i, "R", (held, al, fr, ab - 1, usage + 1))
+            if fr:
+                for b in sorted(set(held)):
+                    h = list(held)
+                    h.remove(b)
+                    yield from self._start(state, i, "F", (tuple(h), al, fr - 1, ab, usage),
+                                           block=b)
+        # Operation steps.
+        for j, op in enumerate(ops):
+            kind, owner, st = op
+            mach = self.kinds[kind]
+            self.mem[:] = mem
+            if not mach.enabled_in(ring, st):
+                continue
+            if self.per_slot_order and kind == "F" and st[0] in ("check", "deferred") and any(
+                    k2 == "F" and st2[0] != "start" and st2[3] == st[3]
+                    and 0 < ((st[2] - st2[2]) & MASK32) < (1 << 31) for k2, _, st2 in ops):
+                continue
+            yield self._step(state, j, op)
+
+    def _start(self, state, i, kind, new_init, block=None):
+        mem, ops, inits, written = state
+        self.mem[:] = mem
+        st = ("start", block) if kind == "F" else ("start",)
+        st, ev = self.kinds[kind].advance(self.ring, st)
+        inits = inits[:i] + (new_init,) + inits[i + 1:]
+        if kind == "F":
+            u, o = ev[1], ev[2]
+            if o != self.ring.slot_of(u):
+                self._fail(f"free ticket {u} got slot offset {o:#x}", state)
+            if self.release == "ticket":
+                inits = self._release(inits, i)
+        else:
+            t, o = ev[1], ev[2]
+            if o != self.ring.slot_of(t):
+                self._fail(f"allocation ticket {t} got slot offset {o:#x}", state)
+            tail_t = self.ring.counter_fields("tail")[0]
+            if not 0 < ((tail_t - t) & MASK32) <= len(self.blocks):
+                self._fail(f"allocation ticket {t} has no block (Tail ticket {tail_t})", state)
+        self._check_counters(state)
+        ops = tuple(sorted(ops + ((kind, i, st),)))
+        label = (f"{kind}{i}", ev)
+        return [(label, (bytes(self.mem), ops, inits, written))]
+
+    def _release(self, inits, i):
+        held, al, fr, ab, usage = inits[i]
+        return inits[:i] + ((held, al, fr, ab, usage - 1),) + inits[i + 1:]
+
+    def _step(self, state, j, op):
+        mem, ops, inits, written = state
+        kind, owner, st = op
+        ring = self.ring
+        ph = st[0]
+        # Pre-checks of the writes against the ghost.
+        if kind == "F" and ph == "write_bo":
+            _, b, u, o = st
+            if not ring.slot_consumed(o):
+                self._fail(f"free ticket {u} overwrites slot {o:#x} before it is consumed", state)
+            if written[o // SLOT_SIZE][0] != ((u - self.N) & MASK32):
+                self._fail(f"free ticket {u} writes slot {o:#x} whose last write was for ticket "
+                           f"{written[o // SLOT_SIZE][0]}, not {u - self.N}", state)
+        if kind in ("A", "R") and ph == "consume" or kind == "D" and ph == "bind":
+            _, t, o, b = st
+            if ring.read_block_offset(o) != b or written[o // SLOT_SIZE] != (t & MASK32, b):
+                self._fail(f"ticket {t} consumes slot {o:#x} that no longer holds block {b}",
+                           state)
+        new_st, ev = self.kinds[kind].advance(ring, st)
+        ops = list(ops)
+        del ops[j]
+        if ev[0] == "read":
+            _, t, o, seq, bo = ev
+            if written[o // SLOT_SIZE] != (t & MASK32, bo) or o != ring.slot_of(t):
+                self._fail(f"ticket {t} read slot {o:#x} = (seq {seq}, block {bo}); the slot "
+                           f"was written for {written[o // SLOT_SIZE]}", state)
+        elif ev[0] in ("confirm_failed", "bind_rejected"):
+            self._fail(f"direct allocation event {ev}", state)
+        elif ev[0] == "write_seq":
+            _, u, o, b = ev
+            s = o // SLOT_SIZE
+            written = written[:s] + ((u & MASK32, b),) + written[s + 1:]
+        if new_st[0] == "done":
+            if kind in ("A", "D"):
+                held, al, fr, ab, usage = inits[owner]
+                inits = inits[:owner] + ((tuple(sorted(held + (new_st[3],))), al, fr, ab,
+                                          usage),) + inits[owner + 1:]
+            elif kind == "R":
+                # The target returns the reclaimed block at once, with a new Tail ticket.
+                fst, fev = self.kinds["F"].advance(ring, ("start", new_st[3]))
+                ops.append(("F", owner, fst))
+                if self.release == "ticket":
+                    inits = self._release(inits, owner)
+            elif kind == "F" and self.release == "written":
+                inits = self._release(inits, owner)
+        else:
+            ops.append((kind, owner, new_st))
+        self._check_counters(state)
+        return (f"{kind}{owner}", ev), (bytes(self.mem), tuple(sorted(ops)), inits, written)
+
+    def _check_counters(self, state):
+        ring = self.ring
+        for which in ("head", "tail"):
+            raw = ring.read_counter(which)
+            t, o = counter_fields(raw, ring.n_order, ring.masked)
+            low = raw & MASK32
+            # For N = 1 the draft's Add Data bit 4 lies above the mask bit 3 and carries into
+            # bits 31..4 (see test_ring.py::test_n1_counter_defect), so only the low n+4 bits
+            # are checked there.
+            if ring.masked and ((ring.n_order and low >> (ring.n_order + 4))
+                                or o != ring.slot_of(t)):
+                self._fail(f"{which} counter {raw:#018x} has a bad Slot Offset field", state)
+            if not ring.masked and low:
+                self._fail(f"unmasked {which} counter {raw:#018x} has low bits set", state)
+
+    # -- state invariants ----------------------------------------------------------------------
+
+    def check_state(self, state):
+        """Every block is in exactly one place: an unconsumed ring slot that no operation is
+        taking, an operation in flight (allocation that has read it, free in progress), or an
+        initiator's hand."""
+        mem, ops, inits, written = state
+        self.mem[:] = mem
+        ring = self.ring
+        where = {}
+
+        def put(b, place):
+            if b in where:
+                self._fail(f"block {b} is in two places: {where[b]} and {place}", state)
+            where[b] = place
+
+        taken = set()
+        for kind, owner, st in ops:
+            ph = st[0]
+            if kind == "F":
+                put(st[1], f"free by {owner} ({ph})")
+                if ph == "write_seq":
+                    taken.add(st[3])
+            elif ph in ("consume", "confirm", "bind"):
+                put(st[3], f"allocation {kind} by {owner} ({ph})")
+                taken.add(st[2])
+        for i, init in enumerate(inits):
+            for b in init[0]:
+                put(b, f"held by initiator {i}")
+        for s in range(self.N):
+            o = SLOT_SIZE * s
+            bo = ring.read_block_offset(o)
+            if bo != SLOT_EMPTY and o not in taken:
+                put(bo, f"ring slot {s}")
+        if set(where) != set(self.blocks):
+            lost = set(self.blocks) - set(where)
+            extra = set(where) - set(self.blocks)
+            self._fail(f"blocks lost {sorted(lost)} / unknown {sorted(extra)}", state)
+        # Termination: operations in flight must be able to finish by themselves.
+        if ops and not any(self.kinds[k].enabled_in(ring, st) for k, _, st in ops
+                           if not (self.per_slot_order and k == "F"
+                                   and st[0] in ("check", "deferred") and any(
+                                       k2 == "F" and st2[3] == st[3]
+                                       and 0 < ((st[2] - st2[2]) & MASK32) < (1 << 31)
+                                       for k2, _, st2 in ops))):
+            self._fail("deadlock: operations in flight and none can proceed", state)
+
+
+@dataclass
+class ExploreResult:
+    """Figures of one exhaustive exploration."""
+
+    states: int = 0
+    transitions: int = 0
+    terminal_states: int = 0
+    paths: int | None = None          # complete interleavings; None if the graph has a cycle
+    deferrals: int = 0                # transitions in which a free was deferred
+    max_in_flight: int = 0
+    labels: set = field(default_factory=set)
+
+    def summary(self):
+        p = "cyclic" if self.paths is None else f"{self.paths}"
+        return (f"states={self.states} transitions={self.transitions} "
+                f"terminal_states={self.terminal_states} interleavings={p} "
+                f"deferrals={self.deferrals} max_in_flight={self.max_in_flight}")
+
+
+def explore(world, visit=None, max_states=5_000_000):
+    """Visit every reachable state of ``world`` (DFS with memoization), checking invariants.
+
+    Parameters
+    ----------
+    world : RingWorld
+    visit : callable, optional
+        Called with each new state (for scenario look-ups).
+
+    Returns
+    -------
+    ExploreResult
+        Counts of states, transitions, terminal states and complete interleavings (paths from
+        the initial state to a terminal state, counted over the state graph).
+    """
+    res = ExploreResult()
+    index = {world.initial: 0}
+    succ = [None]
+    stack = [world.initial]
+    world.check_state(world.initial)
+    if visit:
+        visit(world.initial)
+    while stack:
+        s = stack.pop()
+        sid = index[s]
+        out = []
+        for label, t in world.successors(s):
+            res.transitions += 1
+            if label[1][0] == "defer":
+                res.deferrals += 1
+            tid = index.get(t)
+            if tid is None:
+                tid = index[t] = len(succ)
+                succ.append(None)
+                world.check_state(t)
+                res.max_in_flight = max(res.max_in_flight, len(t[1]))
+                if visit:
+                    visit(t)
+                stack.append(t)
+                if len(succ) > max_states:
+                    raise RuntimeError(f"more than {max_states} states")
+            out.append(tid)
+        succ[sid] = out
+    res.states = len(succ)
+    res.terminal_states = sum(1 for o in succ if not o)
+    # Complete interleavings: paths to terminal states, by DP in reverse topological order.
+    order, mark = [], [0] * len(succ)       # 0 new, 1 on stack, 2 finished
+    cyclic = False
+    for root in range(len(succ)):
+        if mark[root]:
+            continue
+        work = [(root, 0)]
+        mark[root] = 1
+        while work:
+            v, k = work.pop()
+            if k < len(succ[v]):
+                work.append((v, k + 1))
+                w = succ[v][k]
+                if mark[w] == 0:
+                    mark[w] = 1
+                    work.append((w, 0))
+                elif mark[w] == 1:
+                    cyclic = True
+            else:
+                mark[v] = 2
+                order.append(v)
+    if not cyclic:
+        paths = [0] * len(succ)
+        for v in order:
+            paths[v] = 1 if not succ[v] else sum(paths[w] for w in succ[v])
+        res.paths = paths[0]
+    return res
