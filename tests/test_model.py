@@ -189,6 +189,41 @@ def draft_cfg(**kw):
 
 
 # --------------------------------------------------------------------------------------------
+# Layout
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{}, dict(direct_partitions=3, direct_quota=5, num_blocks=40),
+                                dict(block_size=32768, num_blocks=64, num_handles=1024)])
+def test_layout_regions_disjoint_aligned_and_initialized(kw):
+    cfg = TargetConfig(**kw)
+    m = TargetModel(cfg)
+    lay = cfg.layout()
+    spans = [(lay["head"], 8), (lay["tail"], 8), (lay["table"], 16 * cfg.num_handles),
+             (lay["ring"], 16 * lay["ring_n"]), (lay["pool"], cfg.block_size * cfg.num_blocks)]
+    for d in lay["direct"]:
+        spans += [(d["head"], 8), (d["tail"], 8), (d["ring"], 16 * d["n"])]
+        assert d["head"] % 8 == 0 and d["tail"] % 8 == 0
+    spans.sort()
+    for (a, n), (b, _) in zip(spans, spans[1:]):
+        assert a + n <= b                                   # no overlap
+    assert spans[-1][0] + spans[-1][1] <= lay["size"] == len(m.mem)
+    assert lay["ring_n"] >= cfg.shared_blocks and lay["ring_n"] & (lay["ring_n"] - 1) == 0
+    # every entry: Flags 0, Generation 1; Head (0, 0); Tail (F, 16 F mod 16 N), little-endian
+    for h in range(cfg.num_handles):
+        assert mem_entry(m, 0x4000 + h) == entry(0, 1, 0, 0)
+    F, n = cfg.shared_blocks, lay["ring_n"]
+    assert counter(m, lay["head"]) == 0
+    assert counter(m, lay["tail"]) == (F << 32) | (16 * (F % n))
+    for s in range(n):
+        want = slot(s, s * cfg.block_size) if s < F else slot(s - n, (1 << 64) - 1)
+        assert mem_slot(m, lay["ring"], s) == want
+    for p, d in enumerate(lay["direct"]):
+        q = cfg.direct_quota
+        assert counter(m, d["tail"]) == (q << 32) | (16 * (q % d["n"]))
+        assert mem_slot(m, d["ring"], 0) == slot(0, (F + p * q) * cfg.block_size)
+
+
+# --------------------------------------------------------------------------------------------
 # Session establishment
 # --------------------------------------------------------------------------------------------
 
@@ -552,6 +587,10 @@ def test_record_completion_write_with_immediate():
     c = comp(m.receive(1, load(10, 0x4002, 0x71, 0, 8, flags=RECORD | INVALIDATE,
                               record=(0x70, 0x700))))
     assert c["status"] == ST["MALFORMED"]
+    # the record slot faults: the Write with Immediate fails, a COMPLETION Send reports
+    acts = m.receive(1, free(11, 0x4003, flags=RECORD, record=(0x7F, 0)))
+    assert isinstance(acts[0], WriteImm) and acts[0].error
+    assert comp(acts)["status"] == ST["NOT_VALID"]
     # without RECORD_COMPLETION the flag is ignored: a COMPLETION Send
     m2 = TargetModel(TargetConfig(binding="rdmap"))
     up(m2, 1, 0xA, features=RECORD_COMPLETION)
