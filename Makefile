@@ -5,7 +5,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 # Debian packages the project needs on a fresh Debian 12 machine.
-APT_PKGS ?= build-essential make git python3-venv iverilog
+APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 debootstrap cpio debian-archive-keyring
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -41,3 +41,9 @@ demo: install
 
 clean:
 	rm -rf $(VENV) build sim_build .pytest_cache
+
+# Soft-RoCE guest image (Linux rdma_rxe + pyverbs under QEMU TCG), cached in build/guest
+# (KBTP_GUEST_DIR overrides); rebuilt only when its inputs change. See sim/guest/build.py.
+.PHONY: guest
+guest: install
+	$(PY) -m sim.guest.build
