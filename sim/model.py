@@ -304,6 +304,9 @@ class TargetConfig:
         Generation of every table entry at start (never 0).
     pool_to_base, table_stag, pool_stag, direct_stag_base
         Tagged Offset of block 0 in the Pool STag; STags of the direct modes.
+    head_addr, tail_addr, direct_counters_base, table_base, ring_base, direct_rings_base, \
+pool_base : int or None
+        Addresses in the image; None = laid out by :meth:`layout`.
     """
     block_size: int = 4096
     num_blocks: int = 16
@@ -334,6 +337,13 @@ class TargetConfig:
     table_stag: int = 0x7AB1E000
     pool_stag: int = 0x9001E000
     direct_stag_base: int = 0x0D000000
+    head_addr: int | None = None
+    tail_addr: int | None = None
+    direct_counters_base: int | None = None
+    table_base: int | None = None
+    ring_base: int | None = None
+    direct_rings_base: int | None = None
+    pool_base: int | None = None
 
     def __post_init__(self):
         if self.block_size <= 0 or self.num_blocks <= 0:
@@ -379,29 +389,56 @@ class TargetConfig:
     def layout(self) -> dict:
         """Addresses of every structure in the target memory image.
 
-        Returns a dict: ``head``, ``tail`` (shared counters), ``table`` (base), ``table_size``,
-        ``ring`` (shared slots), ``ring_n``, ``direct`` (list of dicts ``head``, ``tail``,
-        ``ring``, ``n``, ``first_block``), ``pool``, ``pool_size``, ``size`` (image size),
-        ``counter_order`` ('little'), ``slot_size``, ``entry_size``.
+        Addresses given in the config (``head_addr``, ``tail_addr``, ``table_base``,
+        ``ring_base``, ``direct_counters_base``, ``direct_rings_base``, ``pool_base``) are used
+        as they are; the others are laid out in that order (counters first, 64-octet aligned
+        rings and table, 4 KiB aligned pool). Overlaps or misaligned counters raise ValueError.
+
+        Returns
+        -------
+        dict
+            ``head``, ``tail`` (shared counters), ``table`` (base), ``table_size``, ``ring``
+            (shared slots), ``ring_n``, ``direct`` (one dict per partition: ``head``,
+            ``tail``, ``ring``, ``n``, ``first_block``), ``pool``, ``pool_size``, ``size``
+            (image size), ``counter_order`` ('little'), ``slot_size``, ``entry_size``.
         """
-        counters = 16 + 16 * self.direct_partitions
-        table = _align(counters, 64)
+        def pick(given, auto):
+            return auto if given is None else given
+
+        head = pick(self.head_addr, 0)
+        tail = pick(self.tail_addr, head + 8)
+        dcount = pick(self.direct_counters_base, _align(max(head, tail) + 8, 16))
+        table = pick(self.table_base, _align(dcount + 16 * self.direct_partitions, 64))
         table_size = ENTRY_SIZE * self.num_handles
-        ring = _align(table + table_size, 64)
+        ring = pick(self.ring_base, _align(table + table_size, 64))
         ring_n = 1 << self.ring_order
-        pos = ring + SLOT_SIZE * ring_n
-        direct = []
         dn = 1 << self.direct_ring_order
+        pos = pick(self.direct_rings_base, _align(ring + SLOT_SIZE * ring_n, 64))
+        direct = []
         for p in range(self.direct_partitions):
-            pos = _align(pos, 64)
-            direct.append({"head": 16 + 16 * p, "tail": 24 + 16 * p, "ring": pos, "n": dn,
+            direct.append({"head": dcount + 16 * p, "tail": dcount + 16 * p + 8,
+                           "ring": pos + p * _align(SLOT_SIZE * dn, 64), "n": dn,
                            "first_block": self.shared_blocks + p * self.direct_quota})
-            pos += SLOT_SIZE * dn
-        pool = _align(pos, 4096)
-        size = pool + self.block_size * self.num_blocks
-        return {"head": 0, "tail": 8, "table": table, "table_size": table_size, "ring": ring,
-                "ring_n": ring_n, "direct": direct, "pool": pool,
-                "pool_size": self.block_size * self.num_blocks, "size": size,
+        end = max([ring + SLOT_SIZE * ring_n] + [d["ring"] + SLOT_SIZE * dn for d in direct])
+        pool = pick(self.pool_base, _align(end, 4096))
+        pool_size = self.block_size * self.num_blocks
+        spans = [("shared head", head, 8), ("shared tail", tail, 8),
+                 ("table", table, table_size), ("shared ring", ring, SLOT_SIZE * ring_n),
+                 ("pool", pool, pool_size)]
+        for p, d in enumerate(direct):
+            spans += [(f"partition{p} head", d["head"], 8), (f"partition{p} tail", d["tail"], 8),
+                      (f"partition{p} ring", d["ring"], SLOT_SIZE * dn)]
+        for name, addr, _ in spans:
+            if addr < 0 or ("head" in name or "tail" in name) and addr % 8:
+                raise ValueError(f"{name} at {addr:#x}: negative or not 8-octet aligned")
+        ordered = sorted(spans, key=lambda x: x[1])
+        for (n1, a1, l1), (n2, a2, _) in zip(ordered, ordered[1:]):
+            if a1 + l1 > a2:
+                raise ValueError(f"{n1} ({a1:#x}+{l1}) overlaps {n2} ({a2:#x})")
+        size = max(a + n for _, a, n in spans)
+        return {"head": head, "tail": tail, "table": table, "table_size": table_size,
+                "ring": ring, "ring_n": ring_n, "direct": direct, "pool": pool,
+                "pool_size": pool_size, "size": size, "spans": ordered,
                 "counter_order": "little", "slot_size": SLOT_SIZE, "entry_size": ENTRY_SIZE}
 
     def block_offset(self, index: int) -> int:
@@ -752,30 +789,25 @@ class TargetModel:
                     self._run(c, self._dispatch(c, payload, now))
 
     def _label(self, addr, length):
+        """Name of the field at ``addr`` (for logs; MemWrite.what)."""
         lay = self.lay
-        if addr < 16 + 16 * len(lay["direct"]):
-            if addr < 16:
-                return "shared." + ("head" if addr < 8 else "tail")
-            p, r = divmod(addr - 16, 16)
-            return f"partition{p}." + ("head" if r < 8 else "tail")
-        if lay["table"] <= addr < lay["table"] + lay["table_size"]:
-            i, r = divmod(addr - lay["table"], ENTRY_SIZE)
-            h = self.cfg.table_base_handle + i
-            part = {0: "flags+generation", 4: "data_length+block_offset", 2: "generation",
-                    8: "block_offset"}.get(r, f"+{r}")
-            if r == 4 and length == 4:
-                part = "data_length"
-            if r == 0 and length == 2:
-                part = "flags"
-            return f"entry[{h:#x}].{part}"
-        rings = [("shared", lay["ring"], lay["ring_n"])] + \
-            [(f"partition{p}", d["ring"], d["n"]) for p, d in enumerate(lay["direct"])]
-        for name, base, n in rings:
-            if base <= addr < base + SLOT_SIZE * n:
-                s, r = divmod(addr - base, SLOT_SIZE)
-                return f"{name}.slot[{s}]." + {0: "sequence", 8: "block_offset"}.get(r, f"+{r}")
-        if lay["pool"] <= addr < lay["pool"] + lay["pool_size"]:
-            b, r = divmod(addr - lay["pool"], self.cfg.block_size)
+        for name, base, size in lay["spans"]:
+            if not base <= addr < base + size:
+                continue
+            r = addr - base
+            if name.endswith(("head", "tail")):
+                return name.replace(" ", ".")
+            if name == "table":
+                i, r = divmod(r, ENTRY_SIZE)
+                h = self.cfg.table_base_handle + i
+                part = {(0, 4): "flags+generation", (4, 12): "data_length+block_offset",
+                        (0, 2): "flags", (4, 4): "data_length"}.get((r, length), f"+{r}")
+                return f"entry[{h:#x}].{part}"
+            if name.endswith("ring"):
+                s, r = divmod(r, SLOT_SIZE)
+                field_ = {0: "sequence", 8: "block_offset"}.get(r, f"+{r}")
+                return f"{name.split()[0]}.slot[{s}].{field_}"
+            b, r = divmod(r, self.cfg.block_size)
             boff = self.cfg.block_offset(b)
             return f"block {boff:#x}" + (f"+{r}" if r else "") + f" ({length} octets)"
         return f"{addr:#x}"

@@ -223,6 +223,23 @@ def test_layout_regions_disjoint_aligned_and_initialized(kw):
         assert mem_slot(m, d["ring"], 0) == slot(0, (F + p * q) * cfg.block_size)
 
 
+def test_layout_explicit_addresses_and_overlap_check():
+    cfg = TargetConfig(num_blocks=4, block_size=256, num_handles=64, head_addr=0x2000,
+                       tail_addr=0x3008, table_base=0x100, ring_base=0x1000, pool_base=0x8000)
+    m = TargetModel(cfg)
+    assert counter(m, 0x3008) == (4 << 32) | 0          # Tail (F=4, 16*(4 mod 4))
+    assert mem_slot(m, 0x1000, 3) == slot(3, 3 * 256)
+    assert mem_entry(m, 0x4000) == bytes(m.mem[0x100:0x110]) == entry(0, 1, 0, 0)
+    up(m, 1, 0xA)
+    acts = m.receive(1, store("ALLOC_STORE", 1, 0x4002, b"here"))
+    assert [w.addr for w in mws(acts)] == [0x2000, 0x1008, 0x8000, 0x124, 0x120]
+    assert bytes(m.mem[0x8000:0x8004]) == b"here"
+    with pytest.raises(ValueError):
+        TargetConfig(table_base=0x0).layout()                 # over the counters
+    with pytest.raises(ValueError):
+        TargetConfig(head_addr=4).layout()                    # FetchAdd needs 8-alignment
+
+
 # --------------------------------------------------------------------------------------------
 # Session establishment
 # --------------------------------------------------------------------------------------------
