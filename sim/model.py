@@ -31,7 +31,11 @@ Where the draft is silent or ambiguous the model does what follows (also in the 
    ``initial_generation`` (default 1; never 0), Data Length 0, Block Offset 0. The Head/Tail
    counters are little-endian (sim.ring's reading of "the target's memory byte order").
    Block Offsets are Tagged Offsets in the Pool STag: ``pool_to_base + i * block_size`` for
-   block ``i``; its address in the image is ``pool_base + i * block_size``.
+   block ``i``; its address in the image is ``pool_base + i * block_size``. The Table, Ring
+   and Head STags address their structure from Tagged Offset 0; a Partition STag uses the
+   Pool's Tagged Offsets (a window over the partition), so Block Offsets read from a ring
+   are used unchanged in the initiator's RDMA Writes. Partition, Ring and Head STags are new
+   for every connection; the Table and Pool STags are fixed.
 2. The pool is split once, at configuration: the first ``F - P*Q`` blocks feed the shared ring
    (target-executed allocations); ``P = direct_partitions`` partitions of ``Q = direct_quota``
    blocks each have their own ring, Head and Tail. A session granted DIRECT_ALLOC gets one
