@@ -5,7 +5,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 # Debian packages the project needs on a fresh Debian 12 machine.
-APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 debootstrap cpio debian-archive-keyring
+APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 debootstrap cpio debian-archive-keyring openfpgaloader
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -47,3 +47,18 @@ clean:
 .PHONY: guest
 guest: install
 	$(PY) -m sim.guest.build
+
+# ECP5 board flow (boards/): YoWASP yosys + nextpnr-ecp5 + ecppack, report in build/<board>/.
+# `make bitstream BOARD=versa`, `make program` (openFPGALoader), `make synth-check` (CI: ECPIX-5
+# synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core.
+BOARD ?= ecpix5
+CORE  ?=
+.PHONY: bitstream program synth-check
+bitstream: $(VENV)/.installed
+	$(PY) -m boards build --board $(BOARD) $(if $(CORE),--core $(CORE))
+
+program:
+	$(PY) -m boards program --board $(BOARD)
+
+synth-check: $(VENV)/.installed
+	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE))

@@ -1,0 +1,57 @@
+# Ref: brief board.md §2 (CLI: build / program / synth-check, exit status on timing).
+"""``python -m boards {build,synth-check,program,elaborate,list} ...``
+
+Exit status: 0 when every clock meets its constraint (build, synth-check), 1 when one misses
+or the tools fail, 2 on usage errors.
+"""
+
+import argparse
+import sys
+
+from . import BOARDS
+from .build import build, elaborate, print_report, program
+from .cores import CORES, default_core_name
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m boards", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, helptext in (("build", "synthesise, place and route, pack; print the report"),
+                           ("synth-check", "build for ECPIX-5 (default) and check timing"),
+                           ("elaborate", "elaborate the board top only (no tools)")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
+        p.add_argument("--core", choices=sorted(CORES), default=None,
+                       help=f"default: the most complete available ({default_core_name()})")
+        if name != "elaborate":
+            p.add_argument("--build-root", default=None, help="default: <repo>/build")
+            p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p = sub.add_parser("program", help="load build/<board>/top.bit with openFPGALoader")
+    p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
+    p.add_argument("--build-root", default=None)
+    p.add_argument("--flash", action="store_true", help="write the SPI flash instead of SRAM")
+    sub.add_parser("list", help="boards and cores")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "list":
+        for spec in BOARDS.values():
+            mem = spec.memory
+            print(f"board {spec.name}: {spec.platform_cls.__name__} {spec.platform_cls.device}, "
+                  f"{spec.ebr_total} EBR, PHY {spec.phy}, tx_clock={spec.tx_clock}, "
+                  f"rx_delay_taps={spec.rx_delay_taps}, pool {mem.pool_bytes // 1024} KiB")
+        for name, (_, desc) in CORES.items():
+            print(f"core {name}: {desc}")
+        return 0
+    if args.cmd == "elaborate":
+        elaborate(args.board, args.core)
+        print(f"elaborated {args.board} with core {args.core or default_core_name()}")
+        return 0
+    if args.cmd == "program":
+        return 1 if program(args.board, build_root=args.build_root, flash=args.flash) else 0
+    report = build(args.board, args.core, build_root=args.build_root, seed=args.seed)
+    print_report(report)
+    return 0 if report["timing_met"] and not report.get("error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

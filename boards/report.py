@@ -1,0 +1,116 @@
+# Ref: nextpnr --report JSON ("utilization": {bel type: {used, available}}, "fmax": {clock net:
+#      {achieved, constraint}} in MHz) and its log lines "Max frequency for clock '...': X MHz
+#      (PASS|FAIL at Y MHz)"; brief board.md §2 (report fields, exit status).
+"""Timing / utilisation report of an ECP5 build, from nextpnr's JSON report or its log."""
+
+import json
+import re
+from pathlib import Path
+
+__all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "make_report", "format_report",
+           "RESOURCE_NAMES"]
+
+#: report name -> nextpnr bel type(s) (first one present wins)
+RESOURCE_NAMES = {
+    "LUT4": ("TRELLIS_COMB",),
+    "FF": ("TRELLIS_FF",),
+    "EBR": ("DP16KD",),
+    "DSP": ("MULT18X18D",),
+    "IO": ("TRELLIS_IO",),
+    "PLL": ("EHXPLLL",),
+}
+
+_FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([0-9.]+) MHz\s+"
+                      r"\((PASS|FAIL) at ([0-9.]+) MHz\)")
+_UTIL_RE = re.compile(r"^\s*(?:Info:\s+)?\s*([A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def _clock_entry(name, achieved, constraint):
+    slack = 1e3 / constraint - 1e3 / achieved if achieved > 0 else float("-inf")
+    return {"name": name, "constraint_mhz": round(constraint, 3),
+            "achieved_mhz": round(achieved, 3), "slack_ns": round(slack, 3),
+            "met": achieved >= constraint}
+
+
+def parse_nextpnr_report(path):
+    """``(clocks, utilization)`` from a ``nextpnr --report`` JSON file."""
+    raw = json.loads(Path(path).read_text())
+    clocks = [_clock_entry(name, v["achieved"], v["constraint"])
+              for name, v in sorted(raw.get("fmax", {}).items())]
+    util = {bel: (v["used"], v["available"]) for bel, v in raw.get("utilization", {}).items()}
+    return clocks, util
+
+
+def parse_nextpnr_log(text):
+    """``(clocks, utilization)`` from nextpnr's log; the last timing summary wins."""
+    clocks = {}
+    for name, achieved, _, constraint in _FMAX_RE.findall(text):
+        clocks[name] = _clock_entry(name, float(achieved), float(constraint))
+    util = {}
+    for bel, used, avail in _UTIL_RE.findall(text):
+        util[bel] = (int(used), int(avail))
+    return sorted(clocks.values(), key=lambda c: c["name"]), util
+
+
+def _resources(util):
+    out = {}
+    for name, bels in RESOURCE_NAMES.items():
+        for bel in bels:
+            if bel in util:
+                used, avail = util[bel]
+                out[name] = {"used": used, "available": avail}
+                break
+        else:
+            out[name] = {"used": 0, "available": None}
+    return out
+
+
+def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
+    """Collect the report dict of the build in ``build_dir`` (``top.*`` files)."""
+    build_dir = Path(build_dir)
+    rep_json = build_dir / "nextpnr-report.json"
+    log = build_dir / "top.tim"
+    clocks, util = [], {}
+    if rep_json.exists():
+        clocks, util = parse_nextpnr_report(rep_json)
+    if (not clocks or not util) and log.exists():
+        lclocks, lutil = parse_nextpnr_log(log.read_text(errors="replace"))
+        clocks = clocks or lclocks
+        util = util or lutil
+    bit = build_dir / "top.bit"
+    report = {
+        "board": board,
+        "core": core,
+        "device": device,
+        "build_time_s": round(build_time_s, 1),
+        "clocks": clocks,
+        "resources": _resources(util),
+        "bitstream": str(bit) if bit.exists() else None,
+        "memory": memory,
+    }
+    report["timing_met"] = bool(clocks) and all(c["met"] for c in clocks)
+    return report
+
+
+def format_report(rep):
+    lines = [f"board {rep['board']} ({rep['device']}), core {rep['core']}, "
+             f"build time {rep['build_time_s']:.1f} s"]
+    lines.append(f"  {'clock':<40} {'constraint':>11} {'Fmax':>11} {'slack':>10}")
+    for c in rep["clocks"]:
+        lines.append(f"  {c['name']:<40} {c['constraint_mhz']:>7.2f} MHz {c['achieved_mhz']:>7.2f}"
+                     f" MHz {c['slack_ns']:>+7.3f} ns  {'PASS' if c['met'] else 'FAIL'}")
+    if not rep["clocks"]:
+        lines.append("  (no clock timing found)")
+    for name, r in rep["resources"].items():
+        avail = r["available"]
+        lines.append(f"  {name:<5} {r['used']:>6} / {avail if avail is not None else '-':>6}")
+    if rep.get("memory"):
+        mem = rep["memory"]
+        lines.append(f"  memory config: pool {mem['pool_bytes'] // 1024} KiB "
+                     f"({mem['pool_blocks']} x {mem['block_size']} B), table "
+                     f"{mem['table_entries']}, ring {mem['ring_slots']}, completions "
+                     f"{mem['completion_slots']}: ~{mem['ebr_used']} of {mem['ebr_total']} EBR "
+                     f"when the full core exists")
+    lines.append(f"  bitstream: {rep['bitstream'] or '(none)'}")
+    lines.append(f"  timing: {'MET on every clock' if rep['timing_met'] else 'NOT MET'}")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+# Ref: brief board.md §1-§3; hw/rtl/rgmii.py (clock domains); boards/cores.py (core contract);
+#      notes/toolchain.md (constrain clocks on the pin: add_clock_constraint(port.io, f)).
+"""The board top: clocks, RGMII, host link over the USB-serial port, LEDs, and the core.
+
+::
+
+    clk100 pin --IB--> EHXPLLL --CLKOP 125 MHz--> sync (core, host link, RGMII TX)
+                              `-CLKOS 125 MHz, 90 deg--> eth_tx90 (forwarded tx_clk)
+    rx_clk pin (PHY, 125 MHz) ---------------------> eth_rx (RGMII RX, into an elastic FIFO)
+    uart rx/tx <--> HostLinkUart (bus master) <--> core.bus
+    eth_rgmii <--> Rgmii <--GMII (sync)--> core.gmii
+
+Clock constraints sit on pins: the oscillator (from the board resource) and the PHY's
+``rx_clk`` (125 MHz); nextpnr derives the PLL outputs' constraints.
+"""
+
+from amaranth import Cat, ClockDomain, ClockSignal, Elaboratable, Module, Signal
+from amaranth.lib import io, wiring
+from amaranth.lib.cdc import ResetSynchronizer
+
+from hw.rtl.hostlink import HostLinkUart
+from hw.rtl.rgmii import Rgmii
+
+from .clocks import Ecp5Pll
+from .cores import check_core
+
+__all__ = ["BoardTop", "RGMII_RX_FREQ"]
+
+RGMII_RX_FREQ = 125e6
+
+
+class BoardTop(Elaboratable):
+    """Top level for one board.
+
+    Parameters
+    ----------
+    spec : BoardSpec
+    core_factory : callable
+        ``core_factory(spec.memory)`` -> component fitting :class:`boards.cores.CoreSignature`.
+    baud : int
+        Host-link UART rate.
+    """
+
+    def __init__(self, spec, core_factory, *, baud=115200):
+        self.spec = spec
+        self.core = core_factory(spec.memory)
+        check_core(self.core)
+        self.baud = baud
+
+    def elaborate(self, platform):
+        m = Module()
+        spec = self.spec
+
+        # ---- clocks and reset -------------------------------------------------------------
+        clk_pin = platform.request(platform.default_clk, 0, dir="-")
+        m.submodules.clk_buf = clk_buf = io.Buffer("i", clk_pin)
+        m.submodules.pll = pll = Ecp5Pll(spec.osc_freq, spec.sys_freq,
+                                         [(spec.sys_freq, 90)])
+        m.d.comb += pll.clk_in.eq(clk_buf.i)
+        m.domains.sync = ClockDomain("sync")
+        m.domains.eth_tx90 = ClockDomain("eth_tx90", reset_less=True)
+        m.d.comb += [ClockSignal("sync").eq(pll.clk_out[0]),
+                     ClockSignal("eth_tx90").eq(pll.clk_out[1])]
+        m.submodules.rst_buf = rst_buf = io.Buffer(
+            "i", platform.request(platform.default_rst, 0, dir="-"))
+        m.submodules.rst_sync = ResetSynchronizer(~pll.locked | rst_buf.i, domain="sync")
+
+        # ---- Ethernet ---------------------------------------------------------------------
+        eth = platform.request("eth_rgmii", spec.eth_index, dir="-")
+        platform.add_clock_constraint(eth.rx_clk.io, RGMII_RX_FREQ)
+        m.submodules.rgmii = rgmii = Rgmii(eth, tx_clock=spec.tx_clock,
+                                           rx_delay_taps=spec.rx_delay_taps)
+
+        # ---- host link and core -----------------------------------------------------------
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx = uart_rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
+        m.submodules.hostlink = link = HostLinkUart(self.baud, spec.sys_freq,
+                                                    max_words=spec.memory.hostlink_words)
+        m.d.comb += [link.rx.eq(uart_rx.i), uart_tx.o.eq(link.tx)]
+        m.submodules.core = core = self.core
+        wiring.connect(m, link.bus, core.bus)
+        wiring.connect(m, rgmii.gmii, core.gmii)
+
+        # ---- LEDs: heartbeat, PHY out of reset, and two core activity lines stretched ------
+        heartbeat = Signal(27)
+        m.d.sync += heartbeat.eq(heartbeat + 1)
+        activity = core.leds if "leds" in core.signature.members else Signal(2)
+        stretched = []
+        for i in range(2):
+            timer = Signal(23)      # ~67 ms at 125 MHz: visible blinks for single frames
+            with m.If(activity[i]):
+                m.d.sync += timer.eq((1 << 23) - 1)
+            with m.Elif(timer != 0):
+                m.d.sync += timer.eq(timer - 1)
+            stretched.append(timer != 0)
+        status = Cat(heartbeat[-1], rgmii.phy_ready, *stretched)
+        for i, (res, num, sub) in enumerate(spec.led_resources[:4]):
+            led = platform.request(res, num, dir="-")
+            m.submodules[f"led{i}"] = buf = io.Buffer("o", getattr(led, sub) if sub else led)
+            m.d.comb += buf.o.eq(status[i])
+        return m

@@ -1,0 +1,27 @@
+# Ref: amaranth_boards.versa_ecp5 (VersaECP5Platform LFE5UM-45F: clk100 LVDS P3/P4,
+#      eth_rgmii#0 with tx_ctl/rx_ctl, uart#0 C11/A11, leds 0-7); Lattice ECP5 Versa board user
+#      guide (Marvell 88E1512 PHYs, FT2232H JTAG on channel A); Lattice DS: 45F has 108 EBR.
+"""Lattice ECP5 Versa (LFE5UM-45F): the second board."""
+
+from amaranth_boards.versa_ecp5 import VersaECP5Platform
+
+from .spec import BoardSpec
+
+__all__ = ["VERSA"]
+
+VERSA = BoardSpec(
+    name="versa",
+    platform_cls=VersaECP5Platform,
+    ebr_total=108,
+    osc_freq=100e6,
+    eth_index=0,
+    # 88E1512 as open designs run it on this board: TX clock delay inside the PHY, RX data
+    # delayed ~2 ns in the FPGA (80 DELAYG taps).
+    tx_clock="phy",
+    rx_delay_taps=80,
+    led_resources=(("led", 0, None), ("led", 1, None), ("led", 2, None), ("led", 3, None)),
+    # openFPGALoader has no Versa board entry; its generic FT2232 cable (channel A) is the
+    # Versa's on-board JTAG.
+    program_args=("-c", "ft2232"),
+    phy="Marvell 88E1512",
+)

