@@ -167,6 +167,43 @@ def _kernel_package():
     raise RuntimeError("no linux-image-6.1.0-*-amd64 found through apt-cache (Debian 12 sources?)")
 
 
+def _deb_cache():
+    """The machine-wide .deb cache shared by every checkout (``$KBTP_DEBOOTSTRAP_CACHE``)."""
+    d = Path(os.environ.get("KBTP_DEBOOTSTRAP_CACHE", "/var/cache/kbtp-guest-debs")).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _download_deb(pkg):
+    """Return the candidate version's .deb of ``pkg``, from the cache or apt-get download."""
+    cache = _deb_cache()
+    show = subprocess.run(["apt-cache", "show", "--no-all-versions", pkg], capture_output=True,
+                          text=True).stdout
+    m = re.search(r"^Version:\s*(\S+)", show, re.M)
+    if m:
+        hit = cache / f"{pkg}_{m.group(1).replace(':', '%3a')}_amd64.deb"
+        if hit.is_file():
+            _log(f"cached {hit.name}")
+            return hit
+    tmp = cache / f".dl-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        try:
+            _run(["apt-get", "download", "-q", pkg], cwd=tmp)
+        except RuntimeError:
+            _run(["apt-get", "update", "-qq"])
+            _run(["apt-get", "download", "-q", pkg], cwd=tmp)
+        debs = sorted(tmp.glob("*.deb"))
+        if len(debs) != 1:
+            raise RuntimeError(f"expected one .deb for {pkg}, got {debs}")
+        dest = cache / debs[0].name
+        os.replace(debs[0], dest)
+        return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _fetch_kernel(work):
     """Download and unpack the kernel package; return (kver, vmlinuz path, modules dir)."""
     pkg = _kernel_package()
@@ -174,17 +211,9 @@ def _fetch_kernel(work):
     done = kdir / ".unpacked"
     if not done.exists():
         shutil.rmtree(kdir, ignore_errors=True)
-        (kdir / "deb").mkdir(parents=True)
-        try:
-            _run(["apt-get", "download", "-q", pkg], cwd=kdir / "deb")
-        except RuntimeError:
-            _run(["apt-get", "update", "-qq"])
-            _run(["apt-get", "download", "-q", pkg], cwd=kdir / "deb")
-        debs = sorted((kdir / "deb").glob("*.deb"))
-        if len(debs) != 1:
-            raise RuntimeError(f"expected one .deb for {pkg}, got {debs}")
-        _run(["dpkg-deb", "-x", debs[0], kdir / "x"])
-        debs[0].unlink()
+        kdir.mkdir(parents=True)
+        deb = _download_deb(pkg)
+        _run(["dpkg-deb", "-x", deb, kdir / "x"])
         done.touch()
     x = kdir / "x"
     vmlinuz = sorted((x / "boot").glob("vmlinuz-*"))
@@ -229,7 +258,9 @@ def _debootstrap(work):
     t0 = time.monotonic()
     # The default mirror is Debian's own; KBTP_DEBIAN_MIRROR may point at a closer one.
     mirror = os.environ.get("KBTP_DEBIAN_MIRROR")
-    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, partial]
+    # A machine-wide .deb cache lets a fresh clone (CI) skip the downloads another build made.
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES),
+           f"--cache-dir={_deb_cache()}", SUITE, partial]
     if mirror:
         cmd.append(mirror)
     _run(cmd)
