@@ -47,7 +47,7 @@ answer within ``bus_timeout`` cycles ends the request with status ``TIMEOUT``.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.lib import enum, fifo, wiring
+from amaranth.lib import data, enum, fifo, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -499,12 +499,15 @@ class HostBusDemoTarget(wiring.Component):
     Parameters
     ----------
     mem_words, queue_depth : int
+    scratch_init : 4 ints
+        Reset values of the scratch registers (a stand-in core may use them as settings).
     n_counters : int
         Number of read-only counter inputs.
     revision : int
     """
 
-    def __init__(self, *, mem_words=256, queue_depth=16, n_counters=4, revision=1):
+    def __init__(self, *, mem_words=256, queue_depth=16, n_counters=4, revision=1,
+                 scratch_init=(0, 0, 0, 0)):
         self.mem_words = mem_words
         self.queue_depth = queue_depth
         self.n_counters = n_counters
@@ -512,7 +515,7 @@ class HostBusDemoTarget(wiring.Component):
         super().__init__({
             "bus": In(HostBusSignature()),
             "counters": In(32).array(n_counters),
-            "scratch": Out(32).array(4),
+            "scratch": Out(data.ArrayLayout(32, 4), init=list(scratch_init)),
         })
 
     def elaborate(self, platform):
