@@ -126,3 +126,60 @@ WorkCompletion = data.StructLayout({
     "wr_id": 16,
     "status": WcStatus,
 })
+
+
+# --------------------------------------------------------------------------------------------
+# QP context and memory regions (written by the host; read by responder and requester).
+# --------------------------------------------------------------------------------------------
+
+class QpState(enum.Enum, shape=3):
+    RESET = 0
+    INIT = 1
+    RTR = 2         # ready to receive: responder active
+    RTS = 3         # ready to send: responder and requester active
+    ERROR = 4       # retries exhausted or fatal error: requests flushed, host told
+
+
+#: Static per-QP configuration (host-written). Dynamic state (expected PSN, MSN, send PSN,
+#: unacknowledged PSN, retry counters) lives in the responder and the requester, which load
+#: their starting PSNs from here when the host writes ``state``.
+QpConfig = data.StructLayout({
+    "state": QpState,
+    "local_qpn": QPN_BITS,
+    "remote_qpn": QPN_BITS,
+    "peer_mac": 48,
+    "peer_ip": 32,
+    "udp_sport": 16,
+    "pmtu": 3,              # IB MTU code: 1 = 256, 2 = 512, 3 = 1024, 4 = 2048, 5 = 4096
+    "rq_psn": 24,           # first PSN expected from the peer (responder's ePSN at RTR)
+    "sq_psn": 24,           # first PSN we send (requester at RTS)
+    "timeout": 5,           # local ACK timeout: 4.096 us * 2**timeout (0 = infinite)
+    "retry_cnt": 3,
+    "rnr_retry": 3,
+    "recv_base": ADDR_BITS,  # receive buffers of this QP in target memory
+    "recv_count": 8,         # number of receive buffers (credits)
+    "recv_size_log2": 5,     # each buffer is 2**recv_size_log2 octets
+})
+
+MrRights = data.StructLayout({"read": 1, "write": 1, "atomic": 1})
+
+#: One memory region: remote access to target memory through an R_Key.
+MrEntry = data.StructLayout({
+    "valid": 1,
+    "rights": MrRights,
+    "qp_mask": 16,          # QPs (by table index) allowed to use it; bit i = QP i
+    "rkey": 32,
+    "va": 64,               # first Tagged Offset of the region
+    "length": 32,
+    "laddr": ADDR_BITS,     # target-memory address of ``va``
+})
+
+__all__ += ["QpState", "QpConfig", "MrRights", "MrEntry"]
+
+#: Host register map (HostBusSignature ``Space.REG`` byte addresses), one window per block.
+REG_TOP = 0x0000        # own MAC / IP, MAC/IP/ARP counters, ID register
+REG_QP = 0x1000         # QP i at REG_QP + 0x100 * i
+REG_MR = 0x2000         # MR j at REG_MR + 0x40 * j
+REG_TRANSPORT = 0x3000  # responder/requester counters, QP error events
+REG_KBTP = 0x4000       # KBTP engine configuration and counters
+__all__ += ["REG_TOP", "REG_QP", "REG_MR", "REG_TRANSPORT", "REG_KBTP"]
