@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hw.headers import (RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSlot, pack,
-                        ring_add_mask, unpack)
+                        ring_add_mask, unpack, wire_fields)
 
 __all__ = [
     "MASK64", "MASK32", "SLOT_SIZE", "masked_fetch_add", "fetch_add", "counter_fields",
@@ -51,8 +51,11 @@ __all__ = [
 MASK64 = (1 << 64) - 1
 MASK32 = (1 << 32) - 1
 SLOT_SIZE = RingSlot.SIZE            # 16 octets
-_BO_OFF = 8                          # offset of Block Offset within a slot, from the RingSlot layout
-_SEQ_OFF = 0
+# Field offsets within a slot, taken from the one layout in hw.headers (fast paths use them).
+_FIELDS = {name: (off, bits // 8) for name, off, bits, _ in wire_fields(RingSlot)}
+_SEQ_OFF, _SEQ_LEN = _FIELDS["sequence"]
+_BO_OFF, _BO_LEN = _FIELDS["block_offset"]
+assert (_SEQ_LEN, _BO_LEN) == (4, 8)
 
 
 def masked_fetch_add(value: int, add: int, mask: int) -> int:
@@ -240,13 +243,18 @@ class RingImage:
         self.mem[a:a + SLOT_SIZE] = raw
 
     def read_slot(self, slot_offset: int) -> tuple[int, int]:
-        """``(sequence, block_offset)`` of a slot, unpacked through hw.headers.RingSlot."""
+        """``(sequence, block_offset)`` of a slot (one 16-octet read)."""
+        a = self._check_slot(slot_offset)
+        return (int.from_bytes(self.mem[a + _SEQ_OFF:a + _SEQ_OFF + 4], "big"),
+                int.from_bytes(self.mem[a + _BO_OFF:a + _BO_OFF + 8], self._bo_order))
+
+    def unpack_slot(self, slot_offset: int) -> dict:
+        """All fields of a slot (including Reserved) through hw.headers.RingSlot."""
         a = self._check_slot(slot_offset)
         raw = bytearray(self.mem[a:a + SLOT_SIZE])
         if self.addr_le:
             raw[_BO_OFF:_BO_OFF + 8] = raw[_BO_OFF:_BO_OFF + 8][::-1]
-        f = unpack(RingSlot, raw)
-        return f["sequence"], f["block_offset"]
+        return unpack(RingSlot, raw)
 
     def slot_consumed(self, slot_offset: int) -> bool:
         """A slot is consumed (empty) when its Block Offset is all ones."""
@@ -265,24 +273,33 @@ class RingImage:
 
     # -- the draft's rules, each as one atomic step ------------------------------------------
 
-    def initialize(self, free_block_offsets: list[int]) -> None:
+    def initialize(self, free_block_offsets: list[int], ticket_base: int = 0) -> None:
         """Initialization rule: slots 0..F-1 hold the free blocks with Sequence s, slots F..N-1
-        are empty with Sequence s - N (mod 2**32); Head = (0, 0); Tail = (F, 16 * (F mod N))."""
+        are empty with Sequence s - N (mod 2**32); Head = (0, 0); Tail = (F, 16 * (F mod N)).
+
+        ``ticket_base`` (not in the draft, which starts at 0) shifts every ticket by a constant, so
+        tests can start a ring just before the 32-bit ticket wraps: ticket ``ticket_base + k``
+        owns block k, in slot ``(ticket_base + k) mod N`` as usual.
+        """
         F = len(free_block_offsets)
         if F > self.N:
             raise ValueError(f"F = {F} free blocks exceed N = {self.N} slots")
         for b in free_block_offsets:
             if b == SLOT_EMPTY or not 0 <= b <= MASK64:
                 raise ValueError(f"block offset {b:#x} cannot be stored in a slot")
-        for s in range(self.N):
-            if s < F:
-                self.write_slot(SLOT_SIZE * s, s, free_block_offsets[s])
+        for k in range(self.N):
+            t = (ticket_base + k) & MASK32
+            if k < F:
+                self.write_slot(self.slot_of(t), t, free_block_offsets[k])
             else:
-                self.write_slot(SLOT_SIZE * s, (s - self.N) & MASK32, SLOT_EMPTY)
-        self.write_counter("head", 0)
-        tail_off = SLOT_SIZE * (F % self.N) if self.masked else 0
-        self.write_counter("tail", (F << 32) | tail_off)
+                self.write_slot(self.slot_of(t), (t - self.N) & MASK32, SLOT_EMPTY)
+        self.write_counter("head", self._counter_value(ticket_base))
+        self.write_counter("tail", self._counter_value(ticket_base + F))
         self.pending_frees = {}
+
+    def _counter_value(self, ticket):
+        ticket &= MASK32
+        return (ticket << 32) | (self.slot_of(ticket) if self.masked else 0)
 
     def occupancy(self) -> int:
         """Tickets available to allocations: Tail ticket - Head ticket (mod 2**32).
@@ -643,6 +660,8 @@ class RingWorld:
         When a FREE releases its unit of usage: ``"written"`` once the slot is written (the
         conservative reading) or ``"ticket"`` as soon as it holds its Tail ticket (a FREE that
         completes while deferred).
+    ticket_base : int
+        First ticket (see :meth:`RingImage.initialize`), to explore the 32-bit ticket wrap.
     free_check : str
         ``"consumed"``: frees use the draft's literal check (:class:`Freer`); ``"sequence"``:
         they also require Sequence == u - N (:class:`SeqFreer`).
@@ -655,7 +674,7 @@ class RingWorld:
 
     def __init__(self, n_order, blocks, initiators, *, masked=True, addr_le=False,
                  release="written", check_quota=True, per_slot_order=False,
-                 free_check="consumed"):
+                 free_check="consumed", ticket_base=0):
         self.N = 1 << n_order
         self.blocks = tuple(blocks)
         self.initiators = tuple(initiators)
@@ -671,10 +690,13 @@ class RingWorld:
         self.mem = bytearray(SLOT_SIZE * self.N + 16)
         self.ring = RingImage(self.mem, 0, n_order, SLOT_SIZE * self.N, SLOT_SIZE * self.N + 8,
                               addr_le=addr_le, masked=masked)
-        self.ring.initialize(list(blocks))
+        self.ring.initialize(list(blocks), ticket_base)
         F = len(blocks)
-        written = tuple((s, blocks[s]) if s < F else ((s - self.N) & MASK32, -1)
-                        for s in range(self.N))
+        written = [None] * self.N
+        for k in range(self.N):
+            t = (ticket_base + k) & MASK32
+            written[t % self.N] = (t, blocks[k]) if k < F else ((t - self.N) & MASK32, -1)
+        written = tuple(written)
         inits = tuple(((), i.allocs, i.frees, i.abandons, 0) for i in initiators)
         self.initial = (bytes(self.mem), (), inits, written)
 
@@ -741,6 +763,42 @@ class RingWorld:
         label = (f"{kind}{i}", ev)
         return [(label, (bytes(self.mem), ops, inits, written))]
 
+    def run_sequentially(self, state, actions):
+        """Apply whole operations one after another (no interleaving), e.g. to warm the ring up
+        before an exploration: ``("alloc", i)`` starts an allocation of initiator i (direct or
+        target per its configuration) and runs it to completion; ``("free", i, block)`` likewise.
+        Invariants are checked at every step. Returns the resulting state."""
+        for act in actions:
+            i = act[1]
+            held, al, fr, ab, usage = state[2][i]
+            if act[0] == "alloc":
+                if not al or usage >= self.initiators[i].quota:
+                    raise ValueError(f"initiator {i} cannot allocate now")
+                kind = "D" if self.initiators[i].direct else "A"
+                (_, state), = self._start(state, i, kind, (held, al - 1, fr, ab, usage + 1))
+            elif act[0] == "free":
+                b = act[2]
+                if not fr or b not in held:
+                    raise ValueError(f"initiator {i} cannot free block {b} now")
+                h = list(held)
+                h.remove(b)
+                (_, state), = self._start(state, i, "F", (tuple(h), al, fr - 1, ab, usage),
+                                         block=b)
+            else:
+                raise ValueError(f"unknown action {act!r}")
+            self.check_state(state)
+            # Run the operations in flight (the new one) to completion.
+            while state[1]:
+                for j, (kind, owner, st) in enumerate(state[1]):
+                    self.mem[:] = state[0]
+                    if self.kinds[kind].enabled_in(self.ring, st):
+                        _, state = self._step(state, j, state[1][j])
+                        self.check_state(state)
+                        break
+                else:
+                    self._fail("sequential run is stuck", state)
+        return state
+
     def _release(self, inits, i):
         held, al, fr, ab, usage = inits[i]
         return inits[:i] + ((held, al, fr, ab, usage - 1),) + inits[i + 1:]
@@ -786,13 +844,13 @@ class RingWorld:
                 # The target returns the reclaimed block at once, with a new Tail ticket.
                 fst, fev = self.kinds["F"].advance(ring, ("start", new_st[3]))
                 ops.append(("F", owner, fst))
+                self._check_counters(state)
                 if self.release == "ticket":
                     inits = self._release(inits, owner)
             elif kind == "F" and self.release == "written":
                 inits = self._release(inits, owner)
         else:
             ops.append((kind, owner, new_st))
-        self._check_counters(state)
         return (f"{kind}{owner}", ev), (bytes(self.mem), tuple(sorted(ops)), inits, written)
 
     def _check_counters(self, state):
@@ -848,6 +906,15 @@ class RingWorld:
             lost = set(self.blocks) - set(where)
             extra = set(where) - set(self.blocks)
             self._fail(f"blocks lost {sorted(lost)} / unknown {sorted(extra)}", state)
+        if not ops:
+            # Quiescent: the counters say exactly how many blocks wait in the ring, and every
+            # initiator's usage is exactly its bound handles.
+            in_ring = sum(1 for v in where.values() if v.startswith("ring"))
+            if ring.occupancy() != in_ring:
+                self._fail(f"occupancy {ring.occupancy()} but {in_ring} blocks in the ring", state)
+            for i, init in enumerate(inits):
+                if init[4] != len(init[0]):
+                    self._fail(f"initiator {i} usage {init[4]} != {len(init[0])} held", state)
         # Termination: operations in flight must be able to finish by themselves.
         if ops and not any(self.kinds[k].enabled_in(ring, st) for k, _, st in ops
                            if not (self.per_slot_order and k == "F"
@@ -877,7 +944,7 @@ class ExploreResult:
                 f"deferrals={self.deferrals} max_in_flight={self.max_in_flight}")
 
 
-def explore(world, visit=None, max_states=5_000_000):
+def explore(world, visit=None, max_states=5_000_000, start=None):
     """Visit every reachable state of ``world`` (DFS with memoization), checking invariants.
 
     Parameters
@@ -885,6 +952,9 @@ def explore(world, visit=None, max_states=5_000_000):
     world : RingWorld
     visit : callable, optional
         Called with each new state (for scenario look-ups).
+    start : tuple, optional
+        State to start from (default ``world.initial``), e.g. from
+        :meth:`RingWorld.run_sequentially`.
 
     Returns
     -------
@@ -893,12 +963,13 @@ def explore(world, visit=None, max_states=5_000_000):
         the initial state to a terminal state, counted over the state graph).
     """
     res = ExploreResult()
-    index = {world.initial: 0}
+    start = world.initial if start is None else start
+    index = {start: 0}
     succ = [None]
-    stack = [world.initial]
-    world.check_state(world.initial)
+    stack = [start]
+    world.check_state(start)
     if visit:
-        visit(world.initial)
+        visit(start)
     while stack:
         s = stack.pop()
         sid = index[s]
