@@ -127,17 +127,22 @@ def test_exit_status_output_and_share(image, tmp_path):
 
     lp, rp = _ports()
     script = tmp_path / "probe.sh"
-    script.write_text("echo hello from $(uname -r) on $KBTP_NETDEV\n"
+    script.write_text("echo hello from $(uname -r) on $KBTP_NETDEV to $KBTP_TARGET_IP\n"
                       "ip -o -4 addr show dev eth0 > addr.txt\n"
                       "cat /sys/class/net/eth0/mtu >> addr.txt\n"
+                      "ip neigh show dev eth0\n"
                       "echo to-stderr >&2\n"
                       "exit 7\n")
+    # Also the debugging option: a static neighbour entry instead of ARP.
     r = run_guest(script, share_dir=tmp_path, local_port=lp, remote_port=rp,
-                  guest_ip="10.0.0.9", mac=GUEST_MAC, mtu=9000, prefix_len=16, timeout_s=300)
+                  guest_ip="10.0.0.9", target_ip="10.0.9.2", mac=GUEST_MAC, mtu=9000,
+                  prefix_len=16, static_neigh="02:00:0a:00:09:02", timeout_s=300)
     _report("sh exit status", r)
     assert r.exit_code == 7
-    lines = r.output.splitlines()
-    assert lines[0].startswith("hello from 6.1.0-") and lines[0].endswith("amd64 on eth0")
+    lines = [line.rstrip() for line in r.output.splitlines()]
+    assert lines[0].startswith("hello from 6.1.0-")
+    assert lines[0].endswith("amd64 on eth0 to 10.0.9.2")
+    assert "10.0.9.2 lladdr 02:00:0a:00:09:02 PERMANENT" in lines
     assert "to-stderr" in lines
     written = (tmp_path / "addr.txt").read_text().split()
     assert "10.0.0.9/16" in written and written[-1] == "9000"

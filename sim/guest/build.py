@@ -208,6 +208,10 @@ def _fetch_kernel(work):
     """Download and unpack the kernel package; return (kver, vmlinuz path, modules dir)."""
     pkg = _kernel_package()
     kdir = work / f"kernel-{pkg}"
+    for old in work.glob("kernel-*"):
+        # An ABI bump leaves the previous ~400 MB tree behind otherwise.
+        if old != kdir:
+            shutil.rmtree(old, ignore_errors=True)
     done = kdir / ".unpacked"
     if not done.exists():
         shutil.rmtree(kdir, ignore_errors=True)

@@ -135,6 +135,13 @@ def _place_script(script, share):
     return dest.name, dest
 
 
+def _prune_logs(logs, keep=100):
+    """Keep the newest ``keep`` console logs of the default log directory."""
+    old = sorted(logs.glob("run-*.log"), key=lambda p: p.stat().st_mtime)[:-keep]
+    for p in old:
+        p.unlink(missing_ok=True)
+
+
 def _check_cmdline_value(name, value):
     if not value or any(c.isspace() for c in value):
         raise ValueError(f"{name} must be a non-empty word without spaces: {value!r}")
@@ -211,6 +218,7 @@ def run_guest(script, *, share_dir=None, local_port=20001, remote_port=20002, gu
     if log_path is None:
         logs = default_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        _prune_logs(logs)
         log_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{local_port}.log"
     log_path = Path(log_path)
 
@@ -260,15 +268,20 @@ def _boot(cmd, log_path, timeout_s, echo):
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = not done.wait(timeout_s)
-        if timed_out:
-            proc.kill()
         try:
+            timed_out = not done.wait(timeout_s)
+            if timed_out:
+                proc.kill()
             # After the marker /init powers off at once; give QEMU a moment, then insist.
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        finally:
+            # Never leave a guest behind (Ctrl-C, an exception in a caller's thread).
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         reader.join(timeout=5)
         wall = time.monotonic() - t0
         log.write(f"\n# qemu exit {proc.returncode}, wall {wall:.2f} s\n".encode())
