@@ -25,9 +25,21 @@ _FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([0-9.]+) MHz\s+"
 _UTIL_RE = re.compile(r"^\s*(?:Info:\s+)?\s*([A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
 
 
+#: (substring of nextpnr's clock net name, clock domain of boards/top.py)
+DOMAIN_HINTS = (("eth_rx", "eth_rx"), ("clk_out__1", "eth_tx90"), ("$glbnet$clk", "sync"),
+                ("clk100", "oscillator"))
+
+
+def _domain(name):
+    for hint, domain in DOMAIN_HINTS:
+        if hint in name:
+            return domain
+    return "?"
+
+
 def _clock_entry(name, achieved, constraint):
     slack = 1e3 / constraint - 1e3 / achieved if achieved > 0 else float("-inf")
-    return {"name": name, "constraint_mhz": round(constraint, 3),
+    return {"name": name, "domain": _domain(name), "constraint_mhz": round(constraint, 3),
             "achieved_mhz": round(achieved, 3), "slack_ns": round(slack, 3),
             "met": achieved >= constraint}
 
@@ -95,9 +107,10 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
 def format_report(rep):
     lines = [f"board {rep['board']} ({rep['device']}), core {rep['core']}, "
              f"build time {rep['build_time_s']:.1f} s"]
-    lines.append(f"  {'clock':<40} {'constraint':>11} {'Fmax':>11} {'slack':>10}")
+    lines.append(f"  {'clock (domain)':<40} {'constraint':>11} {'Fmax':>11} {'slack':>10}")
     for c in rep["clocks"]:
-        lines.append(f"  {c['name']:<40} {c['constraint_mhz']:>7.2f} MHz {c['achieved_mhz']:>7.2f}"
+        label = f"{c['name']} ({c.get('domain', '?')})"
+        lines.append(f"  {label:<40} {c['constraint_mhz']:>7.2f} MHz {c['achieved_mhz']:>7.2f}"
                      f" MHz {c['slack_ns']:>+7.3f} ns  {'PASS' if c['met'] else 'FAIL'}")
     if not rep["clocks"]:
         lines.append("  (no clock timing found)")

@@ -22,6 +22,7 @@ from boards.build import build, elaborate
 from boards.clocks import pll_params
 from boards.cores import CORES, CoreSignature, check_core
 from boards.memory import EBR_BYTES, BoardMemoryConfig, ebr_blocks
+from boards.report import format_report, make_report, parse_nextpnr_log
 from hw.rtl.rgmii import Rgmii, RgmiiRxElastic
 
 # Background testbenches are closed mid-wait when a test ends; Python reports that as unraisable.
@@ -353,3 +354,44 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
     assert report["resources"]["EBR"]["used"] >= 1
     assert report["resources"]["PLL"]["used"] == 1
     assert Path(report["bitstream"]).stat().st_size > 100_000
+    # nextpnr's log and its JSON report are two separate outputs: they must agree.
+    log_clocks, log_util = parse_nextpnr_log((tmp_path / "ecpix5" / "top.tim").read_text())
+    assert [c["name"] for c in log_clocks] == [c["name"] for c in report["clocks"]]
+    for a, b in zip(log_clocks, report["clocks"]):
+        assert abs(a["achieved_mhz"] - b["achieved_mhz"]) < 0.1
+        assert a["met"] == b["met"]
+    assert log_util["DP16KD"][0] == report["resources"]["EBR"]["used"]
+    assert log_util["TRELLIS_FF"][0] == report["resources"]["FF"]["used"]
+
+
+NEXTPNR_LOG_EXCERPT = """\
+Info: Device utilisation:
+Info: \t          TRELLIS_IO:      29/    365     7%
+Info: \t                DCCA:       3/     56     5%
+Info: \t              DP16KD:       7/    208     3%
+Info: \t          MULT18X18D:       0/    156     0%
+Info: \t          TRELLIS_FF:    1644/  83640     1%
+Info: \t        TRELLIS_COMB:    3425/  83640     4%
+Info: Max frequency for clock                '$glbnet$clk': 114.71 MHz (FAIL at 125.00 MHz)
+Info: Max frequency for clock '$glbnet$rgmii.eth_rx_clk': 275.33 MHz (PASS at 125.00 MHz)
+Info: Max frequency for clock                '$glbnet$clk': 131.20 MHz (PASS at 125.00 MHz)
+"""
+
+
+def test_report_log_parser_and_verdict(tmp_path):
+    # Lines in the shape nextpnr-ecp5 0.7 prints them (utilisation, then timing summaries; the
+    # last summary is the final one).
+    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT)
+    rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
+    assert [c["name"] for c in rep["clocks"]] == ["$glbnet$clk", "$glbnet$rgmii.eth_rx_clk"]
+    clk, rx = rep["clocks"]
+    assert clk["domain"] == "sync" and rx["domain"] == "eth_rx"
+    assert clk["achieved_mhz"] == 131.2 and clk["met"]
+    assert abs(clk["slack_ns"] - (8.0 - 1e3 / 131.2)) < 1e-3
+    assert rep["resources"]["LUT4"] == {"used": 3425, "available": 83640}
+    assert rep["resources"]["EBR"]["used"] == 7 and rep["resources"]["DSP"]["used"] == 0
+    assert rep["timing_met"]
+    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT.rsplit("Info: Max", 1)[0])
+    rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
+    assert not rep["timing_met"] and rep["clocks"][0]["slack_ns"] < 0
+    assert "FAIL" in format_report(rep) and "NOT MET" in format_report(rep)

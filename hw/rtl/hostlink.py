@@ -291,6 +291,8 @@ class HostLinkUart(wiring.Component):
         idle_timer = Signal(range(self.frame_timeout + 1))
         bus_timer = Signal(range(self.bus_timeout + 1))
         status_regs = Signal(range(4))
+        resp_err = Signal()
+        resp_data = Signal(32)
 
         is_write = cmd[0]
         space_nibble = cmd[4:8]
@@ -416,29 +418,34 @@ class HostLinkUart(wiring.Component):
             with m.State("Bus Access"):
                 m.d.comb += [rd.addr.eq(idx), self.bus.we.eq(is_write), self.bus.re.eq(~is_write)]
                 m.d.sync += bus_timer.eq(bus_timer + 1)
+                # The answer is registered and acted on in the next state: the target's decode
+                # logic then ends in a flop instead of running on into the buffer's write port.
                 with m.If(self.bus.ack):
-                    with m.If(self.bus.err):
-                        with m.If(cmd == Cmd.POP):
-                            m.next = "Response"     # queue ran empty: a short, good answer
-                        with m.Elif(cmd == Cmd.PUSH):
-                            m.d.sync += status.eq(LinkStatus.QUEUE_FULL)
-                            m.next = "Response"
-                        with m.Else():
-                            m.d.sync += [status.eq(LinkStatus.BUS_ERROR),
-                                         self.bus_errors.eq(self.bus_errors + 1)]
-                            m.next = "Response"
-                    with m.Else():
-                        with m.If(~is_write):
-                            m.d.comb += [wr.addr.eq(idx), wr.data.eq(self.bus.rdata),
-                                         wr.en.eq(1)]
-                        m.d.sync += [idx.eq(idx + 1), done.eq(done + 1)]
-                        with m.If(space_nibble != 3):
-                            m.d.sync += addr.eq(addr + 4)
-                        m.next = "Bus Prefetch"
+                    m.d.sync += [resp_err.eq(self.bus.err), resp_data.eq(self.bus.rdata)]
+                    m.next = "Bus Done"
                 with m.Elif(bus_timer == self.bus_timeout):
                     m.d.sync += [status.eq(LinkStatus.TIMEOUT),
                                  self.bus_errors.eq(self.bus_errors + 1)]
                     m.next = "Response"
+            with m.State("Bus Done"):
+                m.d.comb += rd.addr.eq(idx)
+                with m.If(resp_err):
+                    with m.If(cmd == Cmd.POP):
+                        m.next = "Response"     # queue ran empty: a short, good answer
+                    with m.Elif(cmd == Cmd.PUSH):
+                        m.d.sync += status.eq(LinkStatus.QUEUE_FULL)
+                        m.next = "Response"
+                    with m.Else():
+                        m.d.sync += [status.eq(LinkStatus.BUS_ERROR),
+                                     self.bus_errors.eq(self.bus_errors + 1)]
+                        m.next = "Response"
+                with m.Else():
+                    with m.If(~is_write):
+                        m.d.comb += [wr.addr.eq(idx), wr.data.eq(resp_data), wr.en.eq(1)]
+                    m.d.sync += [idx.eq(idx + 1), done.eq(done + 1)]
+                    with m.If(space_nibble != 3):
+                        m.d.sync += addr.eq(addr + 4)
+                    m.next = "Bus Prefetch"
 
             # ---- response -------------------------------------------------------------------
             def send(value, next_state, *, crc_start=False, crc=True):
