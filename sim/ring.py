@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Free-Block Ring, §Allocation Quotas, §Direct Modes (DIRECT_ALLOC),
-#      §InfiniBand and RoCEv2 (unmasked Fetch and Add), §Examples (ring counter table, deferred free);
-#      RFC 7306 §3.1 (masked Fetch and Add); shared/spec/layouts.md §Ring counters.
+#      §InfiniBand and RoCEv2 (unmasked Fetch and Add), §Examples (ring counter table,
+#      deferred free); RFC 7306 §3.1 (masked Fetch and Add); layouts.md §Ring counters.
 """The KBTP free-block ring as a byte image, with masked FetchAdd and step machines.
 
 Three layers:
@@ -33,6 +33,21 @@ Readings of the draft (documented choices)
   one as soon as the slot is consumed (:meth:`RingImage.consume`). A free whose slot already has a
   deferred free waiting is itself deferred, even though the slot may look consumed, because the
   earlier free has not written it yet.
+* A free may write its slot only when it is consumed **and** its Sequence is ``u - N``
+  (:meth:`RingImage.slot_free_for`). The draft's text says only "if the slot at o is consumed";
+  that is enough only when the target performs its frees one at a time in ticket order. With
+  frees in flight concurrently (quotas respected) two frees N tickets apart both see a consumed
+  slot and the later may write first: a block is lost (tests/test_ring.py::
+  test_concurrent_frees_into_one_slot, found by tests/test_ring_exhaustive.py). The initial
+  Sequence s - N of empty slots makes the stricter check work from the first lap.
+* Quota release of a FREE: :class:`RingWorld` explores both "when the slot is written" and "when
+  the free holds its Tail ticket" (a FREE completed while deferred). The second reading needs
+  the stricter check above (or per-slot FIFO); with it both readings keep every invariant.
+* N = 1 (n = 0): the draft's Add Mask bit n+3 = 3 lies below Add Data's bit 4, so FetchAdd
+  carries into bits 31..4 (which the draft says are zero). The Slot Offset proper (low n+4 bits)
+  stays 0, and :func:`counter_fields` reads only those; a target that uses the low 32 bits as an
+  address offset would overrun a one-slot ring. Suggested fix: for N = 1 use Add Data
+  0x0000000100000000, or require N >= 2.
 """
 
 from collections import deque
@@ -186,7 +201,7 @@ class RingImage:
         return int.from_bytes(self.mem[a:a + 8], self.counter_order)
 
     def write_counter(self, which: str, value: int) -> None:
-        """Store a raw counter value (initialization only; the protocol changes them by FetchAdd)."""
+        """Store a raw counter value (initialization only; the protocol uses FetchAdd)."""
         a = self._caddr(which)
         self.mem[a:a + 8] = (value & MASK64).to_bytes(8, self.counter_order)
 
@@ -195,7 +210,7 @@ class RingImage:
         return counter_fields(self.read_counter(which), self.n_order, self.masked)
 
     def fetch_add_counter(self, which: str) -> tuple[int, int]:
-        """One atomic (masked) FetchAdd on a counter; returns ``(ticket, slot_offset)`` before it."""
+        """One atomic (masked) FetchAdd on a counter; returns ``(ticket, slot_offset)`` before."""
         old = self.read_counter(which)
         if self.masked:
             new = masked_fetch_add(old, self.add_data, self.add_mask)

@@ -172,6 +172,10 @@ def test_initialization_bytes(n, F, addr_le, masked):
             assert got == slot_bytes(s, blocks[s], addr_le), s
         else:
             assert got == slot_bytes((s - N) % 2**32, 2**64 - 1, addr_le), s
+        # The fast reader and the hw.headers RingSlot unpacking agree on every field.
+        f = ring.unpack_slot(16 * s)
+        assert (f["sequence"], f["block_offset"]) == ring.read_slot(16 * s)
+        assert f["reserved"] == 0
     assert mem[ring.head_addr:ring.head_addr + 8] == bytes(8)
     tail = (F << 32) | (16 * (F % N) if masked else 0)
     assert mem[ring.tail_addr:ring.tail_addr + 8] == struct.pack("<Q", tail)

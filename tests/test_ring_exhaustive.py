@@ -12,13 +12,14 @@ in ticket order. Termination: whenever operations are in flight one of them can 
 state graph is acyclic, so every allocation completes.
 
 Frees use :class:`sim.ring.SeqFreer` (consumed AND Sequence == u - N) unless the case says
-``free_check="consumed"`` (the draft's literal text); see test_draft_literal_free_check_loses_a_block
-for why.
+``free_check="consumed"`` (the draft's literal text); see
+test_draft_literal_free_check_loses_a_block for why.
 """
 
 import pytest
 
-from sim.ring import (Allocator, Freer, Initiator, InvariantViolation, RingWorld, explore)
+from sim.ring import (Allocator, Freer, Initiator, InvariantViolation, RingWorld, SeqFreer,
+                      explore)
 
 I = Initiator
 B8 = [0x8000 * k for k in range(8)]           # block offsets of 32 KiB blocks
@@ -170,3 +171,32 @@ def test_explorer_catches_quota_overcommit():
     w = RingWorld(1, [1, 2], [I(2, 2, 0), I(1, 1, 0)], check_quota=False)
     with pytest.raises(InvariantViolation, match="has no block"):
         explore(w)
+
+
+class _SequenceFirstFreer(SeqFreer):
+    """Mutant: writes Sequence before Block Offset (the draft requires the opposite)."""
+
+    @classmethod
+    def advance(cls, ring, st):
+        if st[0] == "write_bo":
+            _, b, u, o = st
+            ring.write_sequence(o, u)
+            return ("write_seq", b, u, o), ("write_bo", u, o, b)
+        if st[0] == "write_seq":
+            _, b, u, o = st
+            ring.write_block_offset(o, b)
+            return ("done", b, u, o), ("write_seq", u, o, b)
+        return super().advance(ring, st)
+
+
+def test_explorer_catches_sequence_written_before_block_offset():
+    """Why Block Offset goes first: while the Sequence is new and the Block Offset still all
+    ones, the slot looks "consumed for ticket u" to the free of ticket u + N, which then writes
+    it, and the free of u overwrites that block."""
+    n, blocks, inits, warm, _ = CASES["N4_F4_two_after_allocs"]
+    w = RingWorld(n, blocks, inits, free_check="sequence")
+    w.kinds["F"] = _SequenceFirstFreer
+    start = w.run_sequentially(w.initial, warm)
+    with pytest.raises(InvariantViolation, match="free ticket 8 writes slot 0x0 whose last write "
+                                                 "was for ticket 0, not 4"):
+        explore(w, start=start)
