@@ -234,6 +234,7 @@ class QP:
         self._wqes = deque()               # posted, not yet completed, in order
         self._tx_psn = None                # next PSN to (re)transmit
         self._hi_psn = None                # one past the furthest PSN ever transmitted
+        self._last_una = None
         self._timer = None                 # retransmission deadline (us)
         self._retry_left = self._rnr_left = 0
         self._rnr_wait = None              # (deadline, psn) after an RNR NAK
@@ -271,6 +272,7 @@ class QP:
                 self._retry_left, self._rnr_left = self.retry_cnt, self.rnr_retry
                 if self._tx_psn is None:
                     self._tx_psn = self._hi_psn = self.sq_psn
+                self._last_una = self._una()
             if st == QPState.ERROR:
                 self._flush()
             if self.on_state:
@@ -398,11 +400,13 @@ class QP:
         return True
 
     def _progress(self):
-        self._retry_left, self._rnr_left = self.retry_cnt, self.rnr_retry
         self._retire_head()
+        una = self._una()
+        if una != self._last_una:           # something new was acknowledged: reload counters
+            self._last_una = una
+            self._retry_left, self._rnr_left = self.retry_cnt, self.rnr_retry
         # After a rewind, responses to packets sent before it may still arrive: never resend
         # what they acknowledged (a READ being answered is not requested again).
-        una = self._una()
         if psn_diff(una, self._tx_psn) > 0:
             w = next((x for x in self._wqes if x.first_psn is not None and x.contains(una)),
                      None)
