@@ -38,6 +38,8 @@ CASES = {
     "N2_F1": (1, [5], [I(1, 3, 3)], [], {"release": "ticket"}),
     "N4_F4_draft_scenario": (2, [100, 101, 102, 103], [I(1, 1, 0), I(3, 4, 1)], [],
                              {"free_check": "consumed"}),
+    "N4_F4_scenario_ticket_wrap": (2, [100, 101, 102, 103], [I(1, 1, 0), I(3, 4, 1)], [],
+                                   {"ticket_base": 2**32 - 2}),
     "N4_F3_direct_abandon": (2, [1, 2, 3], [I(1, 1, 1, direct=True, abandons=1), I(2, 2, 2)],
                              [], {}),
     "N4_F4_two_after_allocs": (2, [1, 2, 3, 4], [I(2, 3, 2), I(2, 3, 3)],
