@@ -206,6 +206,50 @@ def _failed_tests(results_xml):
     return failed, total
 
 
+_DEAD_CONST = re.compile(r"always @\*\n\s+([^\n=;]+?) = (\d+'[hbd][0-9a-fA-F_]+);\n")
+
+
+def _warn_dead_constants(text, top):
+    """Warn about ``always @*`` blocks that only assign a constant.
+
+    Amaranth writes a lone constant comb assignment to *part* of a signal (``s.field.eq(1)``
+    where other fields are driven elsewhere) that way; Icarus and Verilator never execute such
+    a block, so in simulation the bits keep their initial value (Amaranth's own simulator does
+    apply the constant). Assign the constant next to the other fields instead.
+    """
+    import warnings
+    for target, value in _DEAD_CONST.findall(text):
+        warnings.warn(f"{top}: Verilog 'always @* {target.strip()} = {value}' never runs in "
+                      f"Icarus/Verilator (the bits stay at their initial value)", stacklevel=3)
+
+
+# Verilator's runtime objects do not depend on the design but take ~70 % of a small model's
+# compile time; they are compiled once and copied into every new build directory (make then
+# finds them up to date).
+_RUNTIME_OBJS = ["verilated", "verilated_vpi", "verilated_dpi", "verilated_threads", "verilator"]
+
+
+def _runtime_cache(build_dir, waves, *, restore):
+    import shutil
+
+    import cocotb
+    root = _site_packages() / "verilator"
+    key = hashlib.sha256(f"{root}|{cocotb.__version__}|{waves}|{os.environ.get('MAKEFLAGS')}"
+                         .encode()).hexdigest()[:16]
+    cache = SIM_BUILD / "_verilator_runtime" / key
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in _RUNTIME_OBJS:
+            for ext in (".o", ".d"):
+                a, b = cache / (name + ext), build_dir / (name + ext)
+                src, dst = (a, b) if restore else (b, a)
+                if src.exists() and (restore or not dst.exists()):
+                    tmp = dst.with_suffix(ext + ".tmp")
+                    shutil.copyfile(src, tmp)      # fresh mtime: newer than the sources
+                    os.replace(tmp, dst)
+
+
 def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, extra_env=None,
                testcase=None, waves=None, seed=None):
     """Export a component to Verilog, build it, run a cocotb test module on it.
@@ -260,6 +304,7 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
     component = component_factory() if callable(component_factory) and not hasattr(
         component_factory, "signature") else component_factory
     text = verilog.convert(component, name=top, emit_src=False)
+    _warn_dead_constants(text, top)
 
     build_dir = SIM_BUILD / "-".join(p for p in (top, _slug(params), sim) if p)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -282,8 +327,12 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
         if not fresh:
             src.write_text(text)
             build_args = ["-Wno-fatal"] if sim == "verilator" else []
+            if sim == "verilator":
+                _runtime_cache(build_dir, waves, restore=True)
             runner.build(sources=[src], hdl_toplevel=top, build_dir=build_dir, always=True,
                          build_args=build_args, timescale=("1ns", "1ps"), waves=waves)
+            if sim == "verilator":
+                _runtime_cache(build_dir, waves, restore=False)
             stamp.write_text(digest)
         else:
             runner.build_dir = build_dir

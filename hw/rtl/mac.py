@@ -96,7 +96,10 @@ class GmiiRx(wiring.Component):
         got_er = Signal()
         overflow = Signal()
 
-        m.d.comb += [fcs.data.eq(rxd), fifo.w.payload.keep.eq(1)]
+        # keep is set next to data below, not as a lone constant: Amaranth's Verilog puts a
+        # lone constant assignment to part of a signal in an `always @*` with nothing to
+        # trigger it, which Icarus and Verilator never run (the bit then stays 0).
+        m.d.comb += fcs.data.eq(rxd)
 
         with m.FSM(name="rx"):
             with m.State("Idle"):
@@ -134,6 +137,7 @@ class GmiiRx(wiring.Component):
                         m.d.comb += [
                             fifo.w.valid.eq(1),
                             fifo.w.payload.data.eq(delay[4]),
+                            fifo.w.payload.keep.eq(1),
                             fifo.w.payload.last.eq(0),
                         ]
                         with m.If(~fifo.w.ready):
@@ -146,6 +150,7 @@ class GmiiRx(wiring.Component):
                         m.d.comb += [
                             fifo.w.valid.eq(1),
                             fifo.w.payload.data.eq(delay[4]),
+                            fifo.w.payload.keep.eq(1),
                             fifo.w.payload.last.eq(1),
                         ]
                     with m.If(got_er):
