@@ -169,7 +169,7 @@ class MR:
 class _Wqe:
     __slots__ = ("wr_id", "op", "payload", "va", "rkey", "length", "imm", "inv_rkey", "add",
                  "compare", "swap", "into", "first_psn", "npsn", "acked", "resp_psn",
-                 "rdata", "orig", "done", "pmtu")
+                 "rdata", "orig", "done", "pmtu", "fence", "result", "rereq")
 
     def __init__(self, wr_id, op, **kw):
         self.wr_id, self.op = wr_id, op
@@ -180,6 +180,7 @@ class _Wqe:
         self.add, self.compare, self.swap = kw.get("add", 0), kw.get("compare", 0), kw.get(
             "swap", 0)
         self.into = kw.get("into")
+        self.fence = kw.get("fence", False)
         self.first_psn = None       # assigned at first transmission
         self.npsn = 0
         self.acked = 0              # SEND/WRITE: packets acknowledged
@@ -187,6 +188,8 @@ class _Wqe:
         self.rdata = None
         self.orig = None
         self.done = False
+        self.result = None
+        self.rereq = None
         self.pmtu = 0
 
     @property
@@ -230,6 +233,7 @@ class QP:
         self.on_message = self.on_completion = self.on_state = None
         self.tos, self.ttl, self.pkey = 0, 64, 0xFFFF
         self.cm = None                     # set by the CM when it owns this QP
+        self.error_reason = ""             # why the QP went to Error (diagnostics)
         # requester
         self._wqes = deque()               # posted, not yet completed, in order
         self._tx_psn = None                # next PSN to (re)transmit
@@ -238,6 +242,7 @@ class QP:
         self._timer = None                 # retransmission deadline (us)
         self._retry_left = self._rnr_left = 0
         self._rnr_wait = None              # (deadline, psn) after an RNR NAK
+        self._resend = []                  # READ/atomic WQEs to re-request (selective)
         self._since_ackreq = 0
         self._cq = []
         self._next_wr_id = 1
@@ -287,7 +292,7 @@ class QP:
 
     # ---- verbs: send queue ----------------------------------------------------------------
     def post_send(self, op, *, data=b"", va=0, rkey=0, length=None, imm=None, inv_rkey=None,
-                  add=0, compare=0, swap=0, into=None, wr_id=None):
+                  add=0, compare=0, swap=0, into=None, fence=False, wr_id=None):
         """Post a work request; returns its ``wr_id``.
 
         SEND / SEND_IMM / SEND_INV(inv_rkey): ``data``. WRITE / WRITE_IMM(imm): ``data`` to
@@ -295,6 +300,10 @@ class QP:
         writable buffer ``into`` if given, and returned in ``Completion.data``. FETCH_ADD
         (``add``) and CMP_SWAP (``compare``, ``swap``) on the 64-bit word at ``va``; the old
         value is in ``Completion.orig`` (and written little-endian into ``into``).
+
+        ``fence``: do not start this request before every earlier READ and atomic has
+        completed (IB fence). Without it a later WRITE may overtake a READ's *retransmitted*
+        responses: a duplicate READ is re-executed on the current memory (§6.6).
         """
         op = WrOp(op)
         if self.state == QPState.ERROR:
@@ -309,7 +318,8 @@ class QP:
         if op == WrOp.READ:
             length = len(into) if length is None else length
         w = _Wqe(wr_id, op, payload=bytes(data), va=va, rkey=rkey, length=length or 0,
-                 imm=imm, inv_rkey=inv_rkey, add=add, compare=compare, swap=swap, into=into)
+                 imm=imm, inv_rkey=inv_rkey, add=add, compare=compare, swap=swap, into=into,
+                 fence=fence)
         self._wqes.append(w)
         return wr_id
 
@@ -343,43 +353,66 @@ class QP:
         return len(self._wqes)
 
     # ---- requester: completion ------------------------------------------------------------
-    def _complete(self, w, status, **kw):
+    def _finish(self, w, status, **kw):
+        """Mark ``w`` finished; completions are reported in posting order (_retire_head)."""
         w.done = True
-        c = Completion(w.wr_id, w.op, status, **kw)
+        w.result = (status, kw)
+
+    def _report(self, w, status=None):
+        st, kw = w.result if status is None else (status, {})
+        c = Completion(w.wr_id, w.op, st, **kw)
         if self.on_completion:
             self.on_completion(self, c)
         else:
             self._cq.append(c)
 
+    def _retire_head(self):
+        """Report finished WQEs at the head of the queue, in order."""
+        while self._wqes and self._wqes[0].done:
+            self._report(self._wqes.popleft())
+
     def _flush(self):
         while self._wqes:
-            self._complete(self._wqes.popleft(), WcStatus.WR_FLUSH_ERR)
+            self._report(self._wqes.popleft(), WcStatus.WR_FLUSH_ERR)
+        self._resend.clear()
         self._timer = self._rnr_wait = None
 
     def _enter_error(self, head_status):
+        """Requester error: the oldest unfinished WR gets ``head_status``, the rest flush."""
+        if not self.error_reason:
+            self.error_reason = f"requester: {head_status.name}"
+        self._retire_head()
         if self._wqes:
-            self._complete(self._wqes.popleft(), head_status)
+            self._report(self._wqes.popleft(), head_status)
         self.state = QPState.ERROR
         self._flush()
         if self.on_state:
             self.on_state(self, QPState.ERROR)
 
-    def _retire_head(self):
-        """Complete finished WQEs at the head of the queue, in order."""
-        while self._wqes and self._wqes[0].done:
-            self._wqes.popleft()
-
     def _una(self):
-        """Oldest PSN not yet acknowledged (or the next to send when nothing is out)."""
+        """Oldest PSN not yet acknowledged (the next PSN to assign when nothing is out)."""
         for w in self._wqes:
             if w.first_psn is None:
                 break
+            if w.done:
+                continue
             if w.op == WrOp.READ:
                 return w.resp_psn
             if w.op in (WrOp.FETCH_ADD, WrOp.CMP_SWAP):
                 return w.first_psn
             return (w.first_psn + w.acked) & PSN_MASK
-        return self._tx_psn
+        return self.sq_psn
+
+    def _rerequest(self, w):
+        """Selective retry of a READ/atomic whose response was lost (the responder already
+        executed what follows, so only this request is sent again; once per resume PSN, the
+        timer covers a lost retry)."""
+        resume = w.resp_psn if w.op == WrOp.READ else w.first_psn
+        if w.rereq == resume or psn_diff(resume, self._tx_psn) >= 0:
+            return
+        w.rereq = resume
+        if self._charge_retry():
+            self._resend.append(w)
 
     def _rewind(self, psn):
         """Go back N: retransmit from ``psn`` if it lies before the transmit pointer."""
@@ -437,24 +470,19 @@ class QP:
         elif op == O.ACKNOWLEDGE.value:
             ctr.acks_received += 1
         # Implicit acknowledgement of everything before p (§6.5).
-        for w in list(self._wqes):
-            if w.first_psn is None or w.contains(p):
+        for x in list(self._wqes):
+            if x.first_psn is None or psn_diff(x.first_psn, p) >= 0 or x.contains(p):
                 break
-            if psn_diff(w.last_psn(), p) >= 0:
-                break
-            if w.op in (WrOp.SEND, WrOp.SEND_IMM, WrOp.SEND_INV, WrOp.WRITE, WrOp.WRITE_IMM):
-                w.acked = w.npsn
-                self._complete(w, WcStatus.SUCCESS, byte_len=len(w.payload))
-            elif not w.done:
-                # The response of an earlier READ/atomic was lost: go back to it.
-                resume = w.resp_psn if w.op == WrOp.READ else w.first_psn
-                if self._rewind(resume):
-                    self._charge_retry()
-                self._progress()
-                return
-        self._retire_head()
+            if x.done:
+                continue
+            if x.op in (WrOp.SEND, WrOp.SEND_IMM, WrOp.SEND_INV, WrOp.WRITE, WrOp.WRITE_IMM):
+                x.acked = x.npsn
+                self._finish(x, WcStatus.SUCCESS, byte_len=len(x.payload))
+            else:
+                # p is past a READ/atomic whose response never came: it was lost.
+                self._rerequest(x)
         w = next((x for x in self._wqes if x.first_psn is not None and x.contains(p)), None)
-        if w is None:
+        if w is None or w.done:
             self._progress()
             return
         if is_nak:
@@ -466,7 +494,7 @@ class QP:
                 return
             w.acked = max(w.acked, psn_diff(p, w.first_psn) + 1)
             if w.acked == w.npsn:
-                self._complete(w, WcStatus.SUCCESS, byte_len=len(w.payload))
+                self._finish(w, WcStatus.SUCCESS, byte_len=len(w.payload))
         elif op == O.ATOMIC_ACKNOWLEDGE.value:
             if w.op not in (WrOp.FETCH_ADD, WrOp.CMP_SWAP):
                 ctr.malformed += 1
@@ -474,7 +502,7 @@ class QP:
             w.orig = pkt.ext["atomic_ack"]["orig_data"]
             if w.into is not None:
                 w.into[:8] = w.orig.to_bytes(8, "little")
-            self._complete(w, WcStatus.SUCCESS, byte_len=8, orig=w.orig)
+            self._finish(w, WcStatus.SUCCESS, byte_len=8, orig=w.orig)
         else:                               # READ response
             if w.op != WrOp.READ:
                 ctr.malformed += 1
@@ -483,9 +511,9 @@ class QP:
             if d < 0:
                 ctr.duplicates += 1
                 return
-            if d > 0:                       # a response packet went missing
-                if self._rewind(w.resp_psn):
-                    self._charge_retry()
+            if d > 0:                       # a response packet went missing: ask from there
+                self._rerequest(w)
+                self._progress()
                 return
             k = psn_diff(p, w.first_psn)
             exp = min(w.pmtu, w.length - k * w.pmtu) if w.length else 0
@@ -498,7 +526,7 @@ class QP:
             if k == w.npsn - 1:
                 if w.into is not None:
                     w.into[:w.length] = w.rdata
-                self._complete(w, WcStatus.SUCCESS, byte_len=w.length, data=bytes(w.rdata))
+                self._finish(w, WcStatus.SUCCESS, byte_len=w.length, data=bytes(w.rdata))
         self._progress()
 
     def _nak(self, w, p, syn):
@@ -519,8 +547,6 @@ class QP:
             self._timer = None
             return
         # invalid request / remote access / remote operational error: fatal (§6.5)
-        while self._wqes and self._wqes[0] is not w:
-            self._complete(self._wqes.popleft(), WcStatus.SUCCESS)
         self._enter_error(_NAK_STATUS.get(syn, WcStatus.REM_OP_ERR))
 
     def _req_tick(self, now):
@@ -552,6 +578,14 @@ class QP:
         out = []
         if self.state != QPState.RTS or self._rnr_wait or self._tx_psn is None:
             return out
+        for w in self._resend:
+            if not w.done and w.rereq is not None and w in self._wqes:
+                self.ep.counters.retransmissions += 1
+                out.append(self._packet(w, psn_diff(w.rereq, w.first_psn)))
+                if self._timer is None:
+                    t = ack_timeout_us(self.timeout)
+                    self._timer = None if t is None else self.ep.now + t
+        self._resend.clear()
         while True:
             w = None
             for x in self._wqes:
@@ -563,6 +597,9 @@ class QP:
             una = self._una()
             new = w.first_psn is None
             if psn_diff(self._tx_psn, una) >= self.max_unacked and una != self._tx_psn:
+                break
+            if new and w.fence and any(x.first_psn is not None and x.is_rd_atomic and
+                                       not x.done for x in self._wqes):
                 break
             if new and w.is_rd_atomic:
                 busy = sum(1 for x in self._wqes if x.first_psn is not None and x.is_rd_atomic
@@ -587,7 +624,7 @@ class QP:
         return out
 
     def _assign(self, w):
-        w.first_psn = self._tx_psn
+        w.first_psn = self._tx_psn = self.sq_psn
         w.pmtu = self.pmtu
         if w.op == WrOp.READ:
             w.npsn = max(1, -(-w.length // self.pmtu))
@@ -672,8 +709,9 @@ class QP:
         """Coalesce ACKs: only the newest one waiting at poll_tx time goes out."""
         self._pending_ack = (psn, AethSyndrome.ACK.value)
 
-    def _fatal(self, psn, syndrome):
+    def _fatal(self, psn, syndrome, why=""):
         """NAK invalid request / remote access / remote operational: responder to Error."""
+        self.error_reason = f"responder: {why} at PSN {psn:#x}"
         self._send_nak(psn, syndrome)
         self._in_send = self._in_write = None
         self.state = QPState.ERROR
@@ -705,12 +743,14 @@ class QP:
         if self._in_send is not None and op not in _MID_OR_LAST_SEND or \
                 self._in_write is not None and op not in _MID_OR_LAST_WRITE or \
                 self._in_send is None and self._in_write is None and op not in _FIRST_OR_ONLY:
-            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value)
+            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value,
+                              f"opcode {op:#x} out of sequence (in SEND "
+                              f"{self._in_send is not None}, in WRITE {self._in_write is not None})")
         n = len(pkt.payload)
         if op in (O.SEND_FIRST.value, O.SEND_MIDDLE.value, O.WRITE_FIRST.value,
                   O.WRITE_MIDDLE.value) and n != self.pmtu or \
                 op in _LAST and not 1 <= n <= self.pmtu or op in _ONLY and n > self.pmtu:
-            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value)
+            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value, "payload length")
         if op in _NEEDS_RECV and self.recv_credits is not None and self.recv_credits <= 0:
             ctr.rnr_naks_sent += 1
             ctr.naks_sent += 1
@@ -732,7 +772,7 @@ class QP:
                 msg = bytes(self._in_send or b"") + pkt.payload
                 inv = pkt.ext["ieth"]["rkey"] if "ieth" in pkt.ext else None
                 if inv is not None and not self.ep.invalidate(inv, missing_ok=True):
-                    return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value)
+                    return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value, "invalidate failed")
                 self._in_send = None
                 self._msn = (self._msn + 1) & PSN_MASK
                 imm = pkt.ext["imm"]["imm"] if "imm" in pkt.ext else None
@@ -748,12 +788,12 @@ class QP:
                     off = mr.offset(r["va"], r["dma_length"]) if mr and mr.write else None
                     if off is None:
                         ctr.rkey_errors += 1
-                        return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value)
+                        return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value, "write access")
                 self._in_write = [mr, off, r["dma_length"]]
             mr, off, rem = self._in_write
             last = op not in (O.WRITE_FIRST.value, O.WRITE_MIDDLE.value)
             if n > rem or last and n != rem:
-                return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value)
+                return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value, "write length")
             if n:
                 mr.data[off:off + n] = pkt.payload
             self._in_write = [mr, off + n, rem - n]
@@ -780,7 +820,7 @@ class QP:
                 off = mr.offset(va, length) if mr and mr.read else None
                 if off is None or length > 1 << 31:
                     self.ep.counters.rkey_errors += 1
-                    return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value)
+                    return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value, "read access")
             npsn = max(1, -(-length // self.pmtu))
             self._save_ctx(dict(kind="read", psn=p, npsn=npsn, va=va, rkey=r["rkey"],
                                 length=length))
@@ -810,12 +850,12 @@ class QP:
     def _atomic(self, pkt, p):
         a = pkt.ext["atomic"]
         if a["va"] % 8:
-            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value)
+            return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value, "atomic misaligned")
         mr = self.ep._lookup(a["rkey"])
         off = mr.offset(a["va"], 8) if mr and mr.atomic else None
         if off is None:
             self.ep.counters.rkey_errors += 1
-            return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value)
+            return self._fatal(p, AethSyndrome.NAK_REMOTE_ACCESS.value, "atomic access")
         orig = int.from_bytes(mr.data[off:off + 8], "little")
         if pkt.opcode == O.FETCH_ADD.value:
             new = (orig + a["swap_add"]) & ((1 << 64) - 1)

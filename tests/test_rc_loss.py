@@ -3,7 +3,11 @@
 #      random loss, duplication and corruption).
 """Two sim.rc endpoints over a LossyLink: a random mix of every operation in both directions,
 checked against a plain in-order model of the remote memory (the oracle: RC executes each QP's
-requests exactly once, in order)."""
+requests exactly once, in order).
+
+A WRITE or atomic that touches a range an earlier READ covers is posted with ``fence``: as in
+IB, a retransmitted READ is re-executed on current memory, so without a fence its data may
+legitimately include a later write (the model would then be wrong, not the endpoint)."""
 
 import random
 
@@ -39,6 +43,9 @@ def plan(rng, qp, peer, pmtu, n_ops):
     model = bytearray(peer.mem)           # what the peer's memory must become
     expect_msgs, expect_cq = [], []
     fa_sum = 0
+    reads = []                            # ranges read so far: a later writer must fence
+    def fence(off, n):
+        return any(o < off + n and off < o + m for o, m in reads)
     for _ in range(n_ops):
         kind = rng.choice(["send", "send", "send_imm", "write", "write", "write_imm", "read",
                            "read", "fetch_add", "fetch_add", "cmp_swap", "send_inv"])
@@ -64,7 +71,7 @@ def plan(rng, qp, peer, pmtu, n_ops):
             off = rng.randrange(0, CTR_OFF - n + 1)
             data = rng.randbytes(n)
             imm = rng.getrandbits(32) if kind == "write_imm" else None
-            wr = qp.write(peer.base + off, peer.rkey, data, imm=imm)
+            wr = qp.write(peer.base + off, peer.rkey, data, imm=imm, fence=fence(off, n))
             model[off:off + n] = data
             if imm is not None:
                 expect_msgs.append((b"", imm, None))
@@ -72,10 +79,11 @@ def plan(rng, qp, peer, pmtu, n_ops):
         elif kind == "read":
             off = rng.randrange(0, MEM - n + 1)
             wr = qp.read(peer.base + off, peer.rkey, n)
+            reads.append((off, n))
             expect_cq.append((wr, bytes(model[off:off + n])))
         elif kind == "fetch_add":
             add = rng.getrandbits(40)
-            wr = qp.fetch_add(peer.base + CTR_OFF, peer.rkey, add)
+            wr = qp.fetch_add(peer.base + CTR_OFF, peer.rkey, add, fence=fence(CTR_OFF, 8))
             old = int.from_bytes(model[CTR_OFF:CTR_OFF + 8], "little")
             model[CTR_OFF:CTR_OFF + 8] = ((old + add) % (1 << 64)).to_bytes(8, "little")
             fa_sum += add
@@ -84,7 +92,8 @@ def plan(rng, qp, peer, pmtu, n_ops):
             cur = int.from_bytes(model[CAS_OFF:CAS_OFF + 8], "little")
             compare = cur if rng.random() < 0.7 else cur ^ 1
             swap = rng.getrandbits(64)
-            wr = qp.cmp_swap(peer.base + CAS_OFF, peer.rkey, compare, swap)
+            wr = qp.cmp_swap(peer.base + CAS_OFF, peer.rkey, compare, swap,
+                             fence=fence(CAS_OFF, 8))
             if compare == cur:
                 model[CAS_OFF:CAS_OFF + 8] = swap.to_bytes(8, "little")
             expect_cq.append((wr, cur))
