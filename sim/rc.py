@@ -724,8 +724,6 @@ class QP:
         if self.state not in (QPState.RTR, QPState.RTS):
             ctr.bad_qp_state += 1
             return
-        if self.cm is not None:
-            self.cm.rc_traffic(self)
         op, p = pkt.opcode, pkt.psn
         d = psn_diff(p, self.epsn)
         if d > 0:
@@ -921,10 +919,13 @@ class RoceEndpoint:
     seed : seeds the choice of QPNs, starting PSNs and CM communication IDs (deterministic).
     first_qpn : QPN of the first QP created without an explicit one.
     arp_retry_us : interval of ARP request retries while a peer's MAC is unknown.
+    ip_id : IPv4 identification of the frame before the first one sent (it counts up).
+    min_frame : pad shorter frames with zeros to this length (0: none, as the captures; 60
+        for a real Ethernet link, where the MAC then appends the FCS).
     """
 
     def __init__(self, mac, ip, *, udp_sport_base=0xC000, seed=0, first_qpn=0x11,
-                 arp_retry_us=1_000_000, ip_id=0):
+                 arp_retry_us=1_000_000, ip_id=0, min_frame=0):
         self.mac, self.ip = mac_bytes(mac), ip_int(ip)
         self.udp_sport_base = udp_sport_base
         self.rng = random.Random(seed)
@@ -937,6 +938,7 @@ class RoceEndpoint:
         self._arp_pending = {}            # ip -> next retry time
         self._tx = []                     # ARP and CM frames waiting for poll_tx
         self._ip_id = ip_id
+        self.min_frame = min_frame
         self._next_qpn = first_qpn
         from sim.rc_cm import CmAgent     # late import: rc_cm builds on this module
         self.cm = CmAgent(self)
@@ -1009,11 +1011,16 @@ class RoceEndpoint:
         self._ip_id = (self._ip_id + 1) & 0xFFFF
         return self._ip_id
 
+    def _pad(self, frame):
+        """Ethernet padding up to ``min_frame`` octets (60 on a real link, §1.1)."""
+        self.counters.frames_out += 1
+        return frame + bytes(self.min_frame - len(frame)) if len(frame) < self.min_frame \
+            else frame
+
     def build(self, dst_mac, dst_ip, sport, dest_qp, **kw):
         """One RoCEv2 frame from this endpoint (fresh IP ID: the ICRC is recomputed)."""
-        self.counters.frames_out += 1
-        return build_roce(self.mac, dst_mac, self.ip, dst_ip, sport, dest_qp=dest_qp,
-                          ip_id=self._next_ip_id(), **kw)
+        return self._pad(build_roce(self.mac, dst_mac, self.ip, dst_ip, sport, dest_qp=dest_qp,
+                                    ip_id=self._next_ip_id(), **kw))
 
     def send_raw(self, frame):
         self._tx.append(frame)
@@ -1059,6 +1066,8 @@ class RoceEndpoint:
         if pkt.src_ip != qp.remote_ip:
             ctr.not_for_us += 1
             return
+        if qp.cm is not None:
+            qp.cm.rc_traffic(qp)
         if pkt.opcode in _RESPONSE_OPS:
             qp._req_rx(pkt)
         elif pkt.opcode in _REQUEST_OPS:
@@ -1073,8 +1082,8 @@ class RoceEndpoint:
         self._arp_pending.pop(a.sender_ip, None)
         if a.oper == 1:
             self.counters.arp_replies_sent += 1
-            self._tx.append(build_arp(2, self.mac, self.ip, a.sender_mac, a.sender_ip,
-                                      a.sender_mac))
+            self._tx.append(self._pad(build_arp(2, self.mac, self.ip, a.sender_mac,
+                                                a.sender_ip, a.sender_mac)))
 
     def resolve(self, ip):
         """MAC of ``ip`` if known; otherwise start (or keep) ARP-ing for it and return None."""
@@ -1088,7 +1097,8 @@ class RoceEndpoint:
         for ip, when in list(self._arp_pending.items()):
             if self.now >= when:
                 self.counters.arp_requests_sent += 1
-                self._tx.append(build_arp(1, self.mac, self.ip, b"\x00" * 6, ip, BROADCAST_MAC))
+                self._tx.append(self._pad(build_arp(1, self.mac, self.ip, b"\x00" * 6, ip,
+                                                    BROADCAST_MAC)))
                 self._arp_pending[ip] = self.now + self.arp_retry_us
 
     def tick(self, now_us):

@@ -173,3 +173,38 @@ def test_connect_over_lossy_link_and_unknown_service():
     run(a, b, link=link, until=lambda: rej)
     assert rej == [REJ_INVALID_SERVICE_ID] and qa.state == QPState.ERROR
     assert ip_int("10.1.0.2") in a.arp_table
+
+
+def _deliver(src, dst, t, drop=lambda f: False):
+    n = 0
+    for f in src.poll_tx():
+        if not drop(f):
+            dst.receive_frame(f, t)
+            n += 1
+    return n
+
+
+def test_lost_rtu_first_rc_packet_establishes_and_padding():
+    """§7.10 step 4: the target accepts RC traffic once the REP is out; the first RC packet
+    stands in for a lost RTU. Both ends pad to 60 octets (a real link) and still interwork."""
+    a = RoceEndpoint("02:00:00:00:03:01", "10.3.0.1", seed=5, min_frame=60)
+    b = RoceEndpoint("02:00:00:00:03:02", "10.3.0.2", seed=6, min_frame=60)
+    ups, got = [], []
+    b.listen(18515, on_connect=ups.append,
+             qp_params=dict(on_message=lambda q, p, **kw: got.append(p)))
+    qa = a.connect("10.3.0.2")
+    is_rtu = lambda f: f[42] == 0x64 and decode_mad(f[62:318])[0]["attr_id"] == 0x14  # noqa
+    for t in range(1, 8):
+        _deliver(a, b, t, drop=is_rtu)
+        _deliver(b, a, t)
+        a.tick(t)
+        b.tick(t)
+    assert qa.state == QPState.RTS and ups == [] and b.cm.conns[0].state == "REP_SENT"
+    qa.send(b"")                                           # zero-length SEND Only: 58 octets
+    sent = a.poll_tx()
+    assert [len(f) for f in sent] == [60]                  # padded; ICRC found via lengths
+    for f in sent:
+        b.receive_frame(f, 9)
+    assert len(ups) == 1 and got == [b""] and b.cm.conns[0].state == "ESTABLISHED"
+    _deliver(b, a, 10)
+    assert qa.poll_cq()[0].status.name == "SUCCESS"
