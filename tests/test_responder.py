@@ -76,7 +76,7 @@ class Oracle:
 
 
 async def configure(ctx, env, pmtu, rq_psn, qp=0, local_qpn=DUT_QPN, state=3,
-                    recv_count=RECV_COUNT):
+                    recv_count=RECV_COUNT, recv_log2=RECV_LOG2):
     bus = env.dut.bus
     for j, (rkey, va, length, laddr, rd, wr, at, qm) in enumerate(MRS):
         await write_mr(ctx, bus, j, valid=1, read=rd, write=wr, atomic=at, qp_mask=qm,
@@ -85,7 +85,7 @@ async def configure(ctx, env, pmtu, rq_psn, qp=0, local_qpn=DUT_QPN, state=3,
                    peer_mac=int.from_bytes(mac_bytes(PEER_MAC), "big"),
                    peer_ip=ip_int(PEER_IP), udp_sport=0xC123, pmtu=PMTU_CODE[pmtu],
                    rq_psn=rq_psn, recv_base=RECV_BASE, recv_count=recv_count,
-                   recv_size_log2=RECV_LOG2)
+                   recv_size_log2=recv_log2)
 
 
 def make_env(width, pmtu, seed, idle=0.3, bp=0.3, **kw):
