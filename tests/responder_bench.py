@@ -22,7 +22,7 @@ from hw.rtl.iface import REG_MR, REG_QP
 from hw.rtl.membus import MemRam
 from hw.rtl.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE, MrTable, QpTable
 from hw.rtl.responder import COUNTERS, Responder
-from hw.rtl.roce_hdr import EXT_FIELDS
+from hw.rtl.roce_hdr import EXT_FIELDS, RoceRxParser
 from sim.hdl import packet_to_beats, stream_put
 from sim.rc import RoceEndpoint
 from sim.rc_frames import build_roce, ip_int, mac_bytes
@@ -37,8 +37,10 @@ class Bench(wiring.Component):
     """Responder with its tables and RAM; the host bus fans out to both tables (ack/err/rdata
     ORed, which the tables allow by answering only inside their windows)."""
 
-    def __init__(self, width, n_qp=2, n_mr=4, init=b"", **kw):
+    def __init__(self, width, n_qp=2, n_mr=4, init=b"", parser=False, **kw):
         self.resp = Responder(width, n_qp, **kw)
+        #: With ``parser``, frames enter through the gateware RoceRxParser instead.
+        self.parser = RoceRxParser(width) if parser else None
         self.qpt = QpTable(n_qp)
         self.mrt = MrTable(n_mr)
         self.ram = MemRam(MEM_BYTES // 8, MemRam.words_from_bytes(init))
@@ -50,6 +52,10 @@ class Bench(wiring.Component):
         m.submodules.resp, m.submodules.qpt = self.resp, self.qpt
         m.submodules.mrt, m.submodules.ram = self.mrt, self.ram
         r = self.resp
+        if self.parser is not None:
+            m.submodules.parser = self.parser
+            wiring.connect(m, self.parser.hdr, r.hdr)
+            wiring.connect(m, self.parser.payload, r.payload)
         wiring.connect(m, r.mr, self.mrt.lookup)
         wiring.connect(m, r.mem, self.ram.bus)
         m.d.comb += [r.load.eq(self.qpt.load), self.mrt.inv_valid.eq(r.mr_inv_valid),
@@ -180,6 +186,7 @@ class Env:
         self.dut = Bench(width, init=init, **kw)
         self.tx = []            # (RespTx dict, payload bytes, cycle)
         self.notes = []         # RecvNotify dicts
+        self.qp_errors = []     # QP indices of qp_error strobes
         self.cycle = 0
         self.peer = RoceEndpoint(PEER_MAC, PEER_IP, seed=seed)
         self.peer.arp_table[ip_int(DUT_IP)] = mac_bytes(DUT_MAC)
@@ -200,6 +207,14 @@ class Env:
     async def put_frame(self, ctx, frame):
         rec, payload = frame_to_record(frame)
         r = self.dut.resp
+        if self.dut.parser is not None:
+            # BTH .. ICRC with the receive metadata, as EthIpRx/IcrcCheck deliver it.
+            ulen = rec["meta"]["udp_length"]
+            beats = packet_to_beats(frame[42:42 + ulen - 8], self.width)
+            for b in beats:
+                b["meta"] = rec["meta"]
+            await stream_put(ctx, self.dut.parser.i, beats, idle=self.idle, rng=self.rng)
+            return
         await stream_put(ctx, r.hdr, [rec], idle=self.idle, rng=self.rng)
         if payload:
             await stream_put(ctx, r.payload, packet_to_beats(payload, self.width),
@@ -248,8 +263,10 @@ def run(env, scenario, vcd=None):
     r = env.dut.resp
 
     async def clock(ctx):
-        async for _ in ctx.tick():
+        async for _, _, err, idx in ctx.tick().sample(r.qp_error, r.qp_error_index):
             env.cycle += 1
+            if err:
+                env.qp_errors.append(idx)
 
     async def collect(ctx, port, out, tx):
         # Own loop instead of stream_get: a background testbench is abandoned mid-await when

@@ -167,6 +167,9 @@ def test_every_opcode(width, pmtu):
         d = blob(40)
         expect.append((qp.send(d, inv_rkey=0x4000), "ok", None))
         orc.send(d, inv=0x4000)
+        expect.append((qp.send(b""), "ok", None))          # zero-length SEND Only
+        orc.send(b"")
+        expect.append((qp.read(0x10000100, 0x1000, 0), "read", b""))
         await env.run_peer(ctx, PEER_QPN)
 
         done = {c.wr_id: c for c in qp.poll_cq()}
@@ -195,7 +198,8 @@ def test_every_opcode(width, pmtu):
         assert c["cnt_duplicates"] == 0 and c["cnt_rnr_naks"] == 0
         # Every READ response carried the AETH MSN the peer's completions accepted; the ACK
         # count equals the AckReq packets sent (SEND/WRITE messages: the last packet only).
-        assert c["cnt_acks"] == 6
+        assert c["cnt_acks"] == 7
+        assert env.qp_errors == []
 
     run(env, scenario)
 
@@ -231,5 +235,35 @@ def test_write_4k_throughput(width):
         assert per < (8 / width) * 1.1 + 0.05
         env.to_peer(out, PEER_QPN)
         assert [c.status for c in qp.poll_cq()] == [WcStatus.SUCCESS]
+
+    run(env, scenario)
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_through_parser(width):
+    """The same traffic entering through the gateware RoceRxParser (BTH .. ICRC + metadata):
+    SEND multi-packet with immediate, WRITE, READ, CmpSwap; checked as above."""
+    env, rng = make_env(width, 256, seed=width + 40, parser=True)
+    orc = Oracle(env.init)
+
+    async def scenario(ctx, env):
+        await configure(ctx, env, 256, 0x123456)
+        qp = peer_qp(env, 256, 0x123456)
+        d = bytes(rng.getrandbits(8) for _ in range(555))
+        qp.send(d, imm=7)
+        orc.send(d, imm=7)
+        w = bytes(rng.getrandbits(8) for _ in range(301))
+        qp.write(0x10000003, 0x1000, w)
+        orc.write(0x10000003, 0x1000, w)
+        rd = qp.read(0x10000001, 0x1000, 400)
+        want_rd = orc.read(0x10000001, 0x1000, 400)
+        cs = qp.cmp_swap(0x10000400, 0x1000, 0, 5)
+        old = orc.atomic(0x10000400, 0x1000, lambda v: 5 if v == 0 else v)
+        await env.run_peer(ctx, PEER_QPN)
+        done = {c.wr_id: c for c in qp.poll_cq()}
+        assert all(c.status == WcStatus.SUCCESS for c in done.values()) and len(done) == 4
+        assert done[rd].data == want_rd and done[cs].orig == old
+        assert env.mem(ctx) == bytes(orc.image)
+        assert [(n["addr"], n["length"], n["imm"]) for n in env.notes] == [(RECV_BASE, 555, 7)]
 
     run(env, scenario)

@@ -200,6 +200,7 @@ def test_remote_access_errors(width):
             assert after["cnt_bad_state"] - before["cnt_bad_state"] == len(frames) - 1, name
             await repost_all(ctx, env, 1)
             psn = (psn + 100) & PSN_MASK
+        assert env.qp_errors == [0] * len(ACCESS_CASES)
         mem = env.mem(ctx)
         # Only the receive buffers changed (the good SENDs); every MR is as initialised.
         assert mem[:RECV_BASE] == env.init[:RECV_BASE]
