@@ -741,9 +741,10 @@ class QP:
         if self._in_send is not None and op not in _MID_OR_LAST_SEND or \
                 self._in_write is not None and op not in _MID_OR_LAST_WRITE or \
                 self._in_send is None and self._in_write is None and op not in _FIRST_OR_ONLY:
+            state = "SEND" if self._in_send is not None else \
+                "WRITE" if self._in_write is not None else "no message"
             return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value,
-                              f"opcode {op:#x} out of sequence (in SEND "
-                              f"{self._in_send is not None}, in WRITE {self._in_write is not None})")
+                               f"opcode {op:#x} out of sequence (inside {state})")
         n = len(pkt.payload)
         if op in (O.SEND_FIRST.value, O.SEND_MIDDLE.value, O.WRITE_FIRST.value,
                   O.WRITE_MIDDLE.value) and n != self.pmtu or \
@@ -770,7 +771,8 @@ class QP:
                 msg = bytes(self._in_send or b"") + pkt.payload
                 inv = pkt.ext["ieth"]["rkey"] if "ieth" in pkt.ext else None
                 if inv is not None and not self.ep.invalidate(inv, missing_ok=True):
-                    return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value, "invalidate failed")
+                    return self._fatal(p, AethSyndrome.NAK_INVALID_REQUEST.value,
+                                       "invalidate failed")
                 self._in_send = None
                 self._msn = (self._msn + 1) & PSN_MASK
                 imm = pkt.ext["imm"]["imm"] if "imm" in pkt.ext else None
@@ -891,9 +893,9 @@ class QP:
             if op != O.READ_REQUEST.value:
                 return
             r = pkt.ext["reth"]
-            k = psn_diff(p, c["psn"])
-            if r["rkey"] != c["rkey"] or r["va"] != c["va"] + k * self.pmtu or \
-                    r["dma_length"] != c["length"] - k * self.pmtu:
+            # as rxe: the retried range must lie within the original READ, same R_Key
+            if r["rkey"] != c["rkey"] or r["va"] < c["va"] or \
+                    r["va"] + r["dma_length"] > c["va"] + c["length"]:
                 return
             return self._read(pkt, p, new=False)
         self._ack((self.epsn - 1) & PSN_MASK)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from scapy.all import rdpcap
-from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
