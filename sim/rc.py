@@ -7,17 +7,36 @@ deterministic Python: no threads and no wall clock. Time is passed in (``now_us`
 :meth:`RoceEndpoint.receive_frame` and :meth:`RoceEndpoint.tick`; frames leave through
 :meth:`RoceEndpoint.poll_tx`.
 
-Behaviour follows Linux rxe where the layout page describes it (one ACK per AckReq packet,
-NAK sequence error once per episode, duplicate SEND/WRITE re-ACKed, duplicate READ re-read,
-duplicate atomics replayed from a cache, one retransmission timer per QP, retry count 7 and
-RNR retry 7 mean "infinite").
+Behaviour follows Linux rxe where the layout page describes it: ACKs only for AckReq packets
+(coalesced: the newest pending ACK goes out at ``poll_tx``), NAK sequence error once per
+episode, duplicate SEND/WRITE re-ACKed and never re-executed, duplicate READ re-read (any
+sub-range of the original), duplicate atomics answered from a cache of saved results, one
+retransmission timer per QP (go-back-N from the oldest unacknowledged PSN), retry count 7
+and RNR retry 7 meaning "infinite". A READ/atomic response found missing (a later response
+or ACK arrived) is re-requested selectively. Completions are reported in posting order.
+
+Choices where the page leaves room (see the report of this module): SEND with Invalidate of
+an unknown or already invalid R_Key answers NAK invalid request; WRITE with Immediate
+delivers ``on_message(qp, b"", imm=...)``; receive credits are unlimited unless
+``recv_credits`` is set (then SEND First/Only and WRITE-with-Immediate Last/Only need one,
+else RNR NAK).
 
 Example
 -------
 >>> a = RoceEndpoint("02:00:00:00:00:01", "10.0.0.1")
 >>> b = RoceEndpoint("02:00:00:00:00:02", "10.0.0.2")
 >>> qa = a.create_qp(dest_qpn=0x20, remote_ip="10.0.0.2", qpn=0x10)
->>> qb = b.create_qp(dest_qpn=0x10, remote_ip="10.0.0.1", qpn=0x20)
+>>> qb = b.create_qp(dest_qpn=0x10, remote_ip="10.0.0.1", qpn=0x20,
+...                  on_message=lambda qp, data, imm=None, invalidated_rkey=None: None)
+>>> mr = b.register(bytearray(4096), base_va=0x1000, rkey=0x77, atomic=True)
+>>> wr = qa.write(0x1000, 0x77, b"hello")            # then pump frames between a and b
+>>> from sim.channel import run
+>>> _ = run(a, b, until=lambda: not qa.outstanding)
+>>> qa.poll_cq()[0].status
+<WcStatus.SUCCESS: 'SUCCESS'>
+
+With CM: ``b.listen(18515, on_connect=...)`` and ``qp = a.connect("10.0.0.2", 18515)``
+(ARP, REQ, REP, RTU); ``a.disconnect(qp)`` sends DREQ.
 """
 
 import enum
