@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
+needs_guest = pytest.mark.skipif(
     os.geteuid() != 0 or any(shutil.which(t) is None
                              for t in ("qemu-system-x86_64", "debootstrap", "cpio")),
     reason="guest tests need root and qemu-system-x86_64, debootstrap, cpio "
@@ -96,6 +96,7 @@ def _eui64_link_local(mac):
     return ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + iid)
 
 
+@needs_guest
 def test_pyverbs_query(image):
     from sim.guest.run import run_guest
 
@@ -121,6 +122,7 @@ def test_pyverbs_query(image):
     assert dev[0] == "rxe0" and int(dev[dev.index("max_qp") + 1]) > 0
 
 
+@needs_guest
 def test_exit_status_output_and_share(image, tmp_path):
     """A plain sh script: its status and output come back, and it can write into the share."""
     from sim.guest.run import run_guest
@@ -205,6 +207,7 @@ class MiniPeer:
                            / bytes(f[ICMP].payload))
 
 
+@needs_guest
 def test_arp_and_ping_through_dgram(image):
     """The guest resolves the target by ARP (answered here) and gets its ICMP echo answered."""
     from scapy.layers.inet import ICMP, IP
@@ -279,6 +282,7 @@ time.sleep(4)
 """
 
 
+@needs_guest
 def test_rc_send_first_roce_frame(image):
     """The guest's first RoCEv2 frame toward the target, after ARP, checked field by field."""
     from scapy.contrib.roce import BTH
@@ -321,3 +325,36 @@ def test_rc_send_first_roce_frame(image):
     bad[-5] ^= 0x01
     assert Ether(bytes(bad))[BTH].compute_icrc(None) != raw[-4:]
     assert 0 < qpn < (1 << 24)
+
+
+# The console protocol of /init, checked without QEMU: a stand-in process prints a transcript.
+def _fake_boot(tmp_path, shell, timeout_s=30.0):
+    from sim.guest.run import _boot
+
+    return _boot(["sh", "-c", shell], tmp_path / "console.log", timeout_s, False)
+
+
+def test_console_parsing_without_qemu(tmp_path):
+    from sim.guest.build import MARK
+
+    r = _fake_boot(tmp_path, f"printf '[0.1] kernel noise\\r\\n{MARK} BEGIN uptime=3.5\\r\\n"
+                             f"line one\\r\\nno newline'; printf '{MARK} EXIT 42\\r\\n'")
+    assert (r.exit_code, r.output) == (42, "line one\nno newline")
+    assert "kernel noise" in r.console
+    assert f"no newline{MARK} EXIT 42\r\n".encode() in r.log_path.read_bytes()
+
+
+def test_console_failures_without_qemu(tmp_path):
+    from sim.guest.build import MARK
+    from sim.guest.run import GuestError, GuestTimeout
+
+    with pytest.raises(GuestError, match="set-up failed: rdma link add rxe0"):
+        _fake_boot(tmp_path, f"echo '{MARK} SETUP-FAILED rdma link add rxe0'; "
+                             f"echo '{MARK} EXIT 125'")
+    with pytest.raises(GuestError, match="without an exit marker") as e:
+        _fake_boot(tmp_path, f"echo '{MARK} BEGIN'; echo 'Kernel panic'; exit 1")
+    assert "Kernel panic" in e.value.console
+    t0 = time.monotonic()
+    with pytest.raises(GuestTimeout):
+        _fake_boot(tmp_path, f"echo '{MARK} BEGIN'; exec sleep 60", timeout_s=1.0)
+    assert time.monotonic() - t0 < 10, "the stand-in must be killed at the timeout"
