@@ -437,6 +437,7 @@ class QP:
         """Go back N: retransmit from ``psn`` if it lies before the transmit pointer."""
         if self._tx_psn is not None and psn_diff(psn, self._tx_psn) < 0:
             self._tx_psn = psn
+            self._arm()
             return True
         return False
 
@@ -451,10 +452,16 @@ class QP:
             return False
         return True
 
+    def _arm(self):
+        """(Re)start the retransmission timer: 4.096 us x 2^timeout from now."""
+        t = ack_timeout_us(self.timeout)
+        self._timer = None if t is None else self.ep.now + t
+
     def _progress(self):
         self._retire_head()
         una = self._una()
-        if una != self._last_una:           # something new was acknowledged: reload counters
+        advanced = una != self._last_una
+        if advanced:                        # something new was acknowledged: reload counters
             self._last_una = una
             self._retry_left, self._rnr_left = self.retry_cnt, self.rnr_retry
         # After a rewind, responses to packets sent before it may still arrive: never resend
@@ -464,11 +471,10 @@ class QP:
                      None)
             self._tx_psn = (w.first_psn + w.npsn) & PSN_MASK if w is not None and \
                 w.op == WrOp.READ else una
-        if any(w.first_psn is not None for w in self._wqes):
-            t = ack_timeout_us(self.timeout)
-            self._timer = None if t is None else self.ep.now + t
-        else:
-            self._timer = None
+        if psn_diff(self._hi_psn, una) <= 0 and not self._resend:
+            self._timer = None              # nothing in flight
+        elif advanced or self._timer is None:
+            self._arm()
 
     def _req_rx(self, pkt):
         """Requester side: an ACK, NAK, READ response or ATOMIC ACKNOWLEDGE arrived."""
@@ -551,9 +557,9 @@ class QP:
     def _nak(self, w, p, syn):
         ctr = self.ep.counters
         if syn == AethSyndrome.NAK_PSN_SEQ_ERROR.value:
-            if self._rewind(p):
-                if self._charge_retry():
-                    self._progress()
+            if self._rewind(p) and not self._charge_retry():
+                return
+            self._progress()
             return
         if syn & 0xE0 == AethSyndrome.RNR_NAK.value:
             ctr.rnr_naks_received += 1
@@ -562,6 +568,7 @@ class QP:
                 if self._rnr_left < 0:
                     self._enter_error(WcStatus.RNR_RETRY_EXC_ERR)
                     return
+            self._retire_head()
             self._rnr_wait = (self.ep.now + RNR_TIMER_US[syn & 0x1F], p)
             self._timer = None
             return
@@ -582,8 +589,7 @@ class QP:
                 self._rewind(una)
                 if not self._charge_retry():
                     return
-                t = ack_timeout_us(self.timeout)
-                self._timer = None if t is None else now + t
+                self._arm()
             else:
                 self._timer = None
 
@@ -602,8 +608,7 @@ class QP:
                 self.ep.counters.retransmissions += 1
                 out.append(self._packet(w, psn_diff(w.rereq, w.first_psn)))
                 if self._timer is None:
-                    t = ack_timeout_us(self.timeout)
-                    self._timer = None if t is None else self.ep.now + t
+                    self._arm()
         self._resend.clear()
         while True:
             w = None
@@ -638,8 +643,7 @@ class QP:
             if psn_diff(self._tx_psn, self._hi_psn) > 0:
                 self._hi_psn = self._tx_psn
             if self._timer is None:
-                t = ack_timeout_us(self.timeout)
-                self._timer = None if t is None else self.ep.now + t
+                self._arm()
         return out
 
     def _assign(self, w):
