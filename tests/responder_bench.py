@@ -178,8 +178,9 @@ def const_to_dict(c):
 class Env:
     """State shared by the bench coroutines and a test scenario."""
 
-    def __init__(self, width, seed, idle, backpressure, init, **kw):
+    def __init__(self, width, seed, idle, backpressure, init, auto_repost=False, **kw):
         self.width = width
+        self.auto_repost = auto_repost
         self.rng = random.Random(seed)
         self.idle, self.bp = idle, backpressure
         self.init = bytes(init)
@@ -275,12 +276,19 @@ def run(env, scenario, vcd=None):
             rdy = env.rng.random() >= env.bp
             ctx.set(port.ready, rdy)
             _, _, valid, p = await ctx.tick().sample(port.valid, port.payload)
+            if not tx and env.auto_repost:
+                ctx.set(r.repost.valid, 0)
             if rdy and valid:
                 rec = const_to_dict(p)
                 if tx:
                     out.append((rec, env.mem(ctx, rec["laddr"], rec["length"]), env.cycle))
                 else:
+                    # The consumer copies the message out, then returns the buffer.
+                    rec["data"] = env.mem(ctx, rec["addr"], rec["length"])
                     out.append(rec)
+                    if env.auto_repost:
+                        ctx.set(r.repost.p.qp, rec["qp"])
+                        ctx.set(r.repost.valid, 1)
 
     async def tx_collector(ctx):
         await collect(ctx, r.tx, env.tx, True)
