@@ -5,12 +5,14 @@ and the MR lookup against a brute-force Python reference on random tables and qu
 
 import random
 
-from amaranth import Module
+from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
 from hw.rtl.hostlink import Space
 from hw.rtl.iface import REG_MR, REG_QP
-from hw.rtl.qp import MR_STRIDE, QP_REGS, QP_STRIDE, MrAccess, MrError, MrTable, QpTable
+from hw.rtl.qp import (MR_STRIDE, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
+                       QpTable)
+from hw.rtl.iface import REG_TRANSPORT
 from tests.responder_bench import bus_access, mr_words
 
 #: Independent restatement of the QP register widths (docstring of hw/rtl/qp.py).
@@ -174,3 +176,26 @@ def test_mr_lookup_brute_force():
         assert not ctx.get(dut.inv_found)
 
     simulate(dut, bench)
+
+
+def test_counter_bank():
+    dut = CounterBank(5, base=REG_TRANSPORT + 0x100)
+    rng = random.Random(3)
+
+    async def bench(ctx):
+        vals = [rng.getrandbits(32) for _ in range(5)]
+        for k, v in enumerate(vals):
+            ctx.set(dut.counters[k], v)
+        for k, v in enumerate(vals):
+            rd, err = await bus_access(ctx, dut.bus, REG_TRANSPORT + 0x100 + 4 * k)
+            assert (rd, err) == (v, 0)
+        _, err = await bus_access(ctx, dut.bus, REG_TRANSPORT + 0x100, 1)
+        assert err
+        await no_answer(ctx, dut.bus, REG_TRANSPORT + 0x100 + 20)
+        await no_answer(ctx, dut.bus, REG_TRANSPORT + 0xFC)
+
+    top = Module()                  # the bank is purely combinational: give the sim a clock
+    top.submodules.dut = dut
+    tick = Signal()
+    top.d.sync += tick.eq(~tick)
+    simulate(top, bench)

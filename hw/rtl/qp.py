@@ -44,10 +44,14 @@ from amaranth.lib.wiring import In, Out
 
 from .hostlink import HostBusSignature, Space
 from .iface import (ADDR_BITS, QP_INDEX_BITS, QPN_BITS, MrEntry, QpConfig, QpState, REG_MR,
-                    REG_QP)
+                    REG_QP, REG_TRANSPORT)
 
-__all__ = ["QpTable", "MrTable", "MrLookupSignature", "MrAccess", "MrError", "QP_REGS",
-           "MR_REGS", "qp_lookup", "QP_STRIDE", "MR_STRIDE"]
+__all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
+           "QP_REGS", "MR_REGS", "qp_lookup", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
+
+#: Where the responder's counters sit (REG_TRANSPORT + 4 * index of responder.COUNTERS); the
+#: requester's may follow from REG_TRANSPORT + 0x100.
+RESPONDER_COUNTERS_BASE = REG_TRANSPORT
 
 QP_STRIDE = 0x100
 MR_STRIDE = 0x40
@@ -262,4 +266,34 @@ class MrTable(wiring.Component):
             m.d.comb += err.eq(MrError.RIGHTS)
         m.d.sync += [lk.ok.eq(err == MrError.NONE), lk.error.eq(err),
                      lk.laddr.eq(e.laddr + off[:ADDR_BITS])]
+        return m
+
+
+class CounterBank(wiring.Component):
+    """Read-only 32-bit registers at ``base + 4 * k`` showing ``counters[k]``.
+
+    Same bus rules as the tables: silent outside ``[base, base + 4 * n)``, writes inside are
+    refused with ``err``. Typical use: ``CounterBank(len(COUNTERS))`` with ``counters[k]``
+    driven by ``getattr(responder, COUNTERS[k])``.
+
+    Ports
+    -----
+    bus : In(HostBusSignature)
+    counters : In(32).array(n)
+    """
+
+    def __init__(self, n, base=RESPONDER_COUNTERS_BASE):
+        self.n, self.base = n, base
+        super().__init__({"bus": In(HostBusSignature()), "counters": In(32).array(n)})
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        in_win = (bus.space == Space.REG) & (bus.addr >= self.base) & \
+            (bus.addr < self.base + 4 * self.n)
+        with m.If(in_win & (bus.re | bus.we)):
+            m.d.comb += [bus.ack.eq(1), bus.err.eq(bus.we | (bus.addr[0:2] != 0))]
+            for k in range(self.n):
+                with m.If(bus.re & (bus.addr[2:] == (self.base >> 2) + k)):
+                    m.d.comb += bus.rdata.eq(self.counters[k])
         return m
