@@ -5,27 +5,22 @@
 CM messages rxe produced; then two Python endpoints connect and disconnect through CM."""
 
 import struct
-from pathlib import Path
 
-from scapy.all import rdpcap
 from scapy.layers.l2 import ARP, Ether
 
 from scapy_roce import dissect_roce
+from test_rc_frames import C1, frames
 from sim.channel import LossyLink, run
 from sim.rc import QPState, RoceEndpoint
 from sim.rc_cm import REJ_INVALID_SERVICE_ID, decode_mad
 from sim.rc_frames import ip_int
 
-C1 = Path("/work/shared/data/rxe-two-guests-pingpong-rping.pcap")
 MAC1, MAC2 = "52:54:00:00:00:01", "52:54:00:00:00:02"
-_C1 = []
 
 
 def c1(n):
-    """Frame n (1-based) of C1."""
-    if not _C1:
-        _C1.extend(bytes(p) for p in rdpcap(str(C1)))
-    return _C1[n - 1]
+    """Frame n (1-based) of C1 (loaded once, shared with test_rc_frames)."""
+    return frames(C1)[n - 1]
 
 
 def test_c1_req_parsed_independently():
@@ -95,7 +90,7 @@ def test_active_side_sends_c1_req_like_rxe():
     a = Ether(arp)[ARP]
     assert a.op == 1 and a.pdst == "10.0.0.1" and a.psrc == "10.0.0.2" and a.hwsrc == MAC2
     assert Ether(arp).dst == "ff:ff:ff:ff:ff:ff"
-    arp_reply = [f for f in _C1 if len(f) == 42 and f[21] == 2][0]
+    arp_reply = [f for f in frames(C1) if len(f) == 42 and f[21] == 2][0]
     i.receive_frame(arp_reply, 1)
     i.tick(2)
     (req,) = i.poll_tx()
