@@ -13,14 +13,15 @@ provides (125 MHz from the board's oscillator through a PLL). The full KBTP core
 here under its own name; the board files do not change.
 """
 
-from amaranth import Cat, Module
+from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.rtl.hostlink import HostBusDemoTarget, HostBusSignature
 from hw.rtl.rgmii import GmiiSignature
+from hw.rtl.stream import PacketStream
 
-__all__ = ["CoreSignature", "check_core", "MacLoopbackCore", "MacArpCore", "CORES",
+__all__ = ["CoreSignature", "check_core", "RegisterSlice", "MacLoopbackCore", "MacArpCore", "CORES",
            "DEFAULT_IP", "DEFAULT_MAC", "default_core_name"]
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
@@ -46,6 +47,37 @@ def check_core(core):
                 and got.signature.members == member.signature.members):
             raise TypeError(f"core {core!r} member {name!r} is {got!r}, "
                             f"expected {member!r}")
+
+
+class RegisterSlice(wiring.Component):
+    """A full-throughput register stage (skid buffer) for a :func:`PacketStream`.
+
+    Every output and ``i.ready`` come straight from flops, so a long combinational path on one
+    side (e.g. a FIFO's block-RAM read data decoded by a header parser) no longer adds up with
+    the other side's. Latency one cycle; one beat per cycle sustained.
+
+    Ports
+    -----
+    i : In(PacketStream(width)), o : Out(PacketStream(width))
+    """
+
+    def __init__(self, width):
+        super().__init__({"i": In(PacketStream(width)), "o": Out(PacketStream(width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        skid = Signal.like(self.i.payload)
+        skid_valid = Signal()
+        m.d.comb += self.i.ready.eq(~skid_valid)
+        with m.If(self.o.ready | ~self.o.valid):
+            with m.If(skid_valid):
+                m.d.sync += [self.o.payload.eq(skid), self.o.valid.eq(1), skid_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & ~skid_valid):
+            # Output stalled: park the beat the input offered (ready was high) in the skid.
+            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m
 
 
 class _StandInCore(wiring.Component):
@@ -90,7 +122,9 @@ class MacLoopbackCore(_StandInCore):
     def elaborate(self, platform):
         m = Module()
         mac, _ = self._mac_and_target(m)
-        wiring.connect(m, mac.rx, mac.tx)
+        m.submodules.rx_slice = rx_slice = RegisterSlice(8)
+        wiring.connect(m, mac.rx, rx_slice.i)
+        wiring.connect(m, rx_slice.o, mac.tx)
         return m
 
 
@@ -108,8 +142,14 @@ class MacArpCore(_StandInCore):
         m = Module()
         m.submodules.arp = arp = ArpResponder(8)
         mac, target = self._mac_and_target(m, (arp.cnt_answered, arp.cnt_ignored))
-        wiring.connect(m, mac.rx, arp.i)
-        wiring.connect(m, arp.o, mac.tx)
+        # Register stages on both sides of the responder: the MAC's receive FIFO hands out
+        # block-RAM read data unregistered, and the responder decodes it combinationally.
+        m.submodules.rx_slice = rx_slice = RegisterSlice(8)
+        m.submodules.tx_slice = tx_slice = RegisterSlice(8)
+        wiring.connect(m, mac.rx, rx_slice.i)
+        wiring.connect(m, rx_slice.o, arp.i)
+        wiring.connect(m, arp.o, tx_slice.i)
+        wiring.connect(m, tx_slice.o, mac.tx)
         m.d.comb += [arp.own_ip.eq(target.scratch[0]),
                      arp.own_mac.eq(Cat(target.scratch[2][:16], target.scratch[1]))]
         return m

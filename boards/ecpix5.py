@@ -15,8 +15,9 @@ ECPIX5 = BoardSpec(
     ebr_total=208,
     osc_freq=100e6,
     eth_index=0,
-    # RTL8211E: the board straps the PHY's RX clock delay on, TX delay off, so the FPGA
-    # forwards tx_clk 90 degrees late and samples RX data as it comes.
+    # RTL8211E with its RX clock delay on and TX delay off, as LiteX-Boards' ECPIX-5 target
+    # runs it (rx_delay = 0, FPGA TX delay 2 ns): the FPGA forwards tx_clk 90 degrees late and
+    # samples RX data as it comes.
     tx_clock="shifted",
     rx_delay_taps=0,
     led_resources=(("rgb_led", 0, "g"), ("rgb_led", 1, "g"), ("rgb_led", 2, "g"),

@@ -15,10 +15,11 @@ VERSA = BoardSpec(
     ebr_total=108,
     osc_freq=100e6,
     eth_index=0,
-    # 88E1512 as open designs run it on this board: TX clock delay inside the PHY, RX data
-    # delayed ~2 ns in the FPGA (80 DELAYG taps).
+    # 88E1512 in RGMII-ID mode (both clock delays inside the PHY), as LiteX-Boards' Versa ECP5
+    # target runs it (tx_delay = rx_delay = 0 on the FPGA side): edge-aligned tx_clk, no
+    # DELAYG on receive.
     tx_clock="phy",
-    rx_delay_taps=80,
+    rx_delay_taps=0,
     led_resources=(("led", 0, None), ("led", 1, None), ("led", 2, None), ("led", 3, None)),
     # openFPGALoader has no Versa board entry; its generic FT2232 cable (channel A) is the
     # Versa's on-board JTAG.

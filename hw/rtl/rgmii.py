@@ -27,10 +27,10 @@ Clock/data skew (which side adds the ~2 ns)
   ``rx_delay_taps=N``: each data/ctl input goes through an ECP5 ``DELAYG`` of N taps (about
   25 ps each, so 80 taps ~ 2 ns) before its ``IDDRX1F``.
 
-Board choices (:mod:`boards`): ECPIX-5 (RTL8211E, RX delay strapped in the PHY): ``shifted`` /
-0 taps. Versa ECP5 (88E1512 with its TX delay enabled): ``phy`` / 80 taps. These follow the
-settings that working open designs use on those boards; they could not be checked on hardware
-here.
+Board choices (:mod:`boards`): ECPIX-5 (RTL8211E, RX delay in the PHY): ``shifted`` / 0 taps.
+Versa ECP5 (88E1512 in RGMII-ID mode, both delays in the PHY): ``phy`` / 0 taps. These follow
+the delays LiteX-Boards' targets for the two boards use; they could not be checked on hardware
+here. The DELAYG path is for boards whose PHY adds no RX delay.
 
 Receive clock crossing
 ----------------------
