@@ -10,7 +10,7 @@ import random
 import zlib
 
 import pytest
-from amaranth import ClockDomain, Elaboratable, Module
+from amaranth import ClockDomain, Elaboratable, Fragment, Module
 from amaranth.sim import Simulator
 
 from hw.rtl.mac import GmiiRx, GmiiTx, GmiiMac
@@ -20,18 +20,32 @@ from sim.hdl import packet_get, packet_put, packet_to_beats, stream_put
 CLK = 8e-9
 
 
-def run(dut, *benches, background=()):
+def run(dut, *benches, background=(), max_cycles=50_000):
+    """Simulate until every bench returns; fail (rather than hang) after ``max_cycles``."""
     # Wrap so that a "sync" domain exists even for a purely combinational DUT (1:1 sizers).
     top = Module()
     top.submodules.dut = dut
     top.domains.sync = ClockDomain()
     sim = Simulator(top)
     sim.add_clock(CLK)
+    done = []
+
+    def finishing(bench):
+        async def wrapped(ctx):
+            await bench(ctx)
+            done.append(bench)
+        return wrapped
+
     for b in benches:
-        sim.add_testbench(b)
+        sim.add_testbench(finishing(b))
     for b in background:
         sim.add_testbench(b, background=True)
-    sim.run()
+    step = 1000
+    for k in range(1, max_cycles // step + 1):
+        sim.run_until(k * step * CLK)
+        if len(done) == len(benches):
+            return
+    raise AssertionError(f"benches still waiting after {max_cycles} cycles")
 
 
 def wire_frame(payload):
@@ -388,5 +402,6 @@ def test_rejects_bad_parameters():
         StreamUpsizer(16, 24)
     with pytest.raises(ValueError):
         GmiiMac(12)
-    members = GmiiMac(32).signature.members
-    assert members["rx"].signature.members["payload"].shape.size == 32 + 4 + 1
+    mac = GmiiMac(32)
+    assert mac.signature.members["rx"].signature.members["payload"].shape.size == 32 + 4 + 1
+    Fragment.get(mac, None)         # elaborates at a width the other tests do not use
