@@ -170,7 +170,7 @@ if cocotb is not None:
             return frame
 
     def frame_plan(rng, count):
-        """(kind, payload, GmiiFrame) tuples: good frames over 14..1518 octets, bad ones mixed in."""
+        """(kind, payload, GmiiFrame) tuples: good frames of 14..1518 octets, bad ones mixed in."""
         sizes = [14, 15, 41, 42, 59, 60, 61, 63, 64, 65, 1514, 1517, 1518]
         plan = []
         for i in range(count):
