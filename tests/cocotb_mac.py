@@ -126,11 +126,12 @@ if cocotb is not None:
         return raw
 
     class TB:
-        def __init__(self, dut):
+        def __init__(self, dut, salt=""):
             self.dut = dut
             self.params = get_params()
             self.width = int(self.params["width"])
-            self.rng = random.Random(int(self.params.get("seed", 1)) * 1000 + self.width)
+            # A different frame plan for every width and test variant, reproducible.
+            self.rng = random.Random(f"{self.params.get('seed', 1)}/{self.width}/{salt}")
             dut.rst.value = 1          # defined before the first edge (Icarus starts at X)
             cocotb.start_soon(Clock(dut.clk, PERIOD_NS, unit="ns").start())
             self.source = GmiiSource(dut.rxd, dut.rx_er, dut.rx_dv, dut.clk, dut.rst)
@@ -195,7 +196,7 @@ if cocotb is not None:
         return plan
 
     async def run_test(dut, idle=0.0, backpressure=0.0, count=40):
-        tb = TB(dut)
+        tb = TB(dut, salt=f"{idle}/{backpressure}")
         await tb.reset()
         tb.set_gates(idle, backpressure)
         plan = frame_plan(tb.rng, count)
