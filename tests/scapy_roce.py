@@ -23,7 +23,7 @@ from scapy.contrib.roce import BTH, AETH
 __all__ = ["RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH", "BTH",
            "OPCODE_EXTS", "roce_frame", "dissect_roce", "icrc_of", "frame_beats",
            "beats_bytes", "StreamDriver", "run_sim", "split_packets", "zlib_icrc", "seeded",
-           "random_ext_fields", "EXT_NAME"]
+           "random_ext_fields", "EXT_NAME", "pcap_roce_frames", "rx_meta_of", "roce_rx_beats"]
 
 
 class RETH(Packet):
@@ -239,3 +239,37 @@ def zlib_icrc(ip_to_end_without_icrc):
 
 def seeded(seed):
     return random.Random(seed)
+
+
+PCAP_C2 = "/work/shared/data/rxe-vs-host-peer-send-write-read-atomic.pcap"
+
+
+def pcap_roce_frames(path=PCAP_C2):
+    """The RoCEv2 frames (UDP port 4791) of a capture, as bytes."""
+    from scapy.utils import rdpcap
+    out = []
+    for p in rdpcap(path):
+        raw = bytes(p)
+        if len(raw) >= 42 and raw[12:14] == b"\x08\x00" and raw[36:38] == b"\x12\xb7":
+            out.append(raw)
+    return out
+
+
+def rx_meta_of(frame):
+    """The receive sideband (``RoceRxMeta`` fields) of a frame, read with scapy."""
+    e = Ether(frame)
+    ip, udp = e[IP], e[UDP]
+
+    def ip4(s):
+        return int.from_bytes(bytes(int(x) for x in s.split(".")), "big")
+    return {"src_mac": int(e.src.replace(":", ""), 16), "src_ip": ip4(ip.src),
+            "dst_ip": ip4(ip.dst), "ip_id": ip.id, "ip_flags": int(ip.flags), "tos": ip.tos,
+            "ttl": ip.ttl, "udp_src_port": udp.sport, "udp_length": udp.len}
+
+
+def roce_rx_beats(frame, width, meta=None):
+    """Beats of BTH .. ICRC of a frame (as EthIpRx emits them), metadata on every beat."""
+    meta = meta or rx_meta_of(frame)
+    body = frame[42:42 + meta["udp_length"] - 8]
+    return [{"data": d, "keep": k, "last": la, "meta": meta}
+            for d, k, la in frame_beats(body, width)]
