@@ -1,4 +1,5 @@
-# Ref: roce-layouts.md §3, §6.3-§6.7 (RC requester rules); hw/rtl/requester.py; tests/scapy_roce.py.
+# Ref: roce-layouts.md §3, §6.3-§6.7 (RC requester rules); hw/rtl/requester.py;
+#      tests/scapy_roce.py.
 """RC requester in Amaranth's simulator, end to end through TxPath, RoceTxBuilder, RoceRxParser.
 
 Work requests go in; the request packets the gateware builds are dissected with scapy and fed to
@@ -261,8 +262,11 @@ class Bench:
 
         async def main(ctx):
             while len(self.wcs) < n_wc and now[0] < max_cycles:
-                p = await stream_get(ctx, top.req.wc, backpressure=self.bp, rng=self.rng)
-                self.wcs.append((p.qp, p.wr_id, WcStatus(p.status)))
+                ready = not (self.bp and self.rng.random() < self.bp)
+                ctx.set(top.req.wc.ready, ready)
+                *_, valid, p = await ctx.tick().sample(top.req.wc.valid, top.req.wc.payload)
+                if ready and valid:
+                    self.wcs.append((p.qp, p.wr_id, WcStatus(p.status)))
             self.cycles = now[0]
             raw = b"".join(ctx.get(top.ram.mem.data[i]).to_bytes(8, "little")
                            for i in range(WORDS))

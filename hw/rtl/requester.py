@@ -220,6 +220,26 @@ def _qstate_layout(depth):
     })
 
 
+class _Timers(wiring.Component):
+    """``n`` down-counters; ``set`` loads counter ``index`` with ``value``; ``zero[i]``."""
+
+    def __init__(self, n, bits):
+        self._n, self._bits = n, bits
+        super().__init__({"set": In(1), "index": In(range(max(n, 2))), "value": In(bits),
+                          "zero": Out(n)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for i in range(self._n):
+            t = Signal(self._bits, name=f"timer{i}")
+            m.d.comb += self.zero[i].eq(t == 0)
+            with m.If(self.set & (self.index == i)):
+                m.d.sync += t.eq(self.value)
+            with m.Elif(t != 0):
+                m.d.sync += t.eq(t - 1)
+        return m
+
+
 def _psn_lt(a, b):
     """a before b in 24-bit serial arithmetic (roce-layouts §6.1)."""
     return (a - b)[23]
@@ -295,7 +315,6 @@ class Requester(wiring.Component):
                      wcq.r_en.eq(self.wc.ready)]
 
         qs = [Signal(QState, name=f"qs{i}") for i in range(nq)]
-        timers = [Signal(40, name=f"timer{i}") for i in range(nq)]
         sq = [[Signal(SqEntry, name=f"sq{i}_{k}") for k in range(depth)] for i in range(nq)]
         for i in range(nq):
             m.d.comb += self.qp_error[i].eq(qs[i].st == QSt.ERR)
@@ -332,14 +351,11 @@ class Requester(wiring.Component):
                     with m.Case(i):
                         m.d.sync += qs[i].eq(nxt)
 
-        # ---- timers -------------------------------------------------------------------------
-        t_set = Signal()
-        t_val = Signal(40)
-        for i in range(nq):
-            with m.If(t_set & (cqp == i)):
-                m.d.sync += timers[i].eq(t_val)
-            with m.Elif(timers[i] != 0):
-                m.d.sync += timers[i].eq(timers[i] - 1)
+        # ---- timers (a submodule: they count every cycle, the FSM only sees them expire) ----
+        m.submodules.timers = tm = _Timers(nq, 40)
+        t_set, t_val = tm.set, tm.value
+        m.d.comb += tm.index.eq(cqp)
+        zero = tm.zero
         ack_cyc = Signal(40)
         with m.Switch(cfg.timeout):
             for c in range(32):
@@ -347,7 +363,7 @@ class Requester(wiring.Component):
                     m.d.comb += ack_cyc.eq(ack_timeout_cycles(c, self._clk_hz, self._scale))
         expired = Signal(nq)
         for i in range(nq):
-            m.d.comb += expired[i].eq(qs[i].timer_on & (timers[i] == 0) & (qs[i].st == QSt.RTS))
+            m.d.comb += expired[i].eq(qs[i].timer_on & zero[i] & (qs[i].st == QSt.RTS))
 
         # ---- WC output -----------------------------------------------------------------------
         wc_put = Signal()
