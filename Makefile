@@ -5,11 +5,11 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 # Debian packages the project needs on a fresh Debian 12 machine.
-APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 debootstrap cpio debian-archive-keyring openfpgaloader
+APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 debootstrap cpio debian-archive-keyring openfpgaloader tshark
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install apt venv test test-fast demo clean
+.PHONY: install apt venv test test-fast demo demo-model serve clean
 
 install: apt venv
 
@@ -36,8 +36,18 @@ test: install
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
+# The end-to-end demo: kbtp-sim serve --model + the soft-RoCE guest running tests/e2e/demo.py
+# (builds the guest image first if needed). The golden-model-only demo: `make demo-model`.
 demo: install
+	$(PY) -m sim.serve_demo
+
+demo-model: install
 	$(PY) -m sim.demo
+
+# Serve the golden model on Ethernet-frames-in-UDP (QEMU -netdev dgram) at the default ports.
+SERVE_ARGS ?=
+serve: $(VENV)/.installed
+	$(PY) -m sim.serve serve --model $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) build sim_build .pytest_cache

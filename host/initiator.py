@@ -33,6 +33,7 @@ Example (in the guest)::
 
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
@@ -125,6 +126,7 @@ class LoadResult:
     completion: object
     data: bytes
     invalidated_rkey: int | None = None
+    recorded: bool = False              # the completion came as a record (RECORD)
 
 
 @dataclass
@@ -176,6 +178,7 @@ class KbtpClient:
         self._inflight = set()
         self._send_pending = 0
         self._wcs = {}                  # wr_id -> WC of one-sided / bind work requests
+        self._records = {}              # request id -> Buffer of its completion record
         self._wr_seq = 1
         self.stats = {"sends": 0, "completions": 0, "reads": 0, "writes": 0, "atomics": 0}
         self._connect(connect_timeout_s, qp_timeout, retry_cnt, rnr_retry, rd_atomic)
@@ -270,8 +273,11 @@ class KbtpClient:
                 i = wc.wr_id - _WR_RECV_BASE
                 if wc.status != e.IBV_WC_SUCCESS:
                     raise KbtpTransportError(f"receive failed: WC status {wc.status}")
-                raw = self._rbuf.read(wc.byte_len, i * _MSG_SLOT)
                 self._post_recv(i)
+                if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
+                    self._on_record(wc.imm_data)
+                    continue
+                raw = self._rbuf.read(wc.byte_len, i * _MSG_SLOT)
                 self._on_message(raw, wc.wc_flags, wc.imm_data)
             elif wc.wr_id & (1 << 39):          # SEND of a request
                 self._sfree.append(wc.wr_id & 0xFFFF)
@@ -290,6 +296,8 @@ class KbtpClient:
         return wc
 
     def _on_message(self, raw, flags, imm):
+        if os.environ.get("KBTP_DEBUG"):
+            print(f"debug: recv {len(raw)} octets wc_flags={flags:#x} imm={imm:#x}", flush=True)
         msg = codec.decode(raw)
         self.stats["completions"] += 1
         inv = imm if flags & e.IBV_WC_WITH_INV else None
@@ -298,9 +306,24 @@ class KbtpClient:
         else:
             self._done[msg.request_id] = (msg, inv)
 
+    def _on_record(self, imm):
+        """A completion record arrived by RDMA Write with Immediate (RECORD_COMPLETION): the
+        immediate is the low 32 bits of the Request ID (pyverbs gives it in network order)."""
+        low = socket.ntohl(imm)
+        rid = next((r for r in self._records if r & _MASK32 in (low, imm)), None)
+        if rid is None:
+            raise KbtpTransportError(f"record for unknown request (imm {low:#x})")
+        buf = self._records.pop(rid)
+        rec = codec.decode_record(buf.read(24))
+        self.stats["completions"] += 1
+        self._done[rid] = (codec.Completion(request_id=rec.request_id, status=rec.status,
+                                            generation=rec.generation,
+                                            data_length=rec.data_length,
+                                            block_offset=rec.block_offset), "record")
+
     # ---------------------------------------------------------------- messages
     def _post_message(self, msg):
-        raw = codec.encode(msg, addr_le=self.addr_le)
+        raw = msg if isinstance(msg, bytes) else codec.encode(msg, addr_le=self.addr_le)
         if len(raw) > _MSG_SLOT:
             raise ValueError("message larger than a send slot")
         deadline = time.monotonic() + 60
@@ -349,8 +372,18 @@ class KbtpClient:
             msg.request_id = self._next_rid
         self._next_rid = max(self._next_rid, msg.request_id) + 1
         self._inflight.add(msg.request_id)
+        comp = getattr(msg, "completion", None)
+        if comp is not None and getattr(msg, "record_buffer", None) is not None:
+            self._records[msg.request_id] = msg.record_buffer
         self._post_message(msg)
         return msg.request_id
+
+    def submit_raw(self, raw, request_id):
+        """Post ``raw`` octets as a request (negative tests); its COMPLETION is expected
+        under ``request_id`` (the target echoes the Request ID it could read)."""
+        self._inflight.add(request_id)
+        self._post_message(bytes(raw))
+        return request_id
 
     def wait(self, request_id, timeout_s=120, check=True):
         """The COMPLETION of ``request_id`` (KbtpStatusError unless OK when ``check``).
@@ -409,8 +442,10 @@ class KbtpClient:
             flags |= ReqFlags.RECORD.value
             comp = codec.ComplDesc(record.rkey, record.addr)
         cls = codec.AllocStore if alloc else codec.Store
-        return cls(flags=flags, handle=handle, generation=generation, data=desc,
-                   completion=comp, inline=inl)
+        m = cls(flags=flags, handle=handle, generation=generation, data=desc,
+                completion=comp, inline=inl)
+        m.record_buffer = record
+        return m
 
     def store(self, handle, data, seal=False, inline=None, generation=0, check=True):
         """STORE (mapped) ``data`` into the block bound to ``handle``; returns the COMPLETION."""
@@ -430,11 +465,13 @@ class KbtpClient:
         if record is not None:
             flags |= ReqFlags.RECORD.value
             comp = codec.ComplDesc(record.rkey, record.addr)
-        return codec.Load(flags=flags, handle=handle, generation=generation,
-                          data=codec.DataDesc(buf.rkey, buf.addr, buf.length), completion=comp)
+        m = codec.Load(flags=flags, handle=handle, generation=generation,
+                       data=codec.DataDesc(buf.rkey, buf.addr, buf.length), completion=comp)
+        m.record_buffer = record
+        return m
 
     def load(self, handle, buf=None, length=None, generation=0, allow_unsealed=False,
-             invalidate=False, check=True):
+             invalidate=False, check=True, record=None):
         """LOAD ``handle`` into ``buf`` (a Buffer; a scratch one of ``length`` otherwise).
 
         Returns a :class:`LoadResult` (data = the first Data Length octets of the buffer).
@@ -444,8 +481,10 @@ class KbtpClient:
             buf = Buffer(self._scratch.mr, self._scratch.addr, n, self._scratch.rkey)
         comp, inv = self.call(self.load_msg(handle, buf, generation=generation,
                                             allow_unsealed=allow_unsealed,
-                                            invalidate=invalidate), check)
+                                            invalidate=invalidate, record=record), check)
         data = buf.read(min(comp.data_length, buf.length)) if comp.status == 0 else b""
+        if inv == "record":
+            return LoadResult(comp, data, None, recorded=True)
         return LoadResult(comp, data, inv)
 
     def free(self, handle, generation=0, check=True):
@@ -526,17 +565,17 @@ class KbtpClient:
         deadline = time.monotonic() + poll_s
         prev = None
         while True:
-            slot = codec.decode_slot(self.rdma_read(s.ring.stag, to, 16),
-                                     addr_le=self.addr_le, strict=False)
-            cur = (slot.sequence, slot.block_offset)
-            if slot.sequence == t and slot.block_offset != _EMPTY and cur == prev:
+            cur = codec.decode_slot(self.rdma_read(s.ring.stag, to, 16), addr_le=self.addr_le,
+                                    strict=False)
+            seq, boff = cur
+            if seq == t and boff != _EMPTY and cur == prev:
                 break
             prev = cur
             if time.monotonic() > deadline:
                 raise KbtpTransportError(f"ticket {t}: slot never filled")
         if data:
-            self.rdma_write(s.partition.stag, slot.block_offset, data)
-        return Ticket(t, slot.block_offset, len(data))
+            self.rdma_write(s.partition.stag, boff, data)
+        return Ticket(t, boff, len(data))
 
     def bind(self, handle, ticket, generation=0, check=True):
         """BIND ``handle`` to a DIRECT_ALLOC :class:`Ticket`; returns the COMPLETION."""

@@ -171,9 +171,8 @@ class ModelGlue:
         if wc.status != WcStatus.SUCCESS:
             if wc.status != WcStatus.WR_FLUSH_ERR:
                 self.log(f"qpn={qp.qpn:#x} work request {wc.op.name} failed: {wc.status.name}")
-            if not c.closed:
-                c.closed = True
-                self._apply(c, self.model.disconnect(qp.qpn, self.now_ms))
+            # Disconnect from pump(), outside the endpoint's completion processing.
+            c.closing = True
             return
         if c.busy is not None and wc.op.name == "READ" and wc.wr_id == c.busy[2]:
             payload, desc, _ = c.busy
@@ -199,16 +198,19 @@ class ModelGlue:
         self.now_ms = now_ms
         self._apply(None, self.model.tick(now_ms))
         for c in list(self.conns.values()):
-            while c.queue and c.busy is None and not c.closed:
+            while c.queue and c.busy is None and not c.closed and not c.closing:
                 self._start(c, c.queue.pop(0))
             if c.closing and not c.closed and c.qp.outstanding == 0:
                 c.closed = True
                 self.log(f"target disconnects qpn={c.qp.qpn:#x}")
-                try:
-                    self.ep.disconnect(c.qp)
-                except RuntimeError:
-                    pass
+                self._dreq(c.qp)
                 self._apply(c, self.model.disconnect(c.qp.qpn, self.now_ms))
+
+    def _dreq(self, qp):
+        try:
+            self.ep.disconnect(qp)
+        except RuntimeError:              # no established CM connection (any more)
+            pass
 
     def _start(self, c, payload):
         self._cur = c
