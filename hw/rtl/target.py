@@ -1,0 +1,207 @@
+# Ref: hw/rtl/iface.py (architecture, register map); /work/briefs/tx_contract.md (TX path);
+#      roce-layouts.md §1-§6 (what the blocks implement); hw/rtl/regbank.py (host map).
+"""The whole target in one gateware top: GMII in, GMII out, a host bus, target memory.
+
+Data flow::
+
+    GMII rx -> GmiiMac.rx -> EthIpRx -+-> arp  -> ArpResponder ------------------+
+                                      +-> roce -> IcrcCheck -> RoceRxParser       |
+                                                  -> RespDemux -+-> Responder --+ |
+                                                                +-> Requester -+| |
+                      TxPath (src 0 responder, src 1 requester) <--------------++ |
+                        -> RoceTxBuilder -> IcrcInsert -> EthIpTx.roce            |
+                                                          EthIpTx.arp <-----------+
+                                                          EthIpTx.o -> GmiiMac.tx -> GMII tx
+
+Memory: MemArbiter(4) = responder, requester (READ response data), TxPath (payload reads),
+host port -> MemRam(mem_words). The consumer of RecvNotify / WorkRequest is the host (the
+KBTP engine is not wired in yet): :class:`~hw.rtl.regbank.HostQueues` carries RecvNotify,
+WorkRequest, WorkCompletion and RecvRepost over ``Space.QUEUE``.
+
+Host map (``host`` port, :class:`~hw.rtl.hostlink.HostBusSignature`):
+``Space.REG`` REG_TOP (see :data:`TOP_COUNTERS`), REG_QP (QpTable), REG_MR (MrTable),
+REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x100, see
+:data:`REQ_COUNTERS`); ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3.
+"""
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .hostlink import Space
+from .hostlink import HostBusSignature
+from .icrc import IcrcCheck, IcrcInsert
+from .iface import REG_MR, REG_QP, REG_TOP, REG_TRANSPORT
+from .ip import EthIpRx, EthIpTx
+from .arp import ArpResponder
+from .mac import GmiiMac
+from .membus import MemArbiter, MemRam
+from .qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
+from .regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
+from .requester import RespDemux, Requester
+from .responder import COUNTERS as RESP_COUNTERS
+from .responder import Responder
+from .roce_hdr import RoceRxParser, RoceTxBuilder
+from .txpath import TxPath, connect_fields
+
+__all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_COUNTER_BASE"]
+
+#: REG_TOP counters, in register order (REG_TOP + TOP_COUNTER_BASE + 4 * k): (block, port).
+TOP_COUNTERS = (
+    [("mac", n) for n in ("rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors",
+                          "rx_overflows", "tx_frames", "tx_underruns")]
+    + [("ethrx", f"cnt_{n}") for n in EthIpRx.COUNTERS]
+    + [("arp", "cnt_answered"), ("arp", "cnt_ignored"),
+       ("icrc", "cnt_ok"), ("icrc", "cnt_bad"), ("icrc", "cnt_overflow"),
+       ("prs", "cnt_packets"), ("prs", "cnt_bad_opcode"), ("prs", "cnt_malformed"),
+       ("bld", "cnt_packets"), ("txp", "cnt_packets"),
+       ("ethtx", "cnt_roce"), ("ethtx", "cnt_arp")])
+
+REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale")
+REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
+
+
+class KbtpTarget(wiring.Component):
+    """RoCEv2 RC target (responder + requester) over GMII, host-configured.
+
+    Parameters
+    ----------
+    width : int
+        Internal datapath width in bits (8 or 64).
+    n_qp, n_mr : int
+        QP and MR table sizes.
+    mem_words : int
+        Target memory size in 8-octet words.
+    init : list of int
+        Initial memory words (little-endian lanes).
+    clk_hz, timer_scale : float, int
+        Requester timers (see :class:`~hw.rtl.requester.Requester`).
+    own_mac, own_ip : int
+        Reset values of the own-address registers.
+
+    Ports
+    -----
+    rxd : In(8), rx_dv, rx_er : In(1); txd : Out(8), tx_en, tx_er : Out(1)
+        GMII.
+    host : In(HostBusSignature)
+    """
+
+    def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
+                 timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
+                 queue_depth=16):
+        self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
+        self.init = list(init)
+        self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
+        self.own_mac, self.own_ip = own_mac, own_ip
+        # Largest packet (PMTU 4096 + headers) in beats, with margin for two queued packets.
+        self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
+        self.queue_depth = queue_depth
+        super().__init__({
+            "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+            "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
+            "host": In(HostBusSignature()),
+        })
+        self.ram = MemRam(mem_words, init=self.init)
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nq = self.width, self.n_qp
+        sm = m.submodules
+        sm.mac = mac = GmiiMac(w)
+        sm.ethrx = ethrx = EthIpRx(w)
+        sm.arp = arp = ArpResponder(w)
+        sm.icrc = icrc = IcrcCheck(w, depth=self.icrc_depth)
+        sm.prs = prs = RoceRxParser(w)
+        sm.dmx = dmx = RespDemux(w)
+        sm.resp = resp = Responder(w, nq)
+        sm.req = req = Requester(w, nq, self.sq_depth, self.clk_hz, self.timer_scale)
+        sm.txp = txp = TxPath(w, 2, nq)
+        sm.bld = bld = RoceTxBuilder(w)
+        sm.icrcins = icrcins = IcrcInsert(w)
+        sm.ethtx = ethtx = EthIpTx(w)
+        sm.qpt = qpt = QpTable(nq)
+        sm.mrt = mrt = MrTable(self.n_mr)
+        sm.arb = arb = MemArbiter(4)
+        sm.ram = ram = self.ram
+        sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
+        sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)
+        sm.qcnt = qcnt = CounterBank(len(REQ_COUNTERS), base=REQ_COUNTER_BASE)
+        sm.hmem = hmem = HostMemPort(self.mem_words * 8)
+        sm.hq = hq = HostQueues(self.queue_depth)
+        sm.dec = dec = HostDecoder([
+            [(Space.REG, REG_TOP, 0x1000)],
+            [(Space.REG, REG_QP, QP_STRIDE * nq)],
+            [(Space.REG, REG_MR, MR_STRIDE * self.n_mr)],
+            [(Space.REG, REG_TRANSPORT, 4 * len(RESP_COUNTERS))],
+            [(Space.REG, REQ_COUNTER_BASE, 4 * len(REQ_COUNTERS))],
+            [(Space.MEM, 0, 1 << 32)],
+            [(Space.QUEUE, 0, 4)],
+        ])
+
+        # GMII pins.
+        m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
+                     self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
+
+        # Own addresses.
+        for blk in (ethrx, arp, ethtx):
+            m.d.comb += [blk.own_mac.eq(top.own_mac), blk.own_ip.eq(top.own_ip)]
+        m.d.comb += icrcins.own_ip.eq(top.own_ip)
+
+        # Receive path.
+        wiring.connect(m, mac.rx, ethrx.i)
+        wiring.connect(m, ethrx.arp, arp.i)
+        wiring.connect(m, arp.o, ethtx.arp)
+        wiring.connect(m, ethrx.roce, icrc.i)
+        wiring.connect(m, icrc.o, prs.i)
+        wiring.connect(m, prs.hdr, dmx.hdr)
+        wiring.connect(m, prs.payload, dmx.payload)
+        wiring.connect(m, dmx.resp_hdr, resp.hdr)
+        wiring.connect(m, dmx.resp_payload, resp.payload)
+        wiring.connect(m, dmx.req_hdr, req.rsp_hdr)
+        wiring.connect(m, dmx.req_payload, req.rsp_payload)
+
+        # Transmit path.
+        connect_fields(m, resp.tx, txp.src[0])
+        wiring.connect(m, req.tx, txp.src[1])
+        wiring.connect(m, txp.hdr, bld.hdr)
+        wiring.connect(m, txp.payload, bld.payload)
+        wiring.connect(m, bld.o, icrcins.i)
+        wiring.connect(m, icrcins.o, ethtx.roce)
+        wiring.connect(m, ethtx.o, mac.tx)
+
+        # QP / MR tables.
+        for i in range(nq):
+            m.d.comb += [resp.cfg[i].eq(qpt.cfg[i]), req.cfg[i].eq(qpt.cfg[i]),
+                         txp.cfg[i].eq(qpt.cfg[i])]
+        m.d.comb += [resp.load.eq(qpt.load), req.load.eq(qpt.load)]
+        wiring.connect(m, resp.mr, mrt.lookup)
+        m.d.comb += [mrt.inv_valid.eq(resp.mr_inv_valid), mrt.inv_rkey.eq(resp.mr_inv_rkey),
+                     resp.mr_inv_found.eq(mrt.inv_found)]
+
+        # Memory.
+        wiring.connect(m, resp.mem, arb.masters[0])
+        wiring.connect(m, req.mem, arb.masters[1])
+        wiring.connect(m, txp.mem, arb.masters[2])
+        wiring.connect(m, hmem.mem, arb.masters[3])
+        wiring.connect(m, arb.bus, ram.bus)
+
+        # Host consumer queues.
+        wiring.connect(m, resp.notify, hq.notify)
+        wiring.connect(m, hq.repost, resp.repost)
+        wiring.connect(m, hq.wr, req.wr)
+        wiring.connect(m, req.wc, hq.wc)
+
+        # Host bus.
+        wiring.connect(m, wiring.flipped(self.host), dec.host)
+        for k, slave in enumerate((top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus,
+                                   hq.bus)):
+            wiring.connect(m, dec.slaves[k], slave)
+        blocks = {"mac": mac, "ethrx": ethrx, "arp": arp, "icrc": icrc, "prs": prs, "bld": bld,
+                  "txp": txp, "ethtx": ethtx}
+        for k, (blk, port) in enumerate(TOP_COUNTERS):
+            m.d.comb += top.counters[k].eq(getattr(blocks[blk], port))
+        for k, name in enumerate(RESP_COUNTERS):
+            m.d.comb += rcnt.counters[k].eq(getattr(resp, name))
+        for k, name in enumerate(REQ_COUNTERS):
+            m.d.comb += qcnt.counters[k].eq(getattr(req, name))
+        return m
