@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 
-from hw.headers import Opcode, ReqFlags
+from hw.headers import ReqFlags
 from host import codec
 from host.codec import KbtpError
 from sim import model as M

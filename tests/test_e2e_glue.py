@@ -121,8 +121,7 @@ def test_glue_direct_alloc_through_rc():
     """FetchAdd on the Head MR, READ of the slot, WRITE via the Partition STag, then BIND."""
     s = _Session(model_config())
     ack = s.request(codec.Hello(requested_features=0x3, completion_credits=8, initiator_id=4))
-    out = {}
-    wr = s.qp.fetch_add(ack.head.tagged_offset, ack.head.stag, 1 << 32)
+    s.qp.fetch_add(ack.head.tagged_offset, ack.head.stag, 1 << 32)
     run(s.a, s.t, until=lambda: s.qp.outstanding == 0)
     ticket = s.qp.poll_cq()[-1].orig >> 32
     s.qp.read(ack.ring.tagged_offset + 16 * (ticket % ack.ring.count), ack.ring.stag, 16)
@@ -142,7 +141,6 @@ def test_glue_direct_alloc_through_rc():
     c = s.request(codec.Load(request_id=6, handle=ack.handle_base, data=_desc(0, 64),
                              flags=ReqFlags.ALLOW_UNSEALED.value))
     assert c.status == 0 and bytes(s.mem[:7]) == b"direct!"
-    del wr, out
 
 
 def test_cli_without_model_says_not_ready(capsys):

@@ -22,7 +22,7 @@ def step(what, fn, octets=0, direction=None):
     t0 = time.monotonic()
     r = fn()
     ms = (time.monotonic() - t0) * 1e3
-    rate = f", {octets / (ms / 1e3) / 1e6:6.2f} MB/s" if octets and ms else ""
+    rate = f", {octets / ms:9.1f} kB/s" if octets and ms else ""
     print(f"  {what:<58} {ms:8.2f} ms{rate}", flush=True)
     if direction:
         moved[direction] += octets
@@ -50,7 +50,7 @@ print(f"[demo] connecting to KBTP target {env_target()} (rdma_cm port 18515)", f
 c = step("connect (rdma_cm REQ/REP/RTU) + HELLO/HELLO_ACK",
          lambda: KbtpClient(env_target(), initiator_id=42))
 s = c.session
-print(f"[demo] session: handles {s.handle_base:#x}..{s.handle_base + s.handle_count - 1}, "
+print(f"[demo] session: handles {s.handle_base:#x}..{s.handle_base + s.handle_count - 1:#x}, "
       f"block size {s.block_size}, quota {s.allocation_quota}, credits {s.request_credits}, "
       f"features {s.features:#x}", flush=True)
 
