@@ -341,9 +341,10 @@ class KbtpEngine(wiring.Component):
         # Decode (host/codec.py strictness). Every check but Max Inline answers MALFORMED.
         pos = Signal(16)
         m.d.comb += pos.eq(Mux(f_record, CD + CompletionDescriptor.SIZE, CD))
-        allowed = Mux(is_load, ALLOWED_FLAGS[Opcode.LOAD],
-                      Mux(is_store, ALLOWED_FLAGS[Opcode.STORE],
-                          ALLOWED_FLAGS[Opcode.ALLOC_STORE]))
+        allowed = Signal(16)        # 16 bits wide so that ~allowed covers every flag bit
+        m.d.comb += allowed.eq(Mux(is_load, ALLOWED_FLAGS[Opcode.LOAD],
+                                   Mux(is_store, ALLOWED_FLAGS[Opcode.STORE],
+                                       ALLOWED_FLAGS[Opcode.ALLOC_STORE])))
         inline_len = Signal(16)
         m.d.comb += inline_len.eq(ln - pos)
         mal = Signal()
@@ -722,12 +723,13 @@ class KbtpEngine(wiring.Component):
                     m.next = "ALLOC_ENTRY_FG"
 
             with m.State("ALLOC_ENTRY_FG"):
-                nflags = Mux(f_seal, EntryFlags.VALID.value | EntryFlags.SEALED.value,
-                             EntryFlags.VALID.value)
+                nflags = Signal(16)
+                m.d.comb += nflags.eq(Mux(f_seal, EntryFlags.VALID.value | EntryFlags.SEALED.value,
+                                          EntryFlags.VALID.value))
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr),
                              req.payload.we.eq(1),
                              req.payload.wdata.eq(_bswap64(Cat(Const(0, 32), next_gen,
-                                                               nflags[:16]))),
+                                                               nflags))),
                              req.payload.wstrb.eq(0x0F)]
                 with m.If(req.ready):
                     m.d.sync += finish(Status.OK.value, next_gen, dd_len, boff)

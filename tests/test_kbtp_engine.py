@@ -1,0 +1,427 @@
+# Ref: draft KBTP §Operations, §Free-Block Ring, §Completion, §Examples (deferred free);
+#      hw/rtl/kbtp_engine.py; sim/model.py (golden model); sim/ring.py (strict free check).
+"""KBTP engine against the golden model, in Amaranth's simulator.
+
+The oracle is :class:`sim.model.TargetModel`: the same requests go to the model and to the engine,
+whose RAM starts as the model's memory image. A Python stand-in for the transport writes each
+request into a receive buffer, sends RecvNotify, and executes the engine's WorkRequests against a
+second :class:`~sim.model.InitiatorMemory` registered exactly like the model's. Every RDMA
+operation and every COMPLETION / record is compared byte for byte with the model's actions, and at
+the end the table, ring, counters and pool are compared with the model's image. The memory bus
+(random req.ready low) and the WorkRequest stream (random ready low) are throttled.
+"""
+
+import random
+
+import pytest
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.sim import Simulator
+
+from host import codec
+from hw.headers import (CommonHeader, CompletionDescriptor, DataDescriptor, Features, Opcode,
+                        ReqFlags, Status, pack)
+from hw.rtl.hostlink import Space
+from hw.rtl.iface import REG_KBTP, MemBusSignature, WcStatus, WrOp
+from hw.rtl.kbtp_engine import FAST_OPS, Cmd, KbtpEngine, reg
+from hw.rtl.membus import MemArbiter, MemRam
+from sim.hdl import stream_get, stream_put
+from sim.model import (InitiatorMemory, RdmaRead, RdmaWrite, SendMsg, TargetConfig,
+                       TargetModel, WriteImm)
+
+RECV_BASE = 0x6000          # receive buffers: 1 KiB per QP
+SCRATCH_BASE = 0x5800       # completion scratch: 64 octets per QP
+RAM_BYTES = 0xA000
+MAX_CYCLES = 5000
+
+
+class Throttle(wiring.Component):
+    """Passes the bus through while ``allow`` is high (random req.ready low in tests)."""
+
+    def __init__(self):
+        super().__init__({"up": In(MemBusSignature()), "down": Out(MemBusSignature()),
+                          "allow": In(1, init=1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [self.down.req.payload.eq(self.up.req.payload),
+                     self.down.req.valid.eq(self.up.req.valid & self.allow),
+                     self.up.req.ready.eq(self.down.req.ready & self.allow)]
+        m.d.comb += [self.up.rsp.payload.eq(self.down.rsp.payload),
+                     self.up.rsp.valid.eq(self.down.rsp.valid),
+                     self.down.rsp.ready.eq(self.up.rsp.ready)]
+        return m
+
+
+class Top(wiring.Component):
+    def __init__(self, image, n_qp=4):
+        self.eng = KbtpEngine(n_qp=n_qp, n_ranges=8)
+        self.arb = MemArbiter(2, outstanding=8)
+        self.thr = Throttle()
+        self.ram = MemRam(RAM_BYTES // 8, init=MemRam.words_from_bytes(image))
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.eng, m.submodules.arb = self.eng, self.arb
+        m.submodules.thr, m.submodules.ram = self.thr, self.ram
+        wiring.connect(m, self.eng.mem, self.arb.masters[0])
+        wiring.connect(m, self.arb.bus, self.thr.up)
+        wiring.connect(m, self.thr.down, self.ram.bus)
+        return m
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+def ram_read(ctx, ram, addr, n):
+    out = bytearray()
+    for w in range(addr // 8, (addr + n + 7) // 8):
+        out += ctx.get(ram.mem.data[w]).to_bytes(8, "little")
+    off = addr % 8
+    return bytes(out[off:off + n])
+
+
+def ram_write(ctx, ram, addr, data):
+    """Poke octets into the RAM (what the responder / a READ response would write)."""
+    for i, b in enumerate(data):
+        w, k = divmod(addr + i, 8)
+        old = ctx.get(ram.mem.data[w])
+        ctx.set(ram.mem.data[w], (old & ~(0xFF << 8 * k)) | (b << 8 * k))
+
+
+async def reg_write(ctx, bus, off, value):
+    ctx.set(bus.addr, REG_KBTP + off)
+    ctx.set(bus.space, Space.REG)
+    ctx.set(bus.wdata, value & 0xFFFFFFFF)
+    ctx.set(bus.we, 1)
+    assert ctx.get(bus.ack) and not ctx.get(bus.err), hex(off)
+    await ctx.tick()
+    ctx.set(bus.we, 0)
+
+
+async def reg_read(ctx, bus, off):
+    ctx.set(bus.addr, REG_KBTP + off)
+    ctx.set(bus.space, Space.REG)
+    ctx.set(bus.re, 1)
+    assert ctx.get(bus.ack) and not ctx.get(bus.err), hex(off)
+    v = ctx.get(bus.rdata)
+    await ctx.tick()
+    ctx.set(bus.re, 0)
+    return v
+
+
+async def reg_write64(ctx, bus, off_lo, value):
+    await reg_write(ctx, bus, off_lo, value & 0xFFFFFFFF)
+    await reg_write(ctx, bus, off_lo + 4, value >> 32)
+
+
+async def configure(ctx, eng, model, conns):
+    """What the host driver does after HELLO: global layout, ranges, one session per QP."""
+    cfg, lay = model.cfg, model.lay
+    bus = eng.bus
+    for off, v in [(reg["TABLE_BASE"], lay["table"]), (reg["TABLE_COUNT"], cfg.num_handles),
+                   (reg["POOL_BASE"], lay["pool"]), (reg["BLOCK_SIZE"], cfg.block_size),
+                   (reg["RING_BASE"], lay["ring"]), (reg["RING_ORDER"], cfg.ring_order),
+                   (reg["HEAD_ADDR"], lay["head"]), (reg["TAIL_ADDR"], lay["tail"]),
+                   (reg["MAX_INLINE"], cfg.max_inline),
+                   (reg["RANGE_LOG2"], cfg.handles_per_initiator.bit_length() - 1)]:
+        await reg_write(ctx, bus, off, v)
+    await reg_write64(ctx, bus, reg["TABLE_BASE_HANDLE_LO"], cfg.table_base_handle)
+    await reg_write64(ctx, bus, reg["POOL_TO_BASE_LO"], cfg.pool_to_base)
+    for q, conn in enumerate(conns):
+        s = model.session_of(conn)
+        b = reg["QP"] + reg["QP_STRIDE"] * q
+        await reg_write64(ctx, bus, b + reg["QP_HANDLE_BASE_LO"], s.handle_base)
+        await reg_write(ctx, bus, b + reg["QP_HANDLE_COUNT"], s.handle_count)
+        await reg_write(ctx, bus, b + reg["QP_QUOTA"], s.quota)
+        await reg_write(ctx, bus, b + reg["QP_USAGE"], model.usage(s.initiator_id))
+        await reg_write(ctx, bus, b + reg["QP_SCRATCH"], SCRATCH_BASE + 64 * q)
+        rec = bool(s.features & Features.RECORD_COMPLETION.value)
+        await reg_write(ctx, bus, b + reg["QP_SESSION"], 1 | rec << 1 | s.domain << 8)
+        await reg_write(ctx, bus, reg["RANGE"] + 4 * s.range_index, 1 << 8 | s.domain)
+    await reg_write(ctx, bus, reg["CTRL"], 0b11)
+
+
+def hello(model, conn, iid, features=0):
+    raw = codec.encode(codec.Hello(requested_features=features, completion_credits=8,
+                                   initiator_id=iid))
+    acts = model.receive(conn, raw)
+    assert isinstance(acts[0], SendMsg)
+    ack = codec.decode(acts[0].payload)
+    assert ack.status == 0
+    return ack
+
+
+def norm_model(actions):
+    """The model's actions towards the initiator, in a form comparable with the stand-in's."""
+    out = []
+    for a in actions:
+        if isinstance(a, RdmaWrite):
+            out.append(("WRITE", a.stag, a.to, a.data, a.error is not None))
+        elif isinstance(a, RdmaRead):
+            out.append(("READ", a.stag, a.to, a.length, a.data, a.error is not None))
+        elif isinstance(a, SendMsg):
+            out.append(("SEND", a.payload, a.invalidate_stag))
+        elif isinstance(a, WriteImm):
+            out.append(("WRITE_IMM", a.stag, a.to, a.data, a.imm, a.error is not None))
+    return out
+
+
+def build(op, *, flags=0, rid=0, handle=0, gen=0, status=0, version=1, stag=0, to=0,
+          length=0, cdesc=None, inline=b"", extra=b""):
+    """Request bytes packed straight from hw.headers (so malformed ones can be made too)."""
+    raw = pack(CommonHeader, version=version, opcode=op.value, flags=flags, request_id=rid,
+               handle=handle, generation=gen, status=status)
+    raw += pack(DataDescriptor, stag=stag, tagged_offset=to, length=length)
+    if cdesc is not None:
+        raw += pack(CompletionDescriptor, stag=cdesc[0], tagged_offset=cdesc[1],
+                    reserved=cdesc[2] if len(cdesc) > 2 else 0)
+    return raw + inline + extra
+
+
+class Transport:
+    """Stand-in for the RC transport: receive buffers, WorkRequests, WorkCompletions."""
+
+    def __init__(self, top, imems, *, wr_bp=0.0, rng=None):
+        self.top, self.imems, self.wr_bp = top, imems, wr_bp
+        self.rng = rng or random.Random(0)
+        self.slot = {}
+
+    async def request(self, ctx, q, raw):
+        """Deliver one request on QP q; run it to its RecvRepost; return (actions, cycles)."""
+        eng, ram = self.top.eng, self.top.ram
+        n = self.slot.get(q, 0)
+        self.slot[q] = n + 1
+        addr = RECV_BASE + 1024 * q + 256 * (n % 4) * 0   # one buffer per QP is enough (serial)
+        ram_write(ctx, ram, addr, raw)
+        await stream_put(ctx, eng.notify, [{"qp": q, "addr": addr, "length": len(raw)}])
+        acts = []
+        imem = self.imems[q]
+        for _ in range(MAX_CYCLES):
+            ctx.set(eng.repost.ready, 1)
+            ready = not (self.wr_bp and self.rng.random() < self.wr_bp)
+            ctx.set(eng.wr.ready, ready)
+            _, _, rp_valid, wr_valid, w = await ctx.tick().sample(
+                eng.repost.valid, eng.wr.valid, eng.wr.payload)
+            if rp_valid:
+                ctx.set(eng.repost.ready, 0)
+                ctx.set(eng.wr.ready, 0)
+                break
+            if not (ready and wr_valid):
+                continue
+            ctx.set(eng.wr.ready, 0)
+            assert w.qp == q
+            op, status = w.op, WcStatus.OK
+            if op == WrOp.WRITE or op == WrOp.WRITE_IMM:
+                data = ram_read(ctx, ram, w.laddr, w.length)
+                err = False
+                try:
+                    imem.write(w.rkey, w.va, data)
+                except Exception:
+                    err, status = True, WcStatus.REMOTE_ACCESS
+                if op == WrOp.WRITE:
+                    acts.append(("WRITE", w.rkey, w.va, data, err))
+                else:
+                    acts.append(("WRITE_IMM", w.rkey, w.va, data, w.imm, err))
+            elif op == WrOp.READ:
+                try:
+                    data = imem.read(w.rkey, w.va, w.length)
+                    ram_write(ctx, ram, w.laddr, data)
+                    acts.append(("READ", w.rkey, w.va, w.length, data, False))
+                except Exception:
+                    status = WcStatus.REMOTE_ACCESS
+                    acts.append(("READ", w.rkey, w.va, w.length, b"", True))
+            else:
+                payload = ram_read(ctx, ram, w.laddr, w.length)
+                inv = w.inv_rkey if op == WrOp.SEND_INV else None
+                acts.append(("SEND", payload, inv))
+                if inv is not None:
+                    imem.invalidate(inv)
+            await stream_put(ctx, eng.wc, [{"qp": q, "wr_id": w.wr_id, "status": status}])
+        else:
+            raise AssertionError(f"no RecvRepost after {MAX_CYCLES} cycles; actions so far {acts}")
+        return acts
+
+
+def compare_image(ctx, ram, model):
+    lay = model.lay
+    spans = [("head", lay["head"], 8), ("tail", lay["tail"], 8),
+             ("table", lay["table"], lay["table_size"]),
+             ("ring", lay["ring"], 16 * lay["ring_n"]), ("pool", lay["pool"], lay["pool_size"])]
+    for name, a, n in spans:
+        got, want = ram_read(ctx, ram, a, n), bytes(model.mem[a:a + n])
+        if got != want:
+            bad = next(i for i in range(n) if got[i] != want[i])
+            raise AssertionError(f"{name} differs at +{bad:#x}: hw {got[bad:bad + 16].hex()} "
+                                 f"model {want[bad:bad + 16].hex()}")
+
+
+# ------------------------------------------------------------------------------------ random mix
+
+class Gen:
+    """Random request generator (valid requests mostly, errors on purpose)."""
+
+    def __init__(self, rng, model, conns, imems_model, imems_hw):
+        self.rng, self.model, self.conns = rng, model, conns
+        self.im_m, self.im_h = imems_model, imems_hw
+        self.stag = 0x1000
+        self.rid = 0
+
+    def buffer(self, q, size, access="rw", data=None):
+        """Register one fresh buffer on both initiator memories; return (stag, to)."""
+        self.stag += 1
+        to = self.rng.choice([0, 0x10000, 0x7FFF_0000_0000])
+        if data is None:
+            data = bytes(self.rng.getrandbits(8) for _ in range(size))
+        for im in (self.im_m[q], self.im_h[q]):
+            im.register(self.stag, data, base_to=to, access=access)
+        return self.stag, to
+
+    def handle(self, q):
+        s = self.model.session_of(self.conns[q])
+        r = self.rng.random()
+        if r < 0.8:
+            return s.handle_base + self.rng.randrange(min(s.handle_count, 12))
+        if r < 0.9:
+            other = self.model.session_of(self.conns[(q + 1) % len(self.conns)])
+            return other.handle_base + self.rng.randrange(4)
+        return self.rng.choice([0, self.model.cfg.table_base_handle - 1,
+                                self.model.cfg.table_base_handle + self.model.cfg.num_handles,
+                                1 << 63])
+
+    def make(self, q):
+        rng, cfg = self.rng, self.model.cfg
+        s = self.model.session_of(self.conns[q])
+        op = rng.choice(FAST_OPS)
+        h = self.handle(q)
+        self.rid += 1
+        rid = (rng.getrandbits(32) << 32) | self.rid
+        gen = 0
+        if rng.random() < 0.3 and self.model._in_table(h):
+            e = self.model.read_entry(h)["generation"]
+            gen = e if rng.random() < 0.7 else ((e + 1) & 0xFFFF or 2)
+        flags = 0
+        cdesc = None
+        if rng.random() < 0.3:
+            flags |= ReqFlags.RECORD.value
+            cdesc = self.buffer(q, 24) if rng.random() < 0.9 else (0xDEAD, 0)
+        kw = dict(rid=rid, handle=h, gen=gen)
+        if op is Opcode.LOAD:
+            if rng.random() < 0.5:
+                flags |= ReqFlags.ALLOW_UNSEALED.value
+            if rng.random() < 0.2:
+                flags |= ReqFlags.INVALIDATE.value
+            size = rng.choice([cfg.block_size, cfg.block_size, 64, 8, 300])
+            stag, to = self.buffer(q, max(size, 1)) if rng.random() < 0.93 else (0xBAD, 0)
+            raw = build(op, flags=flags, stag=stag, to=to, length=size, cdesc=cdesc, **kw)
+        else:
+            if rng.random() < 0.4:
+                flags |= ReqFlags.SEAL.value
+            if rng.random() < 0.5:
+                flags |= ReqFlags.INLINE.value
+                n = rng.choice([0, 1, 7, 8, 64, 100, cfg.max_inline, cfg.max_inline + 8])
+                data = bytes(rng.getrandbits(8) for _ in range(n))
+                raw = build(op, flags=flags, length=n, cdesc=cdesc, inline=data, **kw)
+            else:
+                if rng.random() < 0.2:
+                    flags |= ReqFlags.INVALIDATE.value
+                n = rng.choice([0, 5, 64, 200, cfg.block_size, cfg.block_size + 1])
+                stag, to = self.buffer(q, max(n, 1), access="r") if rng.random() < 0.93 \
+                    else (0xBAD, 0)
+                raw = build(op, flags=flags, stag=stag, to=to, length=n, cdesc=cdesc, **kw)
+        if rng.random() < 0.12:
+            raw = self.corrupt(raw)
+        return raw
+
+    def corrupt(self, raw):
+        raw = bytearray(raw)
+        k = self.rng.randrange(7)
+        if k == 0:
+            raw[0] = 2                                    # version
+        elif k == 1:
+            raw[3] |= self.rng.choice([0x20, 0x01, 0x02, 0x80])   # flag bits
+        elif k == 2:
+            raw[23] = 1                                   # status in a request
+        elif k == 3:
+            raw += b"\0" * self.rng.choice([1, 8, 16])    # trailing octets / inline mismatch
+        elif k == 4:
+            raw = raw[:self.rng.choice([24, 30, 39, len(raw) - 1])]
+        elif k == 5:
+            raw[24] = 0x55                                # STag with INLINE / any
+        else:
+            raw[3] |= ReqFlags.RECORD.value               # RECORD without its descriptor
+        return bytes(raw)
+
+
+def make_model(**over):
+    kw = dict(block_size=256, num_blocks=16, num_handles=64, handles_per_initiator=16,
+              quota_per_initiator=5, max_inline=128, table_base_handle=0x4000,
+              pool_to_base=0x150000, trust_domains={3: 1})
+    kw.update(over)
+    cfg = TargetConfig(**kw)
+    model = TargetModel(cfg)
+    assert model.lay["size"] <= SCRATCH_BASE
+    return model
+
+
+def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False):
+    rng = random.Random(seed)
+    model = make_model()
+    conns = ["a", "b", "c"]
+    for i, c in enumerate(conns):
+        model.connect(c)
+        feats = Features.RECORD_COMPLETION.value if i == 1 else 0
+        hello(model, c, i + 1, feats)
+    image = bytes(model.mem) + bytes(RAM_BYTES - len(model.mem))
+    top = Top(image)
+    im_m = [model.initiator_memory(c) for c in conns]
+    im_h = [InitiatorMemory() for _ in conns]
+    gen = Gen(rng, model, conns, im_m, im_h)
+    tr = Transport(top, im_h, wr_bp=wr_bp, rng=random.Random(seed + 1))
+    stats = {"n": 0, "cycles": []}
+
+    async def throttle(ctx):
+        r = random.Random(seed + 2)
+        while True:
+            ctx.set(top.thr.allow, 0 if (mem_bp and r.random() < mem_bp) else 1)
+            await ctx.tick()
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, conns)
+        for i in range(n_req):
+            q = rng.randrange(len(conns))
+            raw = gen.make(q)
+            want = norm_model(model.receive(conns[q], raw))
+            got = await tr.request(ctx, q, raw)
+            assert got == want, f"request {i} on QP {q}: {raw.hex()}\n hw    {got}\n model {want}"
+            stats["cycles"].append(await reg_read(ctx, top.eng.bus, reg["LAST_CYCLES"]))
+            stats["n"] += 1
+            if check_each:
+                compare_image(ctx, top.ram, model)
+        compare_image(ctx, top.ram, model)
+        for k, op in enumerate(FAST_OPS):
+            for st in Status:
+                v = await reg_read(ctx, top.eng.bus, reg["COUNT"] + 4 * (16 * k + st.value))
+                assert v == model.counters.get((op.name, st.name), 0), (op.name, st.name)
+        stats["counters"] = {k: v for k, v in model.counters.items() if v}
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_testbench(throttle, background=True)
+    sim.run()
+    return stats
+
+
+@pytest.mark.parametrize("seed,n_req,mem_bp,wr_bp", [(1, 120, 0.0, 0.0), (2, 120, 0.4, 0.5)])
+def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp):
+    stats = run_mix(seed, n_req, mem_bp=mem_bp, wr_bp=wr_bp)
+    assert stats["n"] == n_req
+    print(f"\nseed {seed}: {n_req} requests, bus bp {mem_bp}, wr bp {wr_bp}; statuses "
+          f"{sorted(stats['counters'].items())}")
+    # the mix must have exercised successes and errors of every operation
+    c = stats["counters"]
+    for op in FAST_OPS:
+        assert c.get((op.name, "OK"), 0) > 0, op
+    assert sum(v for (o, s), v in c.items() if s != "OK") > 10
