@@ -281,6 +281,10 @@ class Gen:
     def handle(self, q):
         s = self.model.session_of(self.conns[q])
         r = self.rng.random()
+        bound = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+                 if self.model.read_entry(h)["flags"] & 1]
+        if bound and r < 0.45:
+            return self.rng.choice(bound)
         if r < 0.8:
             return s.handle_base + self.rng.randrange(min(s.handle_count, 12))
         if r < 0.9:
@@ -365,9 +369,9 @@ def make_model(**over):
     return model
 
 
-def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False):
+def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
     rng = random.Random(seed)
-    model = make_model()
+    model = make_model(**cfg)
     conns = ["a", "b", "c"]
     for i, c in enumerate(conns):
         model.connect(c)
@@ -379,7 +383,7 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False):
     im_h = [InitiatorMemory() for _ in conns]
     gen = Gen(rng, model, conns, im_m, im_h)
     tr = Transport(top, im_h, wr_bp=wr_bp, rng=random.Random(seed + 1))
-    stats = {"n": 0, "cycles": []}
+    stats = {"n": 0, "cycles": [], "kinds": {}}
 
     async def throttle(ctx):
         r = random.Random(seed + 2)
@@ -396,6 +400,9 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False):
             got = await tr.request(ctx, q, raw)
             assert got == want, f"request {i} on QP {q}: {raw.hex()}\n hw    {got}\n model {want}"
             stats["cycles"].append(await reg_read(ctx, top.eng.bus, reg["LAST_CYCLES"]))
+            for act in got:
+                kind = act[0] + ("_INV" if act[0] == "SEND" and act[2] is not None else "")
+                stats["kinds"][kind] = stats["kinds"].get(kind, 0) + 1
             stats["n"] += 1
             if check_each:
                 compare_image(ctx, top.ram, model)
@@ -414,9 +421,17 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False):
     return stats
 
 
-@pytest.mark.parametrize("seed,n_req,mem_bp,wr_bp", [(1, 120, 0.0, 0.0), (2, 120, 0.4, 0.5)])
-def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp):
-    stats = run_mix(seed, n_req, mem_bp=mem_bp, wr_bp=wr_bp)
+MIXES = [
+    (1, 150, 0.0, 0.0, {}),
+    (2, 150, 0.4, 0.5, {}),
+    # quotas larger than the pool (non-conformant, model Readings 2): makes "ring empty" reachable
+    (3, 120, 0.2, 0.2, dict(num_blocks=6, overcommit_quotas=True, quota_per_initiator=8)),
+]
+
+
+@pytest.mark.parametrize("seed,n_req,mem_bp,wr_bp,cfg", MIXES)
+def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp, cfg):
+    stats = run_mix(seed, n_req, mem_bp=mem_bp, wr_bp=wr_bp, **cfg)
     assert stats["n"] == n_req
     print(f"\nseed {seed}: {n_req} requests, bus bp {mem_bp}, wr bp {wr_bp}; statuses "
           f"{sorted(stats['counters'].items())}")
@@ -425,3 +440,8 @@ def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp):
     for op in FAST_OPS:
         assert c.get((op.name, "OK"), 0) > 0, op
     assert sum(v for (o, s), v in c.items() if s != "OK") > 10
+    print(f"  WorkRequests by kind {sorted(stats['kinds'].items())}; cycles per request: "
+          f"min {min(stats['cycles'])}, mean {sum(stats['cycles']) / n_req:.1f}, "
+          f"max {max(stats['cycles'])}")
+    for kind in ("WRITE", "READ", "SEND", "SEND_INV", "WRITE_IMM"):
+        assert stats["kinds"].get(kind, 0) > 0, kind
