@@ -3,7 +3,7 @@
 #      conventions match what Project Trellis' ecppll emits (checked in tests/test_board.py).
 """ECP5 PLL (EHXPLLL) with one primary and up to three phase-shifted secondary outputs."""
 
-from amaranth import Instance, Module, Signal
+from amaranth import Instance, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
