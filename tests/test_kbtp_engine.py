@@ -445,3 +445,70 @@ def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp, cfg):
           f"max {max(stats['cycles'])}")
     for kind in ("WRITE", "READ", "SEND", "SEND_INV", "WRITE_IMM"):
         assert stats["kinds"].get(kind, 0) > 0, kind
+
+
+def test_draft_example_bytes():
+    """The draft's ALLOC_STORE "KVBLOCK!" example must produce the draft's COMPLETION octets."""
+    req = bytes.fromhex("01120001000000000000000700000000000040010000000000000000000000000000"
+                        "0000000000084b56424c4f434b21")
+    want = bytes.fromhex("0120000000000000000000070000000000004001000500000000000800000000"
+                         "0000000000150000")
+    # Generation 4 -> 5 on bind; the first free block has Block Offset 0x150000.
+    model = make_model(initial_generation=4, pool_to_base=0x150000)
+    model.connect("x")
+    hello(model, "x", 1)
+    assert model.session_of("x").owns(0x4001)
+    top = Top(bytes(model.mem) + bytes(RAM_BYTES - len(model.mem)))
+    tr = Transport(top, [InitiatorMemory()])
+    out = {}
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["x"])
+        out["hw"] = await tr.request(ctx, 0, req)
+        out["model"] = norm_model(model.receive("x", req))
+        compare_image(ctx, top.ram, model)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out["hw"] == out["model"] == [("SEND", want, None)]
+
+
+def test_slow_path_goes_to_host_queue():
+    """HELLO, FREE, BIND, GOODBYE, short messages and QPs without a session: notify forwarded
+    unchanged to hostq, nothing read into memory structures, no RecvRepost."""
+    model = make_model()
+    model.connect("x")
+    hello(model, "x", 1)
+    top = Top(bytes(model.mem) + bytes(RAM_BYTES - len(model.mem)))
+    eng = top.eng
+    h = model.session_of("x").handle_base
+    cases = [
+        (0, codec.encode(codec.Hello(initiator_id=5))),
+        (0, build(Opcode.FREE, handle=h)[:24]),
+        (0, bytes.fromhex("0114") + bytes(38)),                 # BIND
+        (0, build(Opcode.GOODBYE)[:24]),
+        (0, build(Opcode.LOAD, handle=h)[:20]),                 # shorter than the header
+        (1, build(Opcode.LOAD, handle=h, length=8)),            # QP 1 has no session
+    ]
+    seen = []
+
+    async def bench(ctx):
+        await configure(ctx, eng, model, ["x"])
+        for q, raw in cases:
+            addr = RECV_BASE + 1024 * q
+            ram_write(ctx, top.ram, addr, raw)
+            beat = {"qp": q, "addr": addr, "length": len(raw), "has_imm": 1, "imm": 0x1234}
+            await stream_put(ctx, eng.notify, [beat])
+            got = await stream_get(ctx, eng.hostq)
+            seen.append((got.qp, got.addr, got.length, got.has_imm, got.imm))
+            assert not ctx.get(eng.repost.valid)
+        assert await reg_read(ctx, eng.bus, reg["HOSTQ_COUNT"]) == len(cases)
+        compare_image(ctx, top.ram, model)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == [(q, RECV_BASE + 1024 * q, len(raw), 1, 0x1234) for q, raw in cases]
