@@ -20,8 +20,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from host import codec
-from hw.headers import (CommonHeader, CompletionDescriptor, DataDescriptor, Features, Opcode,
-                        ReqFlags, Status, pack)
+from hw.headers import (CommonHeader, CompletionDescriptor, CompletionRecord, DataDescriptor,
+                        Features, Opcode, ReqFlags, Status, pack, unpack)
 from hw.rtl.hostlink import Space
 from hw.rtl.iface import REG_KBTP, MemBusSignature, WcStatus, WrOp
 from hw.rtl.kbtp_engine import FAST_OPS, Cmd, KbtpEngine, reg
@@ -385,11 +385,16 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
     tr = Transport(top, im_h, wr_bp=wr_bp, rng=random.Random(seed + 1))
     stats = {"n": 0, "cycles": [], "kinds": {}}
 
+    writes = []                 # (addr, wstrb) of every write the RAM accepts, in order
+
     async def throttle(ctx):
         r = random.Random(seed + 2)
+        down = top.thr.down.req
         while True:
             ctx.set(top.thr.allow, 0 if (mem_bp and r.random() < mem_bp) else 1)
-            await ctx.tick()
+            _, _, v, rdy, p = await ctx.tick().sample(down.valid, down.ready, down.payload)
+            if v and rdy and p.we:
+                writes.append((p.addr, p.wstrb))
 
     async def bench(ctx):
         await configure(ctx, top.eng, model, conns)
@@ -397,8 +402,10 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
             q = rng.randrange(len(conns))
             raw = gen.make(q)
             want = norm_model(model.receive(conns[q], raw))
+            w0 = len(writes)
             got = await tr.request(ctx, q, raw)
             assert got == want, f"request {i} on QP {q}: {raw.hex()}\n hw    {got}\n model {want}"
+            check_write_order(model, raw, got, writes[w0:], stats)
             stats["cycles"].append(await reg_read(ctx, top.eng.bus, reg["LAST_CYCLES"]))
             for act in got:
                 kind = act[0] + ("_INV" if act[0] == "SEND" and act[2] is not None else "")
@@ -429,6 +436,37 @@ MIXES = [
 ]
 
 
+def check_write_order(model, raw, got, writes, stats):
+    """Draft order of a successful store: (slot consumed,) data, then Data Length (+ Block
+    Offset), then Flags + Generation (or SEALED), then the completion in scratch."""
+    sends = [a for a in got if a[0] in ("SEND", "WRITE_IMM")]
+    hdr = unpack(CommonHeader, raw)
+    if hdr["opcode"] not in (Opcode.STORE.value, Opcode.ALLOC_STORE.value):
+        return
+    status = unpack(CompletionRecord, sends[-1][3])["status"] if sends[-1][0] == "WRITE_IMM" \
+        else unpack(CommonHeader, sends[-1][1])["status"]
+    if status != Status.OK.value:
+        return
+    entry = model.entry_addr(hdr["handle"])
+    idx = {k: [i for i, (a, st) in enumerate(writes) if pred(a, st)] for k, pred in {
+        "dl": lambda a, st: a == entry and st == 0xF0,
+        "bo": lambda a, st: a == entry + 8,
+        "fg": lambda a, st: a == entry and st in (0x0F, 0x03),
+        "data": lambda a, st: model.lay["pool"] <= a < model.lay["pool"] + model.lay["pool_size"],
+        "slot": lambda a, st: model.lay["ring"] <= a < model.lay["ring"] + 16 * model.lay["ring_n"],
+        "scratch": lambda a, st: SCRATCH_BASE <= a < RECV_BASE}.items()}
+    assert len(idx["dl"]) == 1 and idx["scratch"], (writes, idx)
+    assert max(idx["data"], default=-1) < idx["dl"][0] < min(idx["scratch"])
+    if hdr["opcode"] == Opcode.ALLOC_STORE.value:
+        assert len(idx["slot"]) == 1 and len(idx["bo"]) == 1 and len(idx["fg"]) == 1
+        assert idx["slot"][0] < min(idx["data"], default=idx["dl"][0])
+        assert idx["dl"][0] < idx["fg"][0] and idx["bo"][0] < idx["fg"][0]
+        assert idx["fg"][0] < min(idx["scratch"])
+    elif idx["fg"]:
+        assert idx["dl"][0] < idx["fg"][0] < min(idx["scratch"])
+    stats["ordered"] = stats.get("ordered", 0) + 1
+
+
 @pytest.mark.parametrize("seed,n_req,mem_bp,wr_bp,cfg", MIXES)
 def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp, cfg):
     stats = run_mix(seed, n_req, mem_bp=mem_bp, wr_bp=wr_bp, **cfg)
@@ -443,6 +481,7 @@ def test_random_mix_against_model(seed, n_req, mem_bp, wr_bp, cfg):
     print(f"  WorkRequests by kind {sorted(stats['kinds'].items())}; cycles per request: "
           f"min {min(stats['cycles'])}, mean {sum(stats['cycles']) / n_req:.1f}, "
           f"max {max(stats['cycles'])}")
+    assert stats.get("ordered", 0) >= 5
     for kind in ("WRITE", "READ", "SEND", "SEND_INV", "WRITE_IMM"):
         assert stats["kinds"].get(kind, 0) > 0, kind
 
