@@ -389,9 +389,11 @@ class Requester(wiring.Component):
             m.d.comb += [nxt.retry_left.eq(cfg.retry_cnt), nxt.rnr_left.eq(cfg.rnr_retry)]
 
         def restart_timer(still_outstanding):
-            # After progress: run again for what is still outstanding, else stop.
-            m.d.comb += [nxt.timer_on.eq(still_outstanding & (cfg.timeout != 0)),
-                         t_set.eq(1), t_val.eq(ack_cyc)]
+            # After progress: run again for what is still outstanding, else stop. A running
+            # RNR wait keeps the timer.
+            with m.If(~cur.rnr_wait):
+                m.d.comb += [nxt.timer_on.eq(still_outstanding & (cfg.timeout != 0)),
+                             t_set.eq(1), t_val.eq(ack_cyc)]
 
         def go_error(status):
             m.d.comb += [nxt.st.eq(QSt.ERR), nxt.err_code.eq(status), nxt.timer_on.eq(0),
@@ -616,7 +618,9 @@ class Requester(wiring.Component):
                     # ACK (any credit field): all done in AckLoop.
                     with m.If(~progress):
                         m.d.sync += self.cnt_stale.eq(self.cnt_stale + 1)
-                with m.Elif(~in_head):
+                with m.Elif(~in_head | cur.rnr_wait):
+                    # Not about the oldest WR, or a NAK provoked by packets sent before an RNR
+                    # NAK that is already being waited out.
                     m.d.sync += self.cnt_stale.eq(self.cnt_stale + 1)
                 with m.Elif(r_syn[5:8] == 0b001):
                     # RNR NAK: wait the NAK's timer, then go back to its PSN.
