@@ -36,7 +36,16 @@ and retried whenever the engine is idle or polling a slot.
 
 Assumptions (v1): receive buffers, scratch buffers, table, ring and pool blocks are 8-octet
 aligned; Block Size is a multiple of 8; no ADDR_LE (sessions negotiating it must stay on the slow
-path); Head/Tail counters little-endian (the model's counter order).
+path); Head/Tail counters little-endian (the model's counter order); one shared ring (no
+DIRECT_ALLOC partitions on the fast path).
+
+What the host keeps doing (and must do as the golden model does): messages shorter than the
+24-octet header (the model answers MALFORMED, echoing what arrived); RANGE[i] must say "owned"
+for every range of an active *or retained* session, and ``n_ranges`` must cover
+TABLE_COUNT >> RANGE_LOG2 (handles in uncovered ranges are refused with INVALID_HANDLE); USAGE
+must be lowered by the host when its FREE completes (and raised by BIND). The per-QP SCRATCH
+buffer is reused by the next request of the QP only after the WorkCompletion of the previous
+completion Send, which the engine waits for.
 
 Register map (``Space.REG``, byte offsets from ``base`` = REG_KBTP; 32-bit registers)
 -----------------------------------------------------------------------------------
