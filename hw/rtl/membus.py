@@ -95,7 +95,9 @@ class MemArbiter(wiring.Component):
         m = Module()
         n = self.n
         idbits = max(1, (n - 1).bit_length())
-        m.submodules.route = route = fifo.SyncFIFOBuffered(width=idbits, depth=self.outstanding)
+        # SyncFIFO (not Buffered): its output is readable the cycle after the write, when the RAM
+        # answers, so back-to-back reads run at one word per cycle.
+        m.submodules.route = route = fifo.SyncFIFO(width=idbits, depth=self.outstanding)
 
         last = Signal(idbits)       # last master granted; the search starts after it
         grant = Signal(idbits)
