@@ -11,8 +11,9 @@ image computed in the test from the operations posted.
 
 import random
 
-from amaranth import Elaboratable, Module
+from amaranth import Module
 from amaranth.lib import wiring
+from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
 from hw.headers import (AETH, BTH, EXT_HEADERS, AtomicAckETH, BthOpcode, EthernetHeader,
@@ -70,8 +71,6 @@ class Bench(wiring.Component):
                      self.bus.rdata.eq(self.qpt.bus.rdata | self.mrt.bus.rdata)]
         return m
 
-
-from amaranth.lib.wiring import In  # noqa: E402  (used by Bench's signature above)
 
 
 # ---- host bus -----------------------------------------------------------------------------
@@ -183,6 +182,7 @@ class Env:
         self.auto_repost = auto_repost
         self.rng = random.Random(seed)
         self.idle, self.bp = idle, backpressure
+        self.notify_bp = backpressure
         self.init = bytes(init)
         self.dut = Bench(width, init=init, **kw)
         self.tx = []            # (RespTx dict, payload bytes, cycle)
@@ -273,7 +273,7 @@ def run(env, scenario, vcd=None):
         # Own loop instead of stream_get: a background testbench is abandoned mid-await when
         # the scenario ends, which must not happen inside an async generator (``until``).
         while True:
-            rdy = env.rng.random() >= env.bp
+            rdy = env.rng.random() >= (env.bp if tx else env.notify_bp)
             ctx.set(port.ready, rdy)
             _, _, valid, p = await ctx.tick().sample(port.valid, port.payload)
             if not tx and env.auto_repost:

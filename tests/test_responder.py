@@ -11,7 +11,7 @@ import pytest
 from hw.headers import BthOpcode as O
 from hw.rtl.iface import REG_MR
 from hw.rtl.qp import MR_STRIDE
-from sim.rc import QPState, WcStatus, WrOp
+from sim.rc import QPState, WcStatus
 from tests.responder_bench import (DUT_IP, DUT_MAC, MEM_BYTES, PEER_IP, PEER_MAC, PMTU_CODE, Env,
                                    bus_access, run, write_mr, write_qp)
 from sim.rc_frames import ip_int, mac_bytes

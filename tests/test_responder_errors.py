@@ -8,8 +8,7 @@ opcode drops, ACK coalescing. Expected packets are computed from the frames sent
 
 import pytest
 
-from hw.headers import AETH, RETH, AtomicETH, IETH, AethSyndrome as S, BthOpcode as O, pack
-from hw.rtl.iface import REG_QP
+from hw.headers import AETH, RETH, IETH, AethSyndrome as S, BthOpcode as O, pack
 from sim.rc import WcStatus
 from sim.rc_frames import PSN_MASK, ip_int, mac_bytes
 from tests.responder_bench import DUT_IP, DUT_MAC, run
@@ -364,3 +363,31 @@ def test_ack_coalescing(width):
             assert [c.status for c in qp.poll_cq()] == [WcStatus.SUCCESS]
 
         run(env, scenario)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_invalidate_with_slow_consumer(width):
+    """SEND with Invalidate finishing while the previous RecvNotify still waits: the MR is
+    invalidated exactly once, the SEND succeeds, its notification names the R_Key."""
+    env, rng = make_env(width, 256, seed=width + 8, idle=0.0, bp=0.0)
+    env.notify_bp = 0.97
+
+    async def scenario(ctx, env):
+        qp = await fresh(ctx, env, 9)
+        qp.send(b"first")
+        qp.send(b"second", inv_rkey=0x4000)
+        await env.run_peer(ctx, PEER_QPN)
+        for _ in range(20000):
+            if len(env.notes) >= 2:
+                break
+            await ctx.tick()
+        assert [c.status for c in qp.poll_cq()] == [WcStatus.SUCCESS] * 2
+        assert [(n["has_inv"], n["inv_rkey"]) for n in env.notes] == [(0, 0), (1, 0x4000)]
+        c = env.counters(ctx)
+        assert c["cnt_nak_invalid"] == 0
+        # A second invalidate of the same R_Key now fails (NAK invalid request).
+        qp.send(b"third", inv_rkey=0x4000)
+        out = await env.exchange(ctx, env.peer.poll_tx())
+        assert summary(out) == [(O.ACKNOWLEDGE.value, S.NAK_INVALID_REQUEST.value, 11)]
+
+    run(env, scenario)

@@ -38,8 +38,8 @@ MR register map (MR ``j`` at ``REG_MR + 0x40 * j``; word offsets)::
     0x18 laddr           target-memory address of ``va``
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, enum, wiring
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from .hostlink import HostBusSignature, Space
@@ -190,7 +190,8 @@ class MrTable(wiring.Component):
     ``laddr = region.laddr + (va - region.va)``. Error precedence: BAD_KEY, RANGE, RIGHTS.
 
     An ``inv_valid`` strobe clears ``valid`` of every region whose ``rkey`` is ``inv_rkey``
-    (SEND with Invalidate); ``inv_found`` (same cycle) says whether one was valid.
+    (SEND with Invalidate); ``inv_found`` says (combinationally, whether or not ``inv_valid``
+    is high) that a valid region has R_Key ``inv_rkey``.
 
     Ports
     -----
@@ -234,10 +235,11 @@ class MrTable(wiring.Component):
         # Invalidate (after the bus write statements: a same-cycle host write of control loses).
         for j in range(self.n_mr):
             e = self.entries[j]
-            hit = self.inv_valid & e.valid & (e.rkey == self.inv_rkey)
+            hit = e.valid & (e.rkey == self.inv_rkey)
             with m.If(hit):
-                m.d.sync += e.valid.eq(0)
                 m.d.comb += self.inv_found.eq(1)
+                with m.If(self.inv_valid):
+                    m.d.sync += e.valid.eq(0)
 
         # Lookup: key match (combinational), then range/rights, registered once.
         sel = Signal(range(self.n_mr))

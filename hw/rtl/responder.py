@@ -204,6 +204,7 @@ class Responder(wiring.Component):
     cfg : In(QpConfig).array(n_qp), load : In(n_qp)   from QpTable
     mr : Out(MrLookupSignature)           to MrTable.lookup
     mr_inv_valid : Out(1), mr_inv_rkey : Out(32), mr_inv_found : In(1)   to MrTable
+        (``mr_inv_found`` must not depend on ``mr_inv_valid``: it is checked first)
     mem : Out(MemBusSignature)
     tx : Out(stream of RespTx)            to the TX path
     notify : Out(stream of RecvNotify), repost : In(stream of RecvRepost)
@@ -369,6 +370,7 @@ class Responder(wiring.Component):
 
         reth = h.reth
         aeth_ack = AethSyndrome.ACK.value
+        m.d.comb += self.mr_inv_rkey.eq(h.ieth.rkey)       # probed by mr_inv_found
 
         # MR lookup inputs: from the latched header (stable from LOOKUP on).
         mr = self.mr
@@ -497,8 +499,9 @@ class Responder(wiring.Component):
 
             # ---- SEND -------------------------------------------------------------------
             with m.State("SEND"):
-                buf_size = Signal(17)
-                m.d.comb += buf_size.eq(1 << cfg.recv_size_log2)
+                buf_size = Signal(17)           # RecvNotify.length is 16 bits: cap at 64 KiB
+                m.d.comb += buf_size.eq(Mux(cfg.recv_size_log2 > 16, 1 << 16,
+                                            1 << cfg.recv_size_log2))
                 start_off = Mux(first_only, 0, ctx.send_off)
                 with m.If(start_off + n > buf_size):
                     m.d.sync += fatal(AethSyndrome.NAK_INVALID_REQUEST.value, "cnt_nak_invalid")
@@ -545,17 +548,19 @@ class Responder(wiring.Component):
                     m.next = "EXECUTED"
 
             with m.State("EXECUTED"):
-                # Every write of this packet has been accepted: complete the packet.
+                # Every write of this packet has been accepted: complete the packet. Nothing
+                # happens (no invalidate either) while the notify register is still full.
                 done_msg = is_last | is_only
-                with m.If(done_msg & has_inv):
-                    m.d.comb += [self.mr_inv_valid.eq(1), self.mr_inv_rkey.eq(h.ieth.rkey)]
-                with m.If(done_msg & has_inv & ~self.mr_inv_found):
+                needs_note = done_msg & (is_send | has_imm)
+                with m.If(needs_note & nt.valid & ~nt.ready):
+                    pass
+                with m.Elif(done_msg & has_inv & ~self.mr_inv_found):
                     m.d.sync += fatal(AethSyndrome.NAK_INVALID_REQUEST.value, "cnt_nak_invalid")
                     m.next = "EMIT"
-                with m.Elif(done_msg & (is_send | has_imm) & ~nt.ready & nt.valid):
-                    pass                                # wait for the notify register
                 with m.Else():
-                    with m.If(done_msg & (is_send | has_imm)):
+                    with m.If(done_msg & has_inv):
+                        m.d.comb += self.mr_inv_valid.eq(1)
+                    with m.If(needs_note):
                         m.d.sync += [nt.valid.eq(1), nt.p.qp.eq(qi), nt.p.addr.eq(ctx.send_addr),
                                      nt.p.length.eq(Mux(is_send, ctx.send_off, 0)),
                                      nt.p.has_imm.eq(has_imm), nt.p.imm.eq(h.imm.imm),
