@@ -60,15 +60,17 @@ guest: install
 
 # ECP5 board flow (boards/): YoWASP yosys + nextpnr-ecp5 + ecppack, report in build/<board>/.
 # `make bitstream BOARD=versa`, `make program` (openFPGALoader), `make synth-check` (CI: ECPIX-5
-# synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core.
+# synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core,
+# SEED= the nextpnr placement seed (default 1).
 BOARD ?= ecpix5
 CORE  ?=
+SEED  ?=
 .PHONY: bitstream program synth-check
 bitstream: $(VENV)/.installed
-	$(PY) -m boards build --board $(BOARD) $(if $(CORE),--core $(CORE))
+	$(PY) -m boards build --board $(BOARD) $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
 program:
 	$(PY) -m boards program --board $(BOARD)
 
 synth-check: $(VENV)/.installed
-	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE))
+	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
