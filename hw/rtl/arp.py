@@ -149,8 +149,7 @@ class ArpResponder(wiring.Component):
             with m.Elif(fire):
                 m.d.sync += ok[key].eq(ok[key] & Cat(*match).all())
         # The frame reached octet 41 (in whole beats) if its last beat was beat n_beats - 1 or
-        # later, i.e. ph has moved on to (and saturated at) n_beats; ph was reset at the end,
-        # so remember it.
+        # later (ph says so while that beat is accepted; it is reset right after, so remember).
         long_enough = Signal()
         with m.If(fire & self.i.p.last):
             m.d.sync += long_enough.eq(ph[n_beats - 1] | ph[n_beats])
