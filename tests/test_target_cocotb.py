@@ -12,14 +12,19 @@ MEM_WORDS = 16384           # 128 KiB: room for a 64 KiB WRITE/READ plus the sma
 TIMER_SCALE = 256
 
 
+#: Extra simulator environment (the bench puts the checkout on its own path).
+ENV = {}
+
+
 def make_target(width):
     return KbtpTarget(width, n_qp=2, mem_words=MEM_WORDS, n_mr=4, timer_scale=TIMER_SCALE)
 
 
 @pytest.mark.parametrize("width", [8, 64])
 def test_target_cocotb(width):
-    out = run_cocotb(lambda: make_target(width), "kbtp_target", "tests.cocotb_target",
-                     params={"width": width, "mem_words": MEM_WORDS, "timer_scale": TIMER_SCALE})
+    out = run_cocotb(lambda: make_target(width), "kbtp_target", "cocotb_target",
+                     params={"width": width, "mem_words": MEM_WORDS, "timer_scale": TIMER_SCALE},
+                     extra_env=ENV)
     r = json.loads((out / "figures.json").read_text())
     for k, v in sorted(r.items()):
         print(f"\nKbtpTarget width {width}: {k} = {v}")
