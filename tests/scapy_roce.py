@@ -10,6 +10,7 @@
 - Amaranth-simulator stream helpers with random idles and back-pressure.
 """
 
+from sim.paths import DATA_DIR
 import random
 import struct
 import zlib
@@ -241,7 +242,7 @@ def seeded(seed):
     return random.Random(seed)
 
 
-PCAP_C2 = "/work/shared/data/rxe-vs-host-peer-send-write-read-atomic.pcap"
+PCAP_C2 = str(DATA_DIR / "rxe-vs-host-peer-send-write-read-atomic.pcap")
 
 
 def pcap_roce_frames(path=PCAP_C2):

@@ -1,6 +1,7 @@
 # Ref: roce-layouts.md §8 (ARP the endpoint must answer); RFC 826; C1 capture frames #5/#6.
 """ArpResponder: replies byte-equal to the reply scapy builds; everything else ignored."""
 
+from sim.paths import DATA_DIR
 import pytest
 from scapy.layers.l2 import ARP, Ether
 
@@ -43,7 +44,7 @@ def make_requests(rng):
 def test_capture_request_reply():
     """C1#5 (request from 10.0.0.2) is answered with the bytes rxe's peer sent in C1#6."""
     from scapy.utils import rdpcap
-    frames = [bytes(p) for p in rdpcap("/work/shared/data/rxe-two-guests-pingpong-rping.pcap",
+    frames = [bytes(p) for p in rdpcap(str(DATA_DIR / "rxe-two-guests-pingpong-rping.pcap"),
                                        count=8)]
     req, rep = frames[4], frames[5]
     assert Ether(req)[ARP].op == 1 and Ether(rep)[ARP].op == 2

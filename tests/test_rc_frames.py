@@ -9,6 +9,7 @@ same octets from the UDP header to the end of the payload (IP ID and hence IP ch
 differ by design, §5.4).
 """
 
+from sim.paths import DATA_DIR
 import random
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from sim.channel import LossyLink, run
 from sim.rc import RoceEndpoint, WcStatus, rxe_udp_sport
 from sim.rc_frames import FrameError, parse_frame
 
-DATA = Path("/work/shared/data")
+DATA = DATA_DIR
 C1 = DATA / "rxe-two-guests-pingpong-rping.pcap"
 C2 = DATA / "rxe-vs-host-peer-send-write-read-atomic.pcap"
 C3 = DATA / "rxe-retransmit-after-drop.pcap"
