@@ -112,3 +112,25 @@ def test_demux_routes_by_opcode(width):
     exp_resp = [(op, i, p) for i, (op, p, _) in enumerate(frames) if not 0x0D <= op <= 0x12]
     assert got["req"] == exp_req
     assert got["resp"] == exp_resp
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_dma_writer_verilog_drives_we(width):
+    """The READ-into-target-memory bug of the system bench (tests/test_target_cocotb.py,
+    "clean"): the writer's constant ``we = 1`` came out as an ``always @*`` block holding only
+    a constant, which Verilator/Icarus never execute, so every write was a read and no READ
+    data reached target memory. Amaranth's simulator applies the constant, so only the
+    generated Verilog shows it: no combinational block of the writer may assign a lone
+    constant to the bus request."""
+    import re
+
+    from amaranth.back import verilog
+    dut = DmaWriter(width)
+    text = verilog.convert(dut, name="dma_writer")
+    dead = re.findall(r"always @\*\n\s*(mem__req__payload[^\n=;]*?) = \d+'[hbd][0-9a-fA-F_]+;\n",
+                      text)
+    assert not dead, f"constant-only always @* blocks (never run in Verilog sims): {dead}"
+    # `we` must still be 1 whenever the writer requests (checked in simulation above); here it
+    # must come from a live driver: some assignment to bit `we` of the request exists.
+    assert re.search(r"mem__req__payload\[\d+\] = |mem__req__payload\s*=|"
+                     r"assign \\?mem__req__payload\[\d+\] = ", text)

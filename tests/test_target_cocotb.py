@@ -22,8 +22,6 @@ def make_target(width):
 
 
 KNOWN_BUGS = {
-    "clean": "the target's own RDMA READ completes OK but its request never reaches the wire "
-             "and no data lands in target memory (requester/TX path; issue 3)",
     "lossy_5pct": "at 5% loss a duplicated FetchAdd is executed again instead of replayed "
                   "from the atomic cache (responder; issue 3)",
 }

@@ -164,8 +164,9 @@ class DmaWriter(wiring.Component):
             total.eq(pos + n),
         ]
         req = self.mem.req
-        m.d.comb += [req.p.we.eq(1), req.p.addr.eq(Cat(Const(0, 3), waddr)),
-                     self.mem.rsp.ready.eq(1)]
+        # `we` is set in the states that write, next to wdata: a lone constant comb assignment
+        # to one field becomes an `always @*` block that Verilog simulators never run.
+        m.d.comb += [req.p.addr.eq(Cat(Const(0, 3), waddr)), self.mem.rsp.ready.eq(1)]
         with m.FSM():
             with m.State("Idle"):
                 m.d.comb += [self.cmd.ready.eq(1), self.idle.eq(1)]
@@ -175,7 +176,7 @@ class DmaWriter(wiring.Component):
                     m.next = "Run"
             with m.State("Run"):
                 emit = (total >= 8) | self.i.p.last
-                m.d.comb += [req.valid.eq(self.i.valid & emit),
+                m.d.comb += [req.valid.eq(self.i.valid & emit), req.p.we.eq(1),
                              req.p.wdata.eq(comb_data[:64]), req.p.wstrb.eq(comb_strb[:8]),
                              self.i.ready.eq(~emit | req.ready)]
                 with m.If(self.i.valid & self.i.ready):
@@ -190,7 +191,7 @@ class DmaWriter(wiring.Component):
                         with m.Else():
                             m.next = "Idle"
             with m.State("Flush"):
-                m.d.comb += [req.valid.eq(1), req.p.wdata.eq(buf[:64]),
+                m.d.comb += [req.valid.eq(1), req.p.we.eq(1), req.p.wdata.eq(buf[:64]),
                              req.p.wstrb.eq(strb[:8])]
                 with m.If(req.ready):
                     m.next = "Idle"
