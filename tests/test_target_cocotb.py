@@ -21,10 +21,7 @@ def make_target(width):
     return KbtpTarget(width, n_qp=2, mem_words=MEM_WORDS, n_mr=4, timer_scale=TIMER_SCALE)
 
 
-KNOWN_BUGS = {
-    "lossy_5pct": "at 5% loss a duplicated FetchAdd is executed again instead of replayed "
-                  "from the atomic cache (responder; issue 3)",
-}
+KNOWN_BUGS = {}
 
 # Width 64 builds for 15-20 minutes on a loaded 2-core machine: it runs on demand
 # (KBTP_TARGET_WIDTHS=8,64), width 8 in every `make test`.
