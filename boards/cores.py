@@ -1,5 +1,6 @@
-# Ref: brief board.md (core as a parameter of the board layer); hw/rtl/rgmii.py GmiiSignature;
-#      hw/rtl/hostlink.py HostBusSignature; hw/rtl/mac.py GmiiMac; hw/rtl/arp.py ArpResponder.
+# Ref: brief board.md (core as a parameter of the board layer); brief board_full.md (the kbtp
+#      core); hw/rtl/rgmii.py GmiiSignature; hw/rtl/hostlink.py HostBusSignature;
+#      hw/rtl/target.py KbtpTarget; hw/rtl/mac.py GmiiMac; hw/rtl/arp.py ArpResponder.
 """The contract between the board layer and the core it hosts, plus stand-in cores.
 
 A *core factory* is any callable ``factory(memory: BoardMemoryConfig) -> wiring.Component``
@@ -9,9 +10,12 @@ whose component has at least these members (the :class:`CoreSignature`)::
     bus  : In(HostBusSignature())  # the host link is the master; the core is the target
 
 and optionally ``leds : Out(2)``. Everything runs in the ``sync`` domain that the board
-provides (125 MHz from the board's oscillator through a PLL). The full KBTP core registers
-here under its own name; the board files do not change.
+provides (125 MHz from the board's oscillator through a PLL). The full KBTP core
+(:class:`KbtpCore`, name ``kbtp``) is the default; the stand-in cores ``mac-loopback`` and
+``mac-arp`` stay for bring-up of a board (PHY, host link) without the RoCE path.
 """
+
+import inspect
 
 from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
@@ -21,8 +25,9 @@ from hw.rtl.hostlink import HostBusDemoTarget, HostBusSignature
 from hw.rtl.rgmii import GmiiSignature
 from hw.rtl.stream import PacketStream
 
-__all__ = ["CoreSignature", "check_core", "RegisterSlice", "MacLoopbackCore", "MacArpCore", "CORES",
-           "DEFAULT_IP", "DEFAULT_MAC", "default_core_name"]
+__all__ = ["CoreSignature", "check_core", "RegisterSlice", "HostBusRegister", "MacLoopbackCore",
+           "MacArpCore", "KbtpCore", "CORES", "DEFAULT_IP", "DEFAULT_MAC", "default_core_name",
+           "kbtp_mem_words"]
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
 DEFAULT_IP = 0xC0A80132                # 192.168.1.50
@@ -155,6 +160,92 @@ class MacArpCore(_StandInCore):
         return m
 
 
+class HostBusRegister(wiring.Component):
+    """One register stage in each direction of a :class:`~hw.rtl.hostlink.HostBusSignature`.
+
+    The host link's request signals (its buffer RAM drives ``wdata``) and the target's answer
+    (its address decoders drive ``rdata``/``ack``/``err``) each end in a flop here, so neither
+    side's logic adds up with the other's. An access costs two more cycles, which the UART
+    (thousands of cycles per octet) never notices.
+
+    Ports
+    -----
+    up : In(HostBusSignature)     towards the master (host link)
+    down : Out(HostBusSignature)  towards the target (core)
+    """
+
+    def __init__(self):
+        super().__init__({"up": In(HostBusSignature()), "down": Out(HostBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        up, down = self.up, self.down
+        with m.FSM(name="hbr"):
+            with m.State("Idle"):
+                with m.If(up.re | up.we):
+                    m.d.sync += [down.addr.eq(up.addr), down.space.eq(up.space),
+                                 down.wdata.eq(up.wdata), down.re.eq(up.re), down.we.eq(up.we)]
+                    m.next = "Issued"
+            with m.State("Issued"):
+                with m.If(down.ack):
+                    m.d.sync += [down.re.eq(0), down.we.eq(0), up.ack.eq(1),
+                                 up.err.eq(down.err), up.rdata.eq(down.rdata)]
+                    m.next = "Answered"
+            with m.State("Answered"):
+                # up.ack is high during this cycle; the master drops its request in the next.
+                m.d.sync += [up.ack.eq(0), up.err.eq(0)]
+                m.next = "Idle"
+        return m
+
+
+def kbtp_mem_words(memory):
+    """Target memory of the kbtp core in 8-octet words: the board's pool."""
+    return memory.pool_bytes // 8
+
+
+class KbtpCore(wiring.Component):
+    """The full target (:class:`~hw.rtl.target.KbtpTarget`) adapted to :class:`CoreSignature`.
+
+    ``KbtpTarget(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), own_mac=DEFAULT_MAC,
+    own_ip=DEFAULT_IP, engine=True)`` (``engine`` only when the target accepts it). Flops sit
+    on the GMII pins' side (the RGMII converter's flops are in another corner of the die) and on
+    the host bus (:class:`HostBusRegister`). Host map: that of :mod:`hw.rtl.target`.
+    ``leds``: 0 a frame is being received, 1 a frame is being sent.
+
+    Parameters
+    ----------
+    memory : BoardMemoryConfig
+    **overrides
+        Extra / replacement ``KbtpTarget`` keyword arguments (e.g. ``mem_words``).
+    """
+
+    def __init__(self, memory, **overrides):
+        from hw.rtl.target import KbtpTarget
+
+        self.memory = memory
+        kwargs = dict(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory),
+                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP)
+        if "engine" in inspect.signature(KbtpTarget).parameters:
+            kwargs["engine"] = True
+        kwargs.update(overrides)
+        self.target_kwargs = kwargs
+        self.target = KbtpTarget(**kwargs)
+        super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
+                          "leds": Out(2)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.target = t = self.target
+        m.submodules.bus_reg = bus_reg = HostBusRegister()
+        wiring.connect(m, wiring.flipped(self.bus), bus_reg.up)
+        wiring.connect(m, bus_reg.down, t.host)
+        g = self.gmii
+        m.d.sync += [t.rxd.eq(g.rxd), t.rx_dv.eq(g.rx_dv), t.rx_er.eq(g.rx_er),
+                     g.txd.eq(t.txd), g.tx_en.eq(t.tx_en), g.tx_er.eq(t.tx_er)]
+        m.d.comb += self.leds.eq(Cat(g.rx_dv, g.tx_en))
+        return m
+
+
 def _available(module):
     try:
         __import__(module)
@@ -165,11 +256,17 @@ def _available(module):
 
 #: name -> (factory, description)
 CORES = {
+    "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), "
+                       "pool-sized memory"),
     "mac-loopback": (MacLoopbackCore, "GMII MAC, received frames sent back; demo bus target"),
     "mac-arp": (MacArpCore, "GMII MAC + ARP responder (hw/rtl/arp.py); demo bus target"),
 }
 
 
 def default_core_name():
-    """The most complete core whose gateware is present: ``mac-arp`` if arp.py imports."""
-    return "mac-arp" if _available("hw.rtl.arp") else "mac-loopback"
+    """The most complete core whose gateware is present: ``kbtp`` when hw/rtl/target.py
+    imports, else ``mac-arp`` if arp.py does, else ``mac-loopback``."""
+    for name, module in (("kbtp", "hw.rtl.target"), ("mac-arp", "hw.rtl.arp")):
+        if _available(module):
+            return name
+    return "mac-loopback"

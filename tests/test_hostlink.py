@@ -34,17 +34,25 @@ async def ticks(ctx, n):
 
 class LinkTop(Elaboratable):
     def __init__(self, *, max_words=8, connect_target=True, frame_timeout=2000,
-                 bus_timeout=64, queue_depth=8, mem_words=64):
+                 bus_timeout=64, queue_depth=8, mem_words=64, registered=False):
         self.link = HostLinkUart(CLK / DIVISOR, CLK, max_words=max_words,
                                  frame_timeout=frame_timeout, bus_timeout=bus_timeout)
         self.target = HostBusDemoTarget(mem_words=mem_words, queue_depth=queue_depth)
         self.connect_target = connect_target
+        # boards.cores.HostBusRegister between the two, as the kbtp board core has it.
+        self.registered = registered
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.link = self.link
         m.submodules.target = self.target
-        if self.connect_target:
+        if self.connect_target and self.registered:
+            from boards.cores import HostBusRegister
+
+            m.submodules.bus_reg = reg = HostBusRegister()
+            wiring.connect(m, self.link.bus, reg.up)
+            wiring.connect(m, reg.down, self.target.bus)
+        elif self.connect_target:
             wiring.connect(m, self.link.bus, self.target.bus)
         return m
 
@@ -179,8 +187,9 @@ def test_uart_rx_flags_low_stop_bit():
 
 # ---- round trips through the bridge ---------------------------------------------------------
 
-def test_register_round_trip_and_unmapped_register():
-    top, port, link = make_link()
+@pytest.mark.parametrize("registered", [False, True])
+def test_register_round_trip_and_unmapped_register(registered):
+    top, port, link = make_link(registered=registered)
     assert link.read_reg(0x00) == DEMO_ID
     assert link.read_reg(0x04) == 1
     values = [0xDEADBEEF, 0x00000001, 0x80000000, 0x12345678]
@@ -197,8 +206,9 @@ def test_register_round_trip_and_unmapped_register():
     assert port.framing_errors == 0
 
 
-def test_memory_round_trip_multi_frame():
-    top, port, link = make_link(max_words=8, mem_words=64)
+@pytest.mark.parametrize("registered", [False, True])
+def test_memory_round_trip_multi_frame(registered):
+    top, port, link = make_link(max_words=8, mem_words=64, registered=registered)
     rng = random.Random(7)
     data = bytes(rng.randrange(256) for _ in range(4 * 21))     # 21 words = 3 frames of <= 8
     link.write_mem(0x20, data)
@@ -211,8 +221,9 @@ def test_memory_round_trip_multi_frame():
     assert exc.value.done == 2 and len(exc.value.data) == 8
 
 
-def test_queue_push_pop_full_and_empty():
-    top, port, link = make_link(queue_depth=8)
+@pytest.mark.parametrize("registered", [False, True])
+def test_queue_push_pop_full_and_empty(registered):
+    top, port, link = make_link(queue_depth=8, registered=registered)
     words = [0x01020304, 0xFFFFFFFF, 0, 0x55AA55AA, 0x7]
     link.push(0, words)
     assert link.pop(0, 8) == words                     # returns early: the queue ran empty

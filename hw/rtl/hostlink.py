@@ -293,6 +293,7 @@ class HostLinkUart(wiring.Component):
         status_regs = Signal(range(4))
         resp_err = Signal()
         resp_data = Signal(32)
+        tx_word = Signal(32)    # the response word being sent (registered buffer output)
 
         is_write = cmd[0]
         space_nibble = cmd[4:8]
@@ -468,22 +469,29 @@ class HostLinkUart(wiring.Component):
             with m.State("Response Status"):
                 send(status, "Response Count")
             with m.State("Response Count"):
-                m.d.comb += rd.addr.eq(0)
                 with m.If(returns_data & (done != 0)):
-                    send(done, "Response Data")
+                    send(done, "Response Fetch")
                 with m.Else():
                     send(done, "Response CRC")
-            with m.State("Response Data"):
+            # Each response word goes buffer -> tx_word (a flop) -> UART: the block RAM's read
+            # data (slow clock-to-out) never runs on into the transmitter's shift register.
+            with m.State("Response Fetch"):
                 m.d.comb += rd.addr.eq(idx)
-                byte = rd.data.word_select((~octet)[:2], 8)     # MSB octet first
+                m.next = "Response Latch"
+            with m.State("Response Latch"):
+                m.d.sync += tx_word.eq(rd.data)
+                m.next = "Response Data"
+            with m.State("Response Data"):
+                byte = tx_word.word_select((~octet)[:2], 8)     # MSB octet first
                 send(byte, "Response Data")
                 with m.If(utx.ready):
                     m.d.sync += octet.eq(octet + 1)
                     with m.If(octet == 3):
-                        m.d.comb += rd.addr.eq(idx + 1)
                         m.d.sync += idx.eq(idx + 1)
                         with m.If(idx + 1 == done):
                             m.next = "Response CRC"
+                        with m.Else():
+                            m.next = "Response Fetch"
             with m.State("Response CRC"):
                 send(tx_crc.crc, "Start Of Frame", crc=False)
         return m
