@@ -208,18 +208,20 @@ class KbtpCore(wiring.Component):
 
     ``KbtpTarget(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), own_mac=DEFAULT_MAC,
     own_ip=DEFAULT_IP, engine=True)`` (``engine`` only when the target accepts it). Flops sit
-    on the GMII pins' side (the RGMII converter's flops are in another corner of the die) and on
-    the host bus (:class:`HostBusRegister`). Host map: that of :mod:`hw.rtl.target`.
+    on the GMII pins' side (the RGMII converter's flops are in another corner of the die), on
+    the host bus (:class:`HostBusRegister`), and in the target memory (``pipelined_ram``). Host map: that of :mod:`hw.rtl.target`.
     ``leds``: 0 a frame is being received, 1 a frame is being sent.
 
     Parameters
     ----------
     memory : BoardMemoryConfig
+    pipelined_ram : bool
+        Replace the target's ``MemRam`` with :class:`boards.ram.PipelinedRam` (timing).
     **overrides
         Extra / replacement ``KbtpTarget`` keyword arguments (e.g. ``mem_words``).
     """
 
-    def __init__(self, memory, **overrides):
+    def __init__(self, memory, *, pipelined_ram=True, **overrides):
         from hw.rtl.target import KbtpTarget
 
         self.memory = memory
@@ -230,6 +232,17 @@ class KbtpCore(wiring.Component):
         kwargs.update(overrides)
         self.target_kwargs = kwargs
         self.target = KbtpTarget(**kwargs)
+        # The target's one-cycle MemRam becomes a pipelined, banked RAM (boards/ram.py): at
+        # pool size its block-RAM output multiplexer alone takes most of a 125 MHz cycle.
+        # Same bus contract; the target elaborates whatever its ``ram`` attribute holds.
+        if pipelined_ram and hasattr(self.target, "ram"):
+            from .ram import PipelinedRam
+
+            replaced = self.target.ram
+            self.target.ram = PipelinedRam(kwargs["mem_words"])
+            for obj in (replaced, getattr(replaced, "mem", None)):
+                if obj is not None:     # not an error: it was replaced on purpose
+                    obj._MustUse__silence = True
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 
