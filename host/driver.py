@@ -1,0 +1,1151 @@
+# Ref: draft KBTP §Target Memory Structures (Block Table, Free-Block Ring, initialization rules),
+#      §Allocation Quotas, §Session Establishment, §Operations (FREE, BIND, GOODBYE),
+#      §Direct Modes, §Completion, §Operational Considerations (retention, Ticket Timeout);
+#      layouts.md;
+#      sim/model.py "Readings of the draft" (the behaviour followed here, the oracle of the tests);
+#      hw/rtl/kbtp_engine.py "What the host keeps doing" and its register map.
+"""The KBTP host driver: the slow path of a :class:`hw.rtl.target.KbtpTarget`.
+
+The gateware engine runs LOAD, STORE and ALLOC_STORE of configured sessions on its own (fast
+path). Everything else arrives in the host's notify queue and is handled here, through the one
+narrow interface :class:`host.port.TargetPort`, exactly as the golden model
+:class:`sim.model.TargetModel` would (same replies octet for octet, same target-memory effects).
+
+API
+---
+``KbtpDriver(port, cfg, **options)``
+    ``port`` a :class:`~host.port.TargetPort`; ``cfg`` a :class:`sim.model.TargetConfig` (its
+    ``layout()`` places counters, table, rings and pool). Options: ``n_qp`` (QPs of the target),
+    ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
+    engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
+    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP).
+``await init()``
+    Write the table (all entries invalid), the shared ring and the DIRECT_ALLOC partition rings
+    (draft initialization rules), the Head/Tail counters and a zero pool as one bulk image
+    ``[0, layout size)``; then the direct-mode MRs (disabled) and the engine registers
+    (layout, RANGE[], sessions off, CTRL last).
+``await open_qp(qp, *, local_qpn, remote_qpn, peer_mac, peer_ip, ...)``
+    Program a transport QP (receive buffers from :attr:`plan`; state RTS) and start a connection
+    on it (no session until HELLO). ``program=False`` only starts the connection.
+``await poll(now_ms=None)``
+    Observe partition Heads, reclaim what can be reclaimed, then pop one RecvNotify; read the
+    message from its receive buffer, handle it, send the reply, repost the buffer. Returns a
+    :class:`Handled` (or None when the queue was empty).
+``await disconnect(qp, now_ms=None)``
+    The connection is gone (CM): retain its session (retention timer starts).
+``await tick(now_ms)``
+    Ticket-timeout reclamation (the Partition/Ring/Head MRs are invalidated first) and
+    retention expiry.
+``await counters()``
+    Engine counters per (op, status), HOSTQ_COUNT, STALL_CYCLES, ring occupancy, quota use per
+    QP, and :attr:`host_actions` (slow-path messages handled).
+
+Target memory plan (:attr:`plan`, after ``cfg.layout()["size"]``, each 64-octet aligned)
+----------------------------------------------------------------------------------------
+``engine_scratch``  64 octets per QP: the engine's SCRATCH (COMPLETION / record buffer);
+``host_scratch``    256 octets per QP: the driver's reply buffer (HELLO_ACK <= 152 octets);
+``recv``            receive buffers: ``recv_count`` per QP of ``2**recv_log2`` octets, enough for
+                    the longest request (56-octet header + descriptors + Max Inline).
+A reply buffer is reused only after the WorkCompletion of the previous reply of its QP.
+
+Actions (what :meth:`poll` reports, in order; ``Handled.actions``)
+------------------------------------------------------------------
+``("send", qp, payload, inv_rkey|None)``, ``("write_imm", qp, stag, to, record, imm, ok)``,
+``("rdma_write", qp, stag, to, length, ok)``, ``("rdma_read", qp, stag, to, length, ok)``,
+``("invalidate", qp, stag, reason)``, ``("disconnect", qp, reason)``. A ``disconnect`` tells
+the caller (CM) to tear the connection down once the reply has gone; the driver itself only
+forgets the connection and turns its engine session off.
+
+Limits (v1)
+-----------
+* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, ADDR_LE sessions, DIRECT_ALLOC sessions'
+  ALLOC_STORE on their partition ring) are executed here with RDMA work requests, one at a time;
+  the driver's Head FetchAdd on a ring is a read-modify-write over the host bus, not atomic
+  against the engine (shared ring, fast path on) or an initiator's FetchAdd (partition Head).
+* The engine's USAGE is lowered by a read-modify-write after a FREE; an ALLOC_STORE of the same
+  QP completing in between could be lost from the count.
+* Requests of one connection that the engine handles are not ordered against those it forwards
+  here (a FREE followed by an ALLOC_STORE of the same handle may run in the other order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags, RingSlot,
+                        SLOT_EMPTY, Status, TableEntry, CommonHeader, RING_ADD_DATA,
+                        RING_ADD_DATA_UNMASKED, unpack, wire_fields)
+from host import codec
+from host.codec import KbtpError
+from hw.rtl.iface import REG_KBTP, REG_MR, QpState, WcStatus, WrOp
+from hw.rtl.kbtp_engine import Cmd, FAST_OPS, reg as ENG
+from hw.rtl.qp import MR_STRIDE
+
+__all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
+           "ENGINE_SCRATCH"]
+
+M32 = (1 << 32) - 1
+M64 = (1 << 64) - 1
+ENTRY = TableEntry.SIZE
+SLOT = RingSlot.SIZE
+HOST_SCRATCH = 256
+ENGINE_SCRATCH = 64
+_VALID = EntryFlags.VALID.value
+_SEALED = EntryFlags.SEALED.value
+_DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
+_ALL_FEATURES = sum(f.value for f in Features)
+_SLOT_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(RingSlot)}
+_ENTRY_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(TableEntry)}
+
+
+class DriverError(Exception):
+    """The target did not behave (a WorkCompletion never came, a command stayed busy)."""
+
+
+def _align(x, a):
+    return (x + a - 1) // a * a
+
+
+def _log2_ceil(x):
+    n = 0
+    while (1 << n) < x:
+        n += 1
+    return n
+
+
+def memory_plan(cfg, n_qp, *, recv_count=4, mem_size=None):
+    """Addresses of the driver's areas after the KBTP structures (see the module docstring)."""
+    lay = cfg.layout()
+    es = _align(lay["size"], 64)
+    hs = es + ENGINE_SCRATCH * n_qp
+    # longest request: header + Data Descriptor + Completion Descriptor + inline data
+    recv_log2 = max(6, _log2_ceil(CommonHeader.SIZE + 32 + cfg.max_inline))
+    recv = _align(hs + HOST_SCRATCH * n_qp, 1 << recv_log2)
+    end = recv + n_qp * recv_count * (1 << recv_log2)
+    if mem_size is not None and end > mem_size:
+        raise ValueError(f"memory plan needs {end:#x} octets, the target has {mem_size:#x}")
+    return {"engine_scratch": es, "host_scratch": hs, "recv": recv, "recv_count": recv_count,
+            "recv_log2": recv_log2, "end": end}
+
+
+def _ring_add(value, n, masked):
+    """New counter value after one ring FetchAdd (draft Add Data / Add Mask, or InfiniBand).
+
+    Masked: the ticket field (bits 63..32) and the Slot Offset field (bits n+3..0) each wrap on
+    their own; bits 31..n+4 are untouched (Add Data is zero there and no carry reaches them).
+    """
+    if not masked:
+        return (value + RING_ADD_DATA_UNMASKED) & M64
+    ticket = ((value >> 32) + (RING_ADD_DATA >> 32)) & M32
+    span = SLOT << n
+    slot = ((value & (span - 1)) + (RING_ADD_DATA & M32)) % span
+    return ticket << 32 | (value & M32 & ~(span - 1)) | slot
+
+
+@dataclass
+class Handled:
+    """What one :meth:`KbtpDriver.poll` did."""
+    qp: int
+    op: str                 # opcode name ('HELLO', 'FREE', ..., 'SHORT', 'OPCODE_0x..')
+    status: str | None      # status name of the reply (None: no reply, e.g. GOODBYE, dropped)
+    actions: list = field(default_factory=list)
+
+
+@dataclass
+class _Session:
+    iid: int
+    domain: int
+    range_index: int
+    handle_base: int
+    handle_count: int
+    quota: int
+    features: int = 0
+    qp: int | None = None           # None while retained
+    partition: int | None = None
+    direct_alloc: bool = False
+    credits: int = 0
+    expire_at: float | None = None
+    engine: bool = False            # session registers of ``qp`` programmed in the engine
+
+    @property
+    def addr_le(self):
+        return bool(self.features & Features.ADDR_LE.value)
+
+    def owns(self, h):
+        return self.handle_base <= h < self.handle_base + self.handle_count
+
+
+@dataclass
+class _Ring:
+    """A free-block ring in target memory, as the host sees it."""
+    base: int
+    n: int                  # order
+    head: int
+    tail: int
+    pending: dict = field(default_factory=dict)     # slot offset -> deque[(ticket, block)]
+
+    @property
+    def N(self):
+        return 1 << self.n
+
+    def slot_of(self, t):
+        return SLOT * (t % self.N)
+
+
+@dataclass
+class _Part:
+    index: int
+    ring: _Ring
+    first_block: int
+    owner: int | None = None
+    last_domain: int | None = None
+    seen: int = 0
+    outstanding: dict = field(default_factory=dict)  # ticket -> first seen (ms)
+    abandoned: set = field(default_factory=set)
+    to_reclaim: list = field(default_factory=list)
+    stags: tuple = ()
+
+
+@dataclass
+class _Conn:
+    qp: int
+    session: _Session | None = None
+    closed: bool = False
+
+
+class KbtpDriver:
+    """KBTP slow path over a :class:`host.port.TargetPort` (see the module docstring)."""
+
+    def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
+                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000):
+        self.port = port
+        self.cfg = cfg
+        self.lay = cfg.layout()
+        self.n_qp = n_qp
+        self.n_ranges = n_ranges
+        self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size)
+        self.wc_polls = wc_polls
+        self.host_actions = 0
+        self.stats: dict[tuple[str, str], int] = {}
+        self.now_ms = 0.0
+        self._t0 = time.monotonic()
+        self._conns: dict[int, _Conn] = {}
+        self._sessions: dict[int, _Session] = {}
+        self._next_stag = cfg.direct_stag_base
+        self._wr_id = 0
+        self._inflight: dict[int, int] = {}         # qp -> wr_id of its last reply
+        self._wcs: dict[int, dict] = {}             # wr_id -> WorkCompletion not yet claimed
+        lay = self.lay
+        self.shared = _Ring(lay["ring"], cfg.ring_order, lay["head"], lay["tail"])
+        self.parts = [_Part(p, _Ring(d["ring"], cfg.direct_ring_order, d["head"], d["tail"]),
+                            d["first_block"]) for p, d in enumerate(lay["direct"])]
+        # MR slots: table, pool (DIRECT_LOAD), then 3 per partition (DIRECT_ALLOC).
+        self.mr_base = mr_base
+        self._mr_direct_load = cfg.offered() & Features.DIRECT_LOAD.value
+        need = (2 if self._mr_direct_load else 0) + 3 * cfg.direct_partitions
+        if n_mr is not None and need > n_mr:
+            raise ValueError(f"direct modes need {need} MR slots from {mr_base}, "
+                             f"the target has {n_mr}")
+        self._mr_masks: dict[int, int] = {}
+        hpi = cfg.handles_per_initiator
+        self.fast_ok = (fast_path and not cfg.addr_le and hpi & (hpi - 1) == 0
+                        and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0)
+
+    # ---------------------------------------------------------------- small helpers
+    def _now(self, now_ms):
+        if now_ms is None:
+            now_ms = (time.monotonic() - self._t0) * 1000.0
+        self.now_ms = max(self.now_ms, float(now_ms))
+        return self.now_ms
+
+    def _count(self, op, status):
+        key = (op, Status(status).name)
+        self.stats[key] = self.stats.get(key, 0) + 1
+
+    async def _ereg(self, off, value):
+        await self.port.wreg(REG_KBTP + off, value)
+
+    async def _erd(self, off):
+        return await self.port.rreg(REG_KBTP + off)
+
+    def _qreg(self, qp, name):
+        return ENG["QP"] + ENG["QP_STRIDE"] * qp + ENG[name]
+
+    def entry_addr(self, h):
+        return self.lay["table"] + ENTRY * (h - self.cfg.table_base_handle)
+
+    def block_addr(self, boff):
+        return self.lay["pool"] + (boff - self.cfg.pool_to_base)
+
+    def _in_table(self, h):
+        return 0 <= h - self.cfg.table_base_handle < self.cfg.num_handles
+
+    def _possible_domains(self):
+        return set(self.cfg.trust_domains.values()) | {self.cfg.default_trust_domain}
+
+    # ---------------------------------------------------------------- memory structures
+    def _bo_bytes(self, boff):
+        return (boff & M64).to_bytes(8, "little" if self.cfg.addr_le else "big")
+
+    def _bo_value(self, raw):
+        return int.from_bytes(raw, "little" if self.cfg.addr_le else "big")
+
+    def _entry_image(self, flags, gen, dlen, boff):
+        return codec.encode_entry(flags, gen, dlen, boff, addr_le=self.cfg.addr_le)
+
+    async def read_entry(self, h):
+        """Table entry of handle ``h`` as a dict (flags, generation, data_length,
+        block_offset)."""
+        raw = await self.port.mem_read(self.entry_addr(h), ENTRY)
+        return self._decode_entry(raw)
+
+    def _decode_entry(self, raw):
+        raw = bytearray(raw)
+        if self.cfg.addr_le:
+            o, n = _ENTRY_F["block_offset"]
+            raw[o:o + n] = raw[o:o + n][::-1]
+        return unpack(TableEntry, raw)
+
+    async def _write_flags_gen(self, h, flags, gen):
+        # flags and generation are the entry's first word: one 4-octet write (draft order)
+        img = self._entry_image(flags, gen, 0, 0)
+        await self.port.mem_write(self.entry_addr(h), img[0:4])
+
+    async def _write_entry_bind(self, h, flags, gen, dlen, boff):
+        """Bind: Data Length and Block Offset first, then Flags and Generation."""
+        img = self._entry_image(flags, gen, dlen, boff)
+        a = self.entry_addr(h)
+        await self.port.mem_write(a + 4, img[4:16])
+        await self.port.mem_write(a, img[0:4])
+
+    def _ring_image(self, n, blocks):
+        """Slots of a fresh ring of order ``n`` holding ``blocks`` for tickets 0..F-1, and the
+        (head, tail) counter values (draft initialization rule)."""
+        N, F = 1 << n, len(blocks)
+        img = bytearray()
+        for k in range(N):
+            if k < F:
+                seq, bo = k, blocks[k]
+            else:
+                seq, bo = (k - N) & M32, SLOT_EMPTY
+            slot = bytearray(SLOT)
+            so, sn = _SLOT_F["sequence"]
+            bo_o, bo_n = _SLOT_F["block_offset"]
+            slot[so:so + sn] = seq.to_bytes(sn, "big")
+            slot[bo_o:bo_o + bo_n] = self._bo_bytes(bo)
+            img += slot
+        tail = F << 32 | ((SLOT * (F % N)) if self.cfg.masked else 0)
+        return bytes(img), 0, tail
+
+    def initial_image(self):
+        """The target memory image ``[0, layout size)`` that :meth:`init` writes."""
+        cfg, lay = self.cfg, self.lay
+        img = bytearray(lay["size"])
+
+        def put(a, b):
+            img[a:a + len(b)] = b
+
+        order = cfg.initial_free_order or list(range(cfg.shared_blocks))
+        ring, head, tail = self._ring_image(cfg.ring_order,
+                                            [cfg.block_offset(i) for i in order])
+        put(lay["ring"], ring)
+        put(lay["head"], head.to_bytes(8, "little"))
+        put(lay["tail"], tail.to_bytes(8, "little"))
+        for d in lay["direct"]:
+            ring, head, tail = self._ring_image(
+                cfg.direct_ring_order,
+                [cfg.block_offset(d["first_block"] + i) for i in range(cfg.direct_quota)])
+            put(d["ring"], ring)
+            put(d["head"], head.to_bytes(8, "little"))
+            put(d["tail"], tail.to_bytes(8, "little"))
+        put(lay["table"], self._entry_image(0, cfg.initial_generation, 0, 0) * cfg.num_handles)
+        return bytes(img)
+
+    # ring operations done by the host (partition rings; shared ring only without the engine)
+    async def _counter(self, addr):
+        return int.from_bytes(await self.port.mem_read(addr, 8), "little")
+
+    async def _fetch_add(self, ring, which):
+        """Ticket and slot offset before a FetchAdd of the host on a ring counter."""
+        a = ring.head if which == "head" else ring.tail
+        old = await self._counter(a)
+        await self.port.mem_write(a, _ring_add(old, ring.n, self.cfg.masked).to_bytes(8, "little"))
+        t = old >> 32
+        o = (old & ((SLOT << ring.n) - 1)) if self.cfg.masked else ring.slot_of(t)
+        return t, o
+
+    async def _read_slot(self, ring, o):
+        raw = await self.port.mem_read(ring.base + o, SLOT)
+        so, sn = _SLOT_F["sequence"]
+        bo_o, bo_n = _SLOT_F["block_offset"]
+        return int.from_bytes(raw[so:so + sn], "big"), self._bo_value(raw[bo_o:bo_o + bo_n])
+
+    async def _write_slot_free(self, ring, o, u, block):
+        """Draft order: Block Offset first, then Sequence."""
+        bo_o, _ = _SLOT_F["block_offset"]
+        so, sn = _SLOT_F["sequence"]
+        await self.port.mem_write(ring.base + o + bo_o, self._bo_bytes(block))
+        await self.port.mem_write(ring.base + o + so, (u & M32).to_bytes(sn, "big"))
+
+    async def _slot_ready(self, ring, t, o):
+        seq, bo = await self._read_slot(ring, o)
+        return seq == t & M32 and bo != SLOT_EMPTY
+
+    async def _consume(self, ring, o):
+        """Mark a slot consumed, then write the oldest free deferred on it."""
+        bo_o, _ = _SLOT_F["block_offset"]
+        await self.port.mem_write(ring.base + o + bo_o, self._bo_bytes(SLOT_EMPTY))
+        q = ring.pending.get(o)
+        if q:
+            u, block = q.popleft()
+            if not q:
+                del ring.pending[o]
+            await self._write_slot_free(ring, o, u, block)
+
+    async def _host_free(self, ring, block):
+        """Free into a host-managed ring: Tail ticket u; write the slot only when it is consumed
+        and its Sequence is u - N (sim/ring.py's safe reading), else defer (FIFO per slot)."""
+        u, o = await self._fetch_add(ring, "tail")
+        seq, bo = await self._read_slot(ring, o)
+        if ring.pending.get(o) or not (bo == SLOT_EMPTY and seq == (u - ring.N) & M32):
+            ring.pending.setdefault(o, deque()).append((u, block))
+            return
+        await self._write_slot_free(ring, o, u, block)
+
+    async def _engine_free(self, block):
+        """Shared-ring free through the engine's FREE_BLOCK (it does the Tail FetchAdd and the
+        slot write, deferring it while the slot is unconsumed). Waits for a deferred earlier
+        free first: one command at a time."""
+        await self._wait_cmd_idle()
+        await self.port.wreg64(REG_KBTP + ENG["CMD_ARG_LO"], block)
+        await self._ereg(ENG["CMD"], Cmd.FREE_BLOCK)
+        # the command is accepted at once; wait for the Tail FetchAdd (busy without deferred)
+        for _ in range(self.wc_polls):
+            st = await self._erd(ENG["CMD"])
+            if not st & 1 or st & 2:
+                return
+        raise DriverError("engine FREE_BLOCK stayed busy")
+
+    async def _wait_cmd_idle(self):
+        for _ in range(self.wc_polls):
+            if not await self._erd(ENG["CMD"]) & 1:
+                return
+        raise DriverError("engine command register stayed busy (a deferred free never wrote "
+                          "its slot)")
+
+    async def _return_block(self, domain, boff):
+        """Clear if needed, then give the block back to its ring (after the entry update)."""
+        cfg = self.cfg
+        i = (boff - cfg.pool_to_base) // cfg.block_size
+        if i < cfg.shared_blocks:
+            if self._possible_domains() - {domain}:
+                await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
+            if self.fast_ok:
+                await self._engine_free(boff)
+            else:
+                await self._host_free(self.shared, boff)
+        else:
+            p = (i - cfg.shared_blocks) // cfg.direct_quota
+            await self._host_free(self.parts[p].ring, boff)
+
+    # ---------------------------------------------------------------- init / QPs
+    async def init(self):
+        """Write every KBTP structure into target memory, then program MRs and the engine."""
+        cfg, lay, port = self.cfg, self.lay, self.port
+        await self._ereg(ENG["CTRL"], int(cfg.masked) << 1)       # fast path off meanwhile
+        await port.mem_write(0, self.initial_image())
+        for p in self.parts:
+            p.ring.pending.clear()
+        self.shared.pending.clear()
+        # direct-mode MRs, reachable by nobody yet
+        if self._mr_direct_load:
+            await self._set_mr(self.mr_base, cfg.table_stag, 0, lay["table_size"], lay["table"], 0,
+                               read=1)
+            await self._set_mr(self.mr_base + 1, cfg.pool_stag, cfg.pool_to_base, lay["pool_size"],
+                               lay["pool"], 0, read=1)
+        for p in self.parts:
+            for k in range(3):
+                await self._mr_off(self._part_mr(p.index, k))
+        # engine layout
+        for name, v in [("TABLE_BASE", lay["table"]), ("TABLE_COUNT", cfg.num_handles),
+                        ("POOL_BASE", lay["pool"]), ("BLOCK_SIZE", cfg.block_size),
+                        ("RING_BASE", lay["ring"]), ("RING_ORDER", cfg.ring_order),
+                        ("HEAD_ADDR", lay["head"]), ("TAIL_ADDR", lay["tail"]),
+                        ("MAX_INLINE", cfg.max_inline),
+                        ("RANGE_LOG2", cfg.handles_per_initiator.bit_length() - 1)]:
+            await self._ereg(ENG[name], v)
+        await port.wreg64(REG_KBTP + ENG["TABLE_BASE_HANDLE_LO"], cfg.table_base_handle)
+        await port.wreg64(REG_KBTP + ENG["POOL_TO_BASE_LO"], cfg.pool_to_base)
+        for i in range(self.n_ranges):
+            await self._ereg(ENG["RANGE"] + 4 * i, 0)
+        for q in range(self.n_qp):
+            await self._ereg(self._qreg(q, "QP_SESSION"), 0)
+            await self._ereg(self._qreg(q, "QP_SCRATCH"),
+                             self.plan["engine_scratch"] + ENGINE_SCRATCH * q)
+        await self._ereg(ENG["CTRL"], int(self.fast_ok) | int(cfg.masked) << 1)
+
+    async def open_qp(self, qp, *, program=True, state=QpState.RTS, local_qpn=0, remote_qpn=0,
+                      peer_mac=0, peer_ip=0, udp_sport=0xC000, pmtu=3, rq_psn=0, sq_psn=0,
+                      timeout=14, retry_cnt=7, rnr_retry=7):
+        """Program transport QP ``qp`` (receive buffers from :attr:`plan`) and start a
+        connection on it; any earlier connection of ``qp`` must have been closed."""
+        if not 0 <= qp < self.n_qp:
+            raise ValueError(f"QP {qp} not in 0..{self.n_qp - 1}")
+        c = self._conns.get(qp)
+        if c is not None and not c.closed:
+            raise ValueError(f"QP {qp} has a live connection")
+        if program:
+            pl = self.plan
+            size = 1 << pl["recv_log2"]
+            await self.port.set_qp(
+                qp, state=state, local_qpn=local_qpn, remote_qpn=remote_qpn, peer_mac=peer_mac,
+                peer_ip=peer_ip, udp_sport=udp_sport, pmtu=pmtu, rq_psn=rq_psn, sq_psn=sq_psn,
+                timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+                recv_base=pl["recv"] + qp * pl["recv_count"] * size,
+                recv_count=pl["recv_count"], recv_size_log2=pl["recv_log2"])
+        self._conns[qp] = _Conn(qp)
+        self._inflight.pop(qp, None)
+
+    # ---------------------------------------------------------------- MRs (direct modes)
+    def _part_mr(self, p, k):
+        return self.mr_base + (2 if self._mr_direct_load else 0) + 3 * p + k
+
+    async def _set_mr(self, j, rkey, va, length, laddr, mask, *, read=0, write=0, atomic=0):
+        self._mr_masks[j] = mask
+        await self.port.set_mr(j, read=read, write=write,
+                               atomic=atomic, qp_mask=mask, rkey=rkey, va=va, length=length,
+                               laddr=laddr)
+
+    async def _mr_off(self, j):
+        self._mr_masks[j] = 0
+        await self.port.wreg(REG_MR + MR_STRIDE * j, 0)
+
+    async def _mr_mask(self, j, mask):
+        self._mr_masks[j] = mask
+        await self.port.wreg(REG_MR + MR_STRIDE * j + 0x04, mask)
+
+    # ---------------------------------------------------------------- work requests
+    async def _wait_wc(self, wr_id):
+        for _ in range(self.wc_polls):
+            if wr_id in self._wcs:
+                return self._wcs.pop(wr_id)
+            wc = await self.port.poll_wc()
+            if wc is not None:
+                self._wcs[wc["wr_id"]] = wc
+        raise DriverError(f"no WorkCompletion for host work request {wr_id}")
+
+    async def _post(self, qp, op, **f):
+        self._wr_id = self._wr_id % 0x7FFF + 1          # 15 bits; 0 never used
+        await self.port.post_wr(qp=qp, wr_id=self._wr_id, op=op, **f)
+        return self._wr_id
+
+    async def _scratch(self, qp, payload):
+        """Write ``payload`` into ``qp``'s reply buffer once its previous reply has gone."""
+        prev = self._inflight.pop(qp, None)
+        if prev is not None:
+            await self._wait_wc(prev)
+        a = self.plan["host_scratch"] + HOST_SCRATCH * qp
+        await self.port.mem_write(a, payload)
+        return a
+
+    async def _send(self, qp, payload, inv=None, acts=None):
+        a = await self._scratch(qp, payload)
+        op = WrOp.SEND if inv is None else WrOp.SEND_INV
+        self._inflight[qp] = await self._post(qp, op, length=len(payload), laddr=a,
+                                              inv_rkey=inv or 0)
+        acts.append(("send", qp, bytes(payload), inv))
+
+    async def _rdma(self, qp, op, stag, to, length, laddr, **extra):
+        """Issue one RDMA work request and wait for its completion; True when it succeeded."""
+        wr = await self._post(qp, op, rkey=stag, va=to, length=length, laddr=laddr, **extra)
+        wc = await self._wait_wc(wr)
+        return wc["status"] == WcStatus.OK.value
+
+    # ---------------------------------------------------------------- public: slow path
+    async def poll(self, now_ms=None):
+        """Handle one slow-path message (see the module docstring); None if there was none."""
+        now = self._now(now_ms)
+        await self._observe(now)
+        await self._pump()
+        n = await self.port.poll_notify()
+        if n is None:
+            return None
+        qp = n["qp"]
+        raw = await self.port.mem_read(n["addr"], n["length"])
+        self.host_actions += 1
+        res = Handled(qp, self._op_name(raw), None)
+        c = self._conns.get(qp)
+        if c is not None and not c.closed:
+            await self._dispatch(c, raw, now, res)
+        await self.port.repost(qp)
+        await self._pump()
+        return res
+
+    async def serve(self, max_idle=None, now=None):
+        """Poll until the notify queue stays empty for ``max_idle`` polls (None: forever);
+        returns the list of :class:`Handled`."""
+        out, idle = [], 0
+        while max_idle is None or idle < max_idle:
+            r = await self.poll(now() if now else None)
+            if r is None:
+                idle += 1
+            else:
+                idle = 0
+                out.append(r)
+        return out
+
+    async def disconnect(self, qp, now_ms=None):
+        """The connection of ``qp`` failed or closed: its session is retained."""
+        now = self._now(now_ms)
+        c = self._conns.get(qp)
+        if c is not None and not c.closed:
+            await self._close(c, now)
+        await self._pump()
+
+    async def tick(self, now_ms=None):
+        """Ticket-timeout reclamation and retention expiry; returns the actions taken."""
+        now = self._now(now_ms)
+        acts = []
+        await self._observe(now)
+        for p in self.parts:
+            if p.outstanding and min(p.outstanding.values()) + self.cfg.ticket_timeout_ms <= now:
+                await self._abandon_all(p, "ticket timeout", acts)
+        for s in list(self._sessions.values()):
+            if s.qp is None and s.expire_at is not None and s.expire_at <= now:
+                await self._release_session(s, acts)
+                self.stats[("RETENTION_EXPIRY", "OK")] = \
+                    self.stats.get(("RETENTION_EXPIRY", "OK"), 0) + 1
+        await self._pump()
+        return acts
+
+    def session_of(self, qp):
+        """(Initiator ID, handle base, handle count, quota, features) of ``qp``'s session."""
+        c = self._conns.get(qp)
+        s = c.session if c else None
+        return None if s is None else (s.iid, s.handle_base, s.handle_count, s.quota,
+                                       s.features)
+
+    # ---------------------------------------------------------------- dispatch
+    @staticmethod
+    def _op_name(raw):
+        if len(raw) < 2:
+            return "SHORT"
+        try:
+            return Opcode(raw[1]).name
+        except ValueError:
+            return f"OPCODE_{raw[1]:#04x}"
+
+    async def _dispatch(self, c, raw, now, res):
+        acts = res.actions
+        if len(raw) >= 2 and raw[1] == Opcode.HELLO.value:
+            res.status = await self._hello(c, raw, now, acts)
+            return
+        s = c.session
+        try:
+            msg = codec.decode(raw, addr_le=s.addr_le if s else False,
+                               max_inline=self.cfg.max_inline)
+        except KbtpError as e:
+            res.status = await self._complete_raw(c, raw, e.status, acts)
+            return
+        op = msg.OPCODE
+        if s is None or op in (Opcode.HELLO_ACK, Opcode.COMPLETION):
+            res.status = await self._complete_raw(c, raw, Status.MALFORMED, acts)
+            return
+        both = ReqFlags.RECORD.value | ReqFlags.INVALIDATE.value
+        if (msg.flags & both == both and op is not Opcode.GOODBYE
+                and s.features & Features.RECORD_COMPLETION.value):
+            res.status = await self._complete_raw(c, raw, Status.MALFORMED, acts)
+            return
+        handler = {Opcode.FREE: self._free, Opcode.BIND: self._bind,
+                   Opcode.GOODBYE: self._goodbye, Opcode.LOAD: self._load,
+                   Opcode.STORE: self._store, Opcode.ALLOC_STORE: self._alloc_store}[op]
+        res.status = await handler(c, s, msg, now, acts)
+
+    # ---------------------------------------------------------------- completions
+    async def _complete(self, c, op, msg, status, acts, gen=0, dlen=0, boff=0):
+        status = Status(status)
+        self._count(op.name, status)
+        if c.closed:
+            return status.name
+        s, qp = c.session, c.qp
+        inval = None
+        if msg.flags & ReqFlags.INVALIDATE.value and getattr(msg, "data", None) is not None:
+            inval = msg.data.stag
+        cd = getattr(msg, "completion", None)
+        if (msg.flags & ReqFlags.RECORD.value and s is not None and cd is not None
+                and s.features & Features.RECORD_COMPLETION.value):
+            rec = codec.encode_record(msg.request_id, status.value, gen, dlen, boff)
+            imm = msg.request_id & M32
+            a = await self._scratch(qp, rec)
+            ok = await self._rdma(qp, WrOp.WRITE_IMM, cd.stag, cd.tagged_offset, len(rec), a,
+                                  imm=imm)
+            acts.append(("write_imm", qp, cd.stag, cd.tagged_offset, rec, imm, ok))
+            if ok:
+                return status.name
+        payload = codec.encode(codec.Completion(request_id=msg.request_id, handle=msg.handle,
+                                                generation=gen, status=status.value,
+                                                data_length=dlen, block_offset=boff),
+                               addr_le=s.addr_le if s is not None else False)
+        await self._send(c.qp, payload, inval, acts)
+        return status.name
+
+    async def _complete_raw(self, c, raw, status, acts):
+        """COMPLETION for an undecodable request: echo Request ID / Block Handle if they came."""
+        s = c.session
+        hdr = bytearray(raw[:CommonHeader.SIZE]).ljust(CommonHeader.SIZE, b"\0")
+        if s is not None and s.addr_le:
+            hdr[12:20] = hdr[12:20][::-1]
+        f = unpack(CommonHeader, hdr)
+        name = self._op_name(raw)
+        key = (name, Status(status).name)
+        self.stats[key] = self.stats.get(key, 0) + 1
+        rid = f["request_id"] if len(raw) >= 12 else 0
+        handle = f["handle"] if len(raw) >= 20 else 0
+        payload = codec.encode(codec.Completion(request_id=rid, handle=handle,
+                                                status=Status(status).value),
+                               addr_le=s.addr_le if s else False)
+        await self._send(c.qp, payload, None, acts)
+        return Status(status).name
+
+    # ---------------------------------------------------------------- HELLO / GOODBYE
+    async def _hello_ack(self, c, status, acts, reason=None, **fields):
+        payload = codec.encode(codec.HelloAck(status=Status(status).value, **fields))
+        await self._send(c.qp, payload, None, acts)
+        self._count("HELLO", status)
+        if reason is not None:
+            acts.append(("disconnect", c.qp, reason))
+            c.closed = True
+        return Status(status).name
+
+    def _new_stag(self):
+        self._next_stag += 0x100
+        return self._next_stag
+
+    async def _hello(self, c, raw, now, acts):
+        cfg = self.cfg
+        try:
+            msg = codec.decode(raw)
+        except KbtpError:
+            return await self._hello_ack(c, Status.MALFORMED, acts, "malformed HELLO")
+        if c.session is not None:
+            return await self._hello_ack(c, Status.MALFORMED, acts)
+        iid = msg.initiator_id
+        s = self._sessions.get(iid)
+        if s is not None and s.qp is not None:
+            return await self._hello_ack(c, Status.ALREADY_BOUND, acts,
+                                         "Initiator ID has an active session")
+        domain = cfg.domain_of(iid)
+        offered = cfg.offered()
+        if domain not in cfg.direct_domains:
+            offered &= ~_DIRECT
+        if self._possible_domains() != {domain}:
+            offered &= ~Features.DIRECT_LOAD.value      # the Pool STag reaches every block
+        feats = msg.requested_features & offered
+        if bool(feats & Features.ADDR_LE.value) != cfg.addr_le:
+            feats &= ~_DIRECT
+        if s is None:
+            used = {x.range_index for x in self._sessions.values()}
+            free = [i for i in range(cfg.num_ranges) if i not in used]
+            if not free:
+                return await self._hello_ack(c, Status.NO_SPACE, acts, "no free handle range")
+            ri = free[0]
+            part = None
+            if feats & Features.DIRECT_ALLOC.value:
+                part = next((p for p in self.parts if p.owner is None), None)
+            if part is not None:
+                quota = cfg.direct_quota
+            else:
+                feats &= ~Features.DIRECT_ALLOC.value
+                quota = cfg.quotas.get(iid, cfg.quota_per_initiator)
+                if not cfg.overcommit_quotas:
+                    taken = sum(x.quota for x in self._sessions.values() if x.partition is None)
+                    quota = max(0, min(quota, cfg.shared_blocks - taken))
+            s = _Session(iid, domain, ri, cfg.table_base_handle + ri * cfg.handles_per_initiator,
+                         cfg.handles_per_initiator, quota)
+            self._sessions[iid] = s
+            if part is not None:
+                await self._assign_partition(s, part)
+            if ri < self.n_ranges:
+                await self._ereg(ENG["RANGE"] + 4 * ri, 1 << 8 | (domain & 0xFF))
+        elif s.partition is None:
+            feats &= ~Features.DIRECT_ALLOC.value
+        s.qp = c.qp
+        s.expire_at = None
+        s.features = feats
+        s.credits = msg.completion_credits
+        c.session = s
+        fields = dict(features=feats, request_credits=cfg.request_credits,
+                      block_size=cfg.block_size, max_inline=cfg.max_inline,
+                      allocation_quota=s.quota, handle_base=s.handle_base,
+                      handle_count=s.handle_count, ticket_timeout_ms=cfg.ticket_timeout_ms)
+        bit = 1 << c.qp
+        if feats & Features.DIRECT_LOAD.value:
+            for j in (self.mr_base, self.mr_base + 1):
+                await self._mr_mask(j, self._mr_masks.get(j, 0) | bit)
+            fields.update(table=codec.DirectDesc(cfg.table_stag, 0, cfg.num_handles),
+                          table_base_handle=cfg.table_base_handle,
+                          pool=codec.DirectDesc(cfg.pool_stag, cfg.pool_to_base, cfg.num_blocks))
+        s.direct_alloc = bool(feats & Features.DIRECT_ALLOC.value)
+        if s.direct_alloc:
+            part = self.parts[s.partition]
+            d = self.lay["direct"][part.index]
+            first = cfg.block_offset(part.first_block)
+            stags = (self._new_stag(), self._new_stag(), self._new_stag())
+            await self._set_mr(self._part_mr(part.index, 0), stags[0], first,
+                               cfg.direct_quota * cfg.block_size, self.block_addr(first), bit,
+                               write=1)
+            await self._set_mr(self._part_mr(part.index, 1), stags[1], 0, SLOT * d["n"],
+                               d["ring"], bit, read=1)
+            await self._set_mr(self._part_mr(part.index, 2), stags[2], 0, 8, d["head"], bit,
+                               atomic=1)
+            part.stags = stags
+            fields.update(partition=codec.DirectDesc(stags[0], first, cfg.direct_quota),
+                          ring=codec.DirectDesc(stags[1], 0, d["n"]),
+                          head=codec.DirectDesc(stags[2], 0, 1))
+        await self._engine_session(c.qp, s)
+        return await self._hello_ack(c, Status.OK, acts, **fields)
+
+    async def _engine_session(self, qp, s):
+        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine when it can run them: not
+        ADDR_LE, no partition (the engine allocates from the shared ring only)."""
+        s.engine = bool(self.fast_ok and not s.addr_le and s.partition is None)
+        if not s.engine:
+            await self._ereg(self._qreg(qp, "QP_SESSION"), 0)
+            return
+        usage = await self._bound_count(s)
+        await self.port.wreg64(REG_KBTP + self._qreg(qp, "QP_HANDLE_BASE_LO"), s.handle_base)
+        await self._ereg(self._qreg(qp, "QP_HANDLE_COUNT"), s.handle_count)
+        await self._ereg(self._qreg(qp, "QP_QUOTA"), s.quota)
+        await self._ereg(self._qreg(qp, "QP_USAGE"), usage)
+        await self._ereg(self._qreg(qp, "QP_SCRATCH"),
+                         self.plan["engine_scratch"] + ENGINE_SCRATCH * qp)
+        rec = bool(s.features & Features.RECORD_COMPLETION.value)
+        await self._ereg(self._qreg(qp, "QP_SESSION"), 1 | rec << 1 | (s.domain & 0xFF) << 8)
+
+    async def _entries(self, s):
+        raw = await self.port.mem_read(self.entry_addr(s.handle_base), ENTRY * s.handle_count)
+        return [self._decode_entry(raw[k:k + ENTRY]) for k in range(0, len(raw), ENTRY)]
+
+    async def _bound_count(self, s):
+        return sum(1 for e in await self._entries(s) if e["flags"] & _VALID)
+
+    async def _assign_partition(self, s, part):
+        cfg = self.cfg
+        if part.last_domain is not None and part.last_domain != s.domain:
+            first = cfg.block_offset(part.first_block)
+            await self.port.mem_write(self.block_addr(first),
+                                      bytes(cfg.block_size * cfg.direct_quota))
+        part.owner = s.iid
+        part.last_domain = s.domain
+        s.partition = part.index
+
+    async def _close(self, c, now):
+        """The connection is gone: retain its session, drop its STags (MR masks)."""
+        c.closed = True
+        bit = 1 << c.qp
+        for j, mask in list(self._mr_masks.items()):
+            if mask & bit:
+                await self._mr_mask(j, mask & ~bit)
+        s = c.session
+        if s is not None and s.qp == c.qp:
+            s.qp = None
+            s.direct_alloc = False
+            s.expire_at = now + self.cfg.retention_ms
+            if s.engine:
+                await self._ereg(self._qreg(c.qp, "QP_SESSION"), 0)
+                s.engine = False
+
+    async def _release_session(self, s, acts):
+        """Free every binding, reclaim tickets, give back range, quota and partition."""
+        for k, e in enumerate(await self._entries(s)):
+            if e["flags"] & _VALID:
+                await self._unbind(s, s.handle_base + k, e)
+        if s.partition is not None:
+            part = self.parts[s.partition]
+            await self._abandon_all(part, "session released", acts)
+            part.owner = None
+            part.stags = ()
+        if s.range_index < self.n_ranges:
+            await self._ereg(ENG["RANGE"] + 4 * s.range_index, 0)
+        del self._sessions[s.iid]
+
+    async def _goodbye(self, c, s, msg, now, acts):
+        if msg.flags & GoodbyeFlags.RELEASE.value:
+            if s.partition is not None:
+                await self._abandon_all(self.parts[s.partition], "GOODBYE RELEASE", acts)
+            await self._close(c, now)
+            await self._release_session(s, acts)
+        else:
+            await self._close(c, now)
+        self._count("GOODBYE", Status.OK)
+        acts.append(("disconnect", c.qp, "GOODBYE"))
+        return None
+
+    # ---------------------------------------------------------------- FREE / BIND
+    def _stale(self, msg, e):
+        return msg.generation and msg.generation != e["generation"]
+
+    async def _unbind(self, s, h, e):
+        g = ((e["generation"] + 1) & 0xFFFF) or 1
+        await self._write_flags_gen(h, 0, g)
+        await self._return_block(s.domain, e["block_offset"])
+        return g
+
+    async def _free(self, c, s, msg, now, acts):
+        op, h = Opcode.FREE, msg.handle
+        if not s.owns(h):
+            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(h)
+        if self._stale(msg, e):
+            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts,
+                                        e["generation"])
+        if not e["flags"] & _VALID:
+            return await self._complete(c, op, msg, Status.NOT_VALID, acts, e["generation"])
+        g = await self._unbind(s, h, e)
+        if s.engine:
+            a = REG_KBTP + self._qreg(c.qp, "QP_USAGE")
+            u = await self.port.rreg(a)
+            await self.port.wreg(a, max(0, u - 1))
+        return await self._complete(c, op, msg, Status.OK, acts, g, 0, e["block_offset"])
+
+    async def _bind(self, c, s, msg, now, acts):
+        op, h = Opcode.BIND, msg.handle
+        if not s.owns(h):
+            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(h)
+        g = e["generation"]
+        if msg.data_length > self.cfg.block_size:
+            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
+        if self._stale(msg, e):
+            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+        if e["flags"] & _VALID:
+            return await self._complete(c, op, msg, Status.ALREADY_BOUND, acts, g)
+        if s.partition is None:
+            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
+        part = self.parts[s.partition]
+        t = msg.ticket
+        if t in part.abandoned:
+            return await self._complete(c, op, msg, Status.TICKET_ABANDONED, acts, g)
+        if not s.direct_alloc or t not in part.outstanding:
+            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
+        o = part.ring.slot_of(t)
+        seq, bo = await self._read_slot(part.ring, o)
+        if not (seq == t & M32 and bo != SLOT_EMPTY):
+            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
+        if bo != msg.block_offset:
+            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
+        del part.outstanding[t]
+        await self._consume(part.ring, o)
+        g = ((e["generation"] + 1) & 0xFFFF) or 1
+        await self._write_entry_bind(h, _VALID, g, msg.data_length, msg.block_offset)
+        return await self._complete(c, op, msg, Status.OK, acts, g, msg.data_length,
+                                    msg.block_offset)
+
+    # ---------------------------------------------------------------- tickets (DIRECT_ALLOC)
+    async def _observe(self, now):
+        """Stamp tickets initiators took on partition Heads since the last look."""
+        for p in self.parts:
+            head = (await self._counter(p.ring.head)) >> 32
+            while p.seen != head:
+                p.outstanding[p.seen] = now
+                p.seen = (p.seen + 1) & M32
+
+    async def _abandon_all(self, part, reason, acts):
+        s = self._sessions.get(part.owner)
+        if s is not None and s.qp is not None and s.direct_alloc:
+            # invalidate the partition region first: no RDMA Write may land after reclamation
+            for k, stag in enumerate(part.stags):
+                await self._mr_off(self._part_mr(part.index, k))
+                acts.append(("invalidate", s.qp, stag, reason))
+            s.direct_alloc = False
+        for t in list(part.outstanding):
+            part.abandoned.add(t)
+            part.to_reclaim.append(t)
+        part.outstanding.clear()
+        await self._retry_reclaims(part)
+
+    async def _retry_reclaims(self, part):
+        moved = False
+        for t in list(part.to_reclaim):
+            o = part.ring.slot_of(t)
+            seq, bo = await self._read_slot(part.ring, o)
+            if seq == t & M32 and bo != SLOT_EMPTY:
+                await self._consume(part.ring, o)
+                await self._host_free(part.ring, bo)
+                part.to_reclaim.remove(t)
+                self.stats[("RECLAIM", "OK")] = self.stats.get(("RECLAIM", "OK"), 0) + 1
+                moved = True
+        return moved
+
+    async def _pump(self):
+        progress = True
+        while progress:
+            progress = False
+            for p in self.parts:
+                if p.to_reclaim:
+                    progress |= await self._retry_reclaims(p)
+
+    # ---------------------------------------------------------------- slow-path data ops
+    def _readable(self, s, h):
+        if not self._in_table(h):
+            return False
+        idx = (h - self.cfg.table_base_handle) // self.cfg.handles_per_initiator
+        for other in self._sessions.values():
+            if other.range_index == idx:
+                return other.domain == s.domain
+        return True
+
+    async def _load(self, c, s, msg, now, acts):
+        op, h = Opcode.LOAD, msg.handle
+        if not self._readable(s, h):
+            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(h)
+        g = e["generation"]
+        if self._stale(msg, e):
+            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+        if not e["flags"] & _VALID:
+            return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
+        if not e["flags"] & _SEALED and not msg.flags & ReqFlags.ALLOW_UNSEALED.value:
+            return await self._complete(c, op, msg, Status.NOT_SEALED, acts, g)
+        if e["data_length"] > msg.data.length:
+            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
+        n, boff = e["data_length"], e["block_offset"]
+        if n:
+            d = msg.data
+            ok = await self._rdma(c.qp, WrOp.WRITE, d.stag, d.tagged_offset, n,
+                                  self.block_addr(boff))
+            acts.append(("rdma_write", c.qp, d.stag, d.tagged_offset, n, ok))
+            if not ok:
+                return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
+        return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
+
+    async def _obtain(self, c, msg, boff):
+        """Put the store's data at the start of block ``boff``; its length, or None on a
+        fault of the initiator's buffer."""
+        if msg.flags & ReqFlags.INLINE.value:
+            if msg.inline:
+                await self.port.mem_write(self.block_addr(boff), msg.inline)
+            return len(msg.inline)
+        d = msg.data
+        if not d.length:
+            return 0
+        ok = await self._rdma(c.qp, WrOp.READ, d.stag, d.tagged_offset, d.length,
+                              self.block_addr(boff))
+        c_acts = ("rdma_read", c.qp, d.stag, d.tagged_offset, d.length, ok)
+        self._last_read = c_acts
+        return d.length if ok else None
+
+    async def _store(self, c, s, msg, now, acts):
+        op, h = Opcode.STORE, msg.handle
+        if not s.owns(h):
+            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(h)
+        g = e["generation"]
+        if msg.data.length > self.cfg.block_size:
+            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
+        if self._stale(msg, e):
+            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+        if not e["flags"] & _VALID:
+            return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
+        if e["flags"] & _SEALED:
+            return await self._complete(c, op, msg, Status.SEALED, acts, g)
+        self._last_read = None
+        n = await self._obtain(c, msg, e["block_offset"])
+        if self._last_read:
+            acts.append(self._last_read)
+        if n is None:
+            return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
+        a = self.entry_addr(h)
+        off, size = _ENTRY_F["data_length"]
+        await self.port.mem_write(a + off, n.to_bytes(size, "big"))
+        if msg.flags & ReqFlags.SEAL.value:
+            off, size = _ENTRY_F["flags"]
+            await self.port.mem_write(a + off, (e["flags"] | _SEALED).to_bytes(size, "big"))
+        return await self._complete(c, op, msg, Status.OK, acts, g, n, e["block_offset"])
+
+    async def _usage(self, s):
+        n = await self._bound_count(s)
+        if s.partition is not None:
+            p = self.parts[s.partition]
+            n += len(p.outstanding) + len(p.to_reclaim)
+        return n
+
+    async def _alloc_store(self, c, s, msg, now, acts):
+        op, h = Opcode.ALLOC_STORE, msg.handle
+        if not s.owns(h):
+            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(h)
+        g = e["generation"]
+        if msg.data.length > self.cfg.block_size:
+            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
+        if self._stale(msg, e):
+            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+        if e["flags"] & _VALID:
+            return await self._complete(c, op, msg, Status.ALREADY_BOUND, acts, g)
+        if await self._usage(s) >= s.quota:
+            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
+        part = self.parts[s.partition] if s.partition is not None else None
+        ring = part.ring if part is not None else self.shared
+        head = await self._counter(ring.head) >> 32
+        tail = await self._counter(ring.tail) >> 32
+        if (tail - head) & M32 == 0:
+            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
+        if part is not None:
+            await self._observe(now)
+        t, o = await self._fetch_add(ring, "head")
+        if part is not None:
+            part.seen = (t + 1) & M32
+        for _ in range(self.wc_polls):
+            if await self._slot_ready(ring, t, o):
+                break
+        else:
+            raise DriverError(f"ALLOC_STORE: slot {o:#x} never filled for ticket {t}")
+        _, boff = await self._read_slot(ring, o)
+        await self._consume(ring, o)
+        self._last_read = None
+        n = await self._obtain(c, msg, boff)
+        if self._last_read:
+            acts.append(self._last_read)
+        if n is None:
+            if part is None and self.fast_ok:
+                await self._engine_free(boff)
+            else:
+                await self._host_free(ring, boff)
+            return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
+        g = ((e["generation"] + 1) & 0xFFFF) or 1
+        flags = _VALID | (_SEALED if msg.flags & ReqFlags.SEAL.value else 0)
+        await self._write_entry_bind(h, flags, g, n, boff)
+        return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
+
+    # ---------------------------------------------------------------- counters
+    async def counters(self):
+        """Engine and driver figures as a dict (see the module docstring)."""
+        out = {"host_actions": self.host_actions, "slow_path": dict(self.stats)}
+        eng = {}
+        for k, op in enumerate(FAST_OPS):
+            for st in Status:
+                v = await self._erd(ENG["COUNT"] + 4 * (16 * k + st.value))
+                if v:
+                    eng[(op.name, st.name)] = v
+        out["engine"] = eng
+        for name in ("HOSTQ_COUNT", "STALL_CYCLES", "LAST_LATENCY", "LAST_CYCLES",
+                     "RING_OCCUPANCY"):
+            out[name.lower()] = await self._erd(ENG[name])
+        occ = {"shared": ((await self._counter(self.shared.tail) >> 32)
+                          - (await self._counter(self.shared.head) >> 32)) & M32}
+        for p in self.parts:
+            occ[f"partition{p.index}"] = ((await self._counter(p.ring.tail) >> 32)
+                                         - (await self._counter(p.ring.head) >> 32)) & M32
+        out["free_blocks"] = occ
+        quota = {}
+        for iid, s in self._sessions.items():
+            if s.engine:
+                used = await self._erd(self._qreg(s.qp, "QP_USAGE"))
+            else:
+                used = await self._usage(s)
+            quota[iid] = {"qp": s.qp, "usage": used, "quota": s.quota,
+                          "state": "active" if s.qp is not None else "retained"}
+        out["quota"] = quota
+        return out
