@@ -148,3 +148,129 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------------------------
+# ``kbtp driver``: the host driver on a board (host/driver.py over host/link.py's UartLink).
+# Appended: it wraps build_parser, so the sub-command exists for the ``kbtp`` console script
+# (``python -m host.cli`` runs main() above before this point).
+# --------------------------------------------------------------------------------------------
+
+#: How ``kbtp driver`` opens its link (tests replace it): ``(port, baud) -> UartLink``.
+def _open_link(port, baud):
+    from host.link import UartLink
+    return UartLink(port, baud=baud)
+
+
+def _driver_config(args):
+    from sim.model import TargetConfig
+    fields = json.loads(args.config) if args.config else {}
+    if not isinstance(fields, dict):
+        raise _Fail("--config must be a JSON object of sim.model.TargetConfig fields")
+    try:
+        return TargetConfig(**fields)
+    except TypeError as err:
+        raise _Fail(f"--config: {err}") from None
+
+
+def _qp_spec(text):
+    """``N:key=value,...`` (QpConfig names; ints in any base, peer_mac/peer_ip as text)."""
+    qp, _, rest = text.partition(":")
+    out = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        out[key.strip()] = value.strip() if key.strip() in ("peer_mac", "peer_ip") \
+            else int(value, 0)
+    return int(qp, 0), out
+
+
+def _driver_json(obj):
+    if isinstance(obj, dict):
+        return {("/".join(map(str, k)) if isinstance(k, tuple) else str(k)): _driver_json(v)
+                for k, v in obj.items()}
+    return obj
+
+
+def _driver(args):
+    import asyncio
+    from host.driver import KbtpDriver
+    from host.port import TargetPort, uart_access
+
+    cfg = _driver_config(args)
+
+    async def go():
+        link = _open_link(args.port, args.baud)
+        drv = KbtpDriver(TargetPort(uart_access(link)), cfg, n_qp=args.n_qp,
+                         mem_size=args.mem_size, fast_path=not args.no_fast_path,
+                         n_ranges=args.n_ranges, mr_base=args.mr_base, n_mr=args.n_mr)
+        if args.action == "init" or args.init:
+            await drv.init()
+            print(f"kbtp driver: initialized {drv.lay['size']} octets "
+                  f"(table {drv.lay['table']:#x}, ring {drv.lay['ring']:#x}, "
+                  f"pool {drv.lay['pool']:#x}); plan {drv.plan}", flush=True)
+        if args.action == "counters":
+            return json.dumps(_driver_json(await drv.counters()), indent=2)
+        if args.action == "serve":
+            for spec in args.qp or ():
+                qp, qcfg = spec
+                await drv.open_qp(qp, **qcfg)
+            for qp in args.attach or ():
+                await drv.open_qp(qp, program=False)
+            handled = 0
+            while args.count is None or handled < args.count:
+                res = await drv.poll()
+                if res is None:
+                    await drv.tick()
+                    continue
+                handled += 1
+                acts = ", ".join(a[0] for a in res.actions) or "nothing sent"
+                print(f"qp{res.qp} {res.op} -> {res.status or '-'}: {acts}", flush=True)
+            return f"kbtp driver: {handled} slow-path messages handled"
+        return "kbtp driver: done"
+
+    try:
+        return asyncio.run(go())
+    except Exception as err:        # a link or target failure: one line, exit 2
+        print(f"kbtp: error: driver: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
+
+
+_build_codec_parser = build_parser
+
+
+def build_parser():     # noqa: F811 - extends the codec parser above with ``driver``
+    """The argument parser (codec sub-commands + ``driver``)."""
+    parser = _build_codec_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    drv = sub.add_parser(
+        "driver", help="run the KBTP host driver on a board over the UART host link",
+        description="KBTP host driver over the board's UART host link. "
+                    "init: write table, rings, counters and pool into target memory and program "
+                    "the engine; serve: handle slow-path messages (HELLO, FREE, BIND, GOODBYE, "
+                    "...) until interrupted, printing one line per message; counters: print the "
+                    "engine's and the driver's figures as JSON.")
+    drv.add_argument("action", choices=("init", "serve", "counters"))
+    drv.add_argument("--port", required=True, help="serial device or pyserial URL, "
+                     "e.g. /dev/ttyUSB1")
+    drv.add_argument("--baud", type=_int_arg, default=115200)
+    drv.add_argument("--config", metavar="JSON",
+                     help="sim.model.TargetConfig fields as a JSON object "
+                          "(default: TargetConfig())")
+    drv.add_argument("--n-qp", type=_int_arg, default=2, help="QPs of the target (default 2)")
+    drv.add_argument("--mem-size", type=_int_arg, help="target memory in octets (checked)")
+    drv.add_argument("--no-fast-path", action="store_true",
+                     help="leave the engine off: the driver executes every request")
+    drv.add_argument("--n-ranges", type=_int_arg, default=16, help="engine RANGE registers")
+    drv.add_argument("--mr-base", type=_int_arg, default=0,
+                     help="first MR slot for the direct-mode STags")
+    drv.add_argument("--n-mr", type=_int_arg, help="MR slots of the target (checked)")
+    drv.add_argument("--init", action="store_true", help="serve: initialize first")
+    drv.add_argument("--qp", type=_qp_spec, action="append", metavar="N:key=value,...",
+                     help="serve: program and open QP N (QpConfig names, e.g. "
+                          "0:local_qpn=0x11,remote_qpn=0x20,peer_mac=02:00:00:00:00:02,"
+                          "peer_ip=10.0.0.2,rq_psn=0x10,sq_psn=0x200)")
+    drv.add_argument("--attach", type=_int_arg, action="append", metavar="N",
+                     help="serve: QP N is already programmed; just accept HELLO on it")
+    drv.add_argument("--count", type=_int_arg, help="serve: stop after this many messages")
+    drv.set_defaults(run=_driver)
+    return parser
