@@ -120,10 +120,10 @@ def format_report(rep):
     if rep.get("memory"):
         mem = rep["memory"]
         lines.append(f"  memory config: pool {mem['pool_bytes'] // 1024} KiB "
-                     f"({mem['pool_blocks']} x {mem['block_size']} B), table "
-                     f"{mem['table_entries']}, ring {mem['ring_slots']}, completions "
-                     f"{mem['completion_slots']}: ~{mem['ebr_used']} of {mem['ebr_total']} EBR "
-                     f"when the full core exists")
+                     f"({mem['pool_blocks']} x {mem['block_size']} B; the kbtp core's target "
+                     f"memory), table {mem['table_entries']}, ring {mem['ring_slots']}, "
+                     f"completions {mem['completion_slots']}: budget ~{mem['ebr_used']} of "
+                     f"{mem['ebr_total']} EBR")
     lines.append(f"  bitstream: {rep['bitstream'] or '(none)'}")
     lines.append(f"  timing: {'MET on every clock' if rep['timing_met'] else 'NOT MET'}")
     return "\n".join(lines)
