@@ -13,9 +13,11 @@ Blocks that parse headers load the octets MSB first (big-endian) so that the lay
 :mod:`hw.headers` apply directly to the loaded value.
 """
 
-from amaranth.lib import data, stream
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["packet_layout", "PacketStream"]
+__all__ = ["packet_layout", "PacketStream", "RecordMerge"]
 
 
 def packet_layout(width):
@@ -27,3 +29,51 @@ def packet_layout(width):
 def PacketStream(width):
     """``stream.Signature`` of a packet stream ``width`` bits wide (8, 16, 32, 64, ...)."""
     return stream.Signature(packet_layout(width))
+
+
+class RecordMerge(wiring.Component):
+    """Round-robin merge of ``n`` streams of one-beat records into one.
+
+    amaranth.lib.stream has no arbiter, hence this one. Each record is one beat, so the choice
+    can change every cycle; the output register makes every output a flop (one record per cycle
+    sustained when the consumer is always ready). ``tag`` (optional) names a field of the layout
+    whose most significant bit is overwritten with the source index (``n == 2``): the KBTP target
+    uses it to send each WorkCompletion back to whoever posted the WorkRequest.
+
+    Ports
+    -----
+    i : In(stream.Signature(layout)).array(n)
+    o : Out(stream.Signature(layout))
+    """
+
+    def __init__(self, layout, n=2, *, tag=None):
+        self.layout, self.n, self.tag = layout, n, tag
+        if tag is not None and n != 2:
+            raise ValueError("tagging needs exactly two sources")
+        super().__init__({"i": In(stream.Signature(layout)).array(n),
+                          "o": Out(stream.Signature(layout))})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        last = Signal(range(n))
+        pick = Signal(range(n))
+        found = Signal()
+        # Search order: last+1, last+2, ..., last (round robin).
+        for k in reversed(range(n)):
+            for j in range(n):
+                with m.If((last == j) & self.i[(j + 1 + k) % n].valid):
+                    m.d.comb += [pick.eq((j + 1 + k) % n), found.eq(1)]
+        take = Signal()
+        m.d.comb += take.eq(found & (~self.o.valid | self.o.ready))
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        for j in range(n):
+            m.d.comb += self.i[j].ready.eq(take & (pick == j))
+            with m.If(take & (pick == j)):
+                m.d.sync += [self.o.payload.eq(self.i[j].payload), self.o.valid.eq(1),
+                             last.eq(j)]
+                if self.tag is not None:
+                    field = getattr(self.o.payload, self.tag)
+                    m.d.sync += field[-1].eq(j)
+        return m

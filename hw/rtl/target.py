@@ -13,25 +13,38 @@ Data flow::
                                                           EthIpTx.arp <-----------+
                                                           EthIpTx.o -> GmiiMac.tx -> GMII tx
 
-Memory: MemArbiter(4) = responder, requester (READ response data), TxPath (payload reads),
-host port -> MemRam(mem_words). The consumer of RecvNotify / WorkRequest is the host (the
-KBTP engine is not wired in yet): :class:`~hw.rtl.regbank.HostQueues` carries RecvNotify,
-WorkRequest, WorkCompletion and RecvRepost over ``Space.QUEUE``.
+Memory: MemArbiter(5) = responder, requester (READ response data), TxPath (payload reads),
+host port, KBTP engine -> MemRam(mem_words).
+
+Consumers (``engine=True``, the default)::
+
+    Responder.notify -> KbtpEngine.notify;  KbtpEngine.hostq -> HostQueues Q_NOTIFY (slow path)
+    KbtpEngine.wr, HostQueues Q_WR -> RecordMerge (wr_id bit 15 := source) -> Requester.wr
+    Requester.wc -> wr_id bit 15 ? HostQueues Q_WC (bit cleared) : KbtpEngine.wc
+    KbtpEngine.repost, HostQueues Q_REPOST -> RecordMerge -> Responder.repost
+
+so the host's work-request ids are 15 bits. With the engine's fast path disabled (its CTRL
+reset value) every message goes to the host, as with ``engine=False``, where the host queues
+are wired straight to the responder and requester. The engine's registers are at REG_KBTP
+(map in :mod:`hw.rtl.kbtp_engine`).
 
 Host map (``host`` port, :class:`~hw.rtl.hostlink.HostBusSignature`):
 ``Space.REG`` REG_TOP (see :data:`TOP_COUNTERS`), REG_QP (QpTable), REG_MR (MrTable),
 REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x100, see
-:data:`REQ_COUNTERS`); ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3.
+:data:`REQ_COUNTERS`, followed by :data:`REQ_STATUS`: the bitmap of QPs in error, and the
+number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine; ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3.
 """
 
-from amaranth import Module
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .hostlink import Space
 from .hostlink import HostBusSignature
 from .icrc import IcrcCheck, IcrcInsert
-from .iface import REG_MR, REG_QP, REG_TOP, REG_TRANSPORT
+from .iface import REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT, RecvRepost, WorkRequest
+from .kbtp_engine import KbtpEngine
+from .stream import RecordMerge
 from .ip import EthIpRx, EthIpTx
 from .arp import ArpResponder
 from .mac import GmiiMac
@@ -44,7 +57,8 @@ from .responder import Responder
 from .roce_hdr import RoceRxParser, RoceTxBuilder
 from .txpath import TxPath, connect_fields
 
-__all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_COUNTER_BASE"]
+__all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_STATUS",
+           "REQ_COUNTER_BASE", "HOST_WR_TAG"]
 
 #: REG_TOP counters, in register order (REG_TOP + TOP_COUNTER_BASE + 4 * k): (block, port).
 TOP_COUNTERS = (
@@ -59,6 +73,10 @@ TOP_COUNTERS = (
 
 REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale")
 REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
+#: Read after REQ_COUNTERS: QPs in error (bit i = QP i), error events (count).
+REQ_STATUS = ("qp_error", "error_events")
+#: Bit of WorkRequest.wr_id that marks a host work request (set by the merge, cleared on return).
+HOST_WR_TAG = 1 << 15
 
 
 class KbtpTarget(wiring.Component):
@@ -84,11 +102,16 @@ class KbtpTarget(wiring.Component):
     rxd : In(8), rx_dv, rx_er : In(1); txd : Out(8), tx_en, tx_er : Out(1)
         GMII.
     host : In(HostBusSignature)
+
+    Attributes
+    ----------
+    engine : bool
+        KBTP engine in the consumer path (see the module docstring).
     """
 
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
-                 queue_depth=16):
+                 queue_depth=16, engine=True, n_ranges=16):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -96,6 +119,7 @@ class KbtpTarget(wiring.Component):
         # Largest packet (PMTU 4096 + headers) in beats, with margin for two queued packets.
         self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
         self.queue_depth = queue_depth
+        self.engine, self.n_ranges = engine, n_ranges
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
@@ -121,22 +145,26 @@ class KbtpTarget(wiring.Component):
         sm.ethtx = ethtx = EthIpTx(w)
         sm.qpt = qpt = QpTable(nq)
         sm.mrt = mrt = MrTable(self.n_mr)
-        sm.arb = arb = MemArbiter(4)
+        sm.arb = arb = MemArbiter(5 if self.engine else 4)
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
         sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)
-        sm.qcnt = qcnt = CounterBank(len(REQ_COUNTERS), base=REQ_COUNTER_BASE)
+        sm.qcnt = qcnt = CounterBank(len(REQ_COUNTERS) + len(REQ_STATUS), base=REQ_COUNTER_BASE)
         sm.hmem = hmem = HostMemPort(self.mem_words * 8)
         sm.hq = hq = HostQueues(self.queue_depth)
-        sm.dec = dec = HostDecoder([
+        windows = [
             [(Space.REG, REG_TOP, 0x1000)],
             [(Space.REG, REG_QP, QP_STRIDE * nq)],
             [(Space.REG, REG_MR, MR_STRIDE * self.n_mr)],
             [(Space.REG, REG_TRANSPORT, 4 * len(RESP_COUNTERS))],
-            [(Space.REG, REQ_COUNTER_BASE, 4 * len(REQ_COUNTERS))],
+            [(Space.REG, REQ_COUNTER_BASE, 4 * (len(REQ_COUNTERS) + len(REQ_STATUS)))],
             [(Space.MEM, 0, 1 << 32)],
             [(Space.QUEUE, 0, 4)],
-        ])
+        ]
+        if self.engine:
+            sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP)
+            windows.append([(Space.REG, REG_KBTP, 0x1000)])
+        sm.dec = dec = HostDecoder(windows)
 
         # GMII pins.
         m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
@@ -185,16 +213,37 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, hmem.mem, arb.masters[3])
         wiring.connect(m, arb.bus, ram.bus)
 
-        # Host consumer queues.
-        wiring.connect(m, resp.notify, hq.notify)
-        wiring.connect(m, hq.repost, resp.repost)
-        wiring.connect(m, hq.wr, req.wr)
-        wiring.connect(m, req.wc, hq.wc)
+        # Consumers: the engine (fast path) in front of the host queues (slow path), or the host.
+        if self.engine:
+            wiring.connect(m, eng.mem, arb.masters[4])
+            wiring.connect(m, resp.notify, eng.notify)
+            wiring.connect(m, eng.hostq, hq.notify)
+            sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
+            wiring.connect(m, eng.wr, wrm.i[0])
+            wiring.connect(m, hq.wr, wrm.i[1])
+            wiring.connect(m, wrm.o, req.wr)
+            sm.rpm = rpm = RecordMerge(RecvRepost, 2)
+            wiring.connect(m, eng.repost, rpm.i[0])
+            wiring.connect(m, hq.repost, rpm.i[1])
+            wiring.connect(m, rpm.o, resp.repost)
+            to_host = req.wc.payload.wr_id[15]
+            m.d.comb += [eng.wc.payload.eq(req.wc.payload), hq.wc.payload.eq(req.wc.payload),
+                         hq.wc.payload.wr_id[15].eq(0),
+                         eng.wc.valid.eq(req.wc.valid & ~to_host),
+                         hq.wc.valid.eq(req.wc.valid & to_host),
+                         req.wc.ready.eq(Mux(to_host, hq.wc.ready, eng.wc.ready))]
+        else:
+            wiring.connect(m, resp.notify, hq.notify)
+            wiring.connect(m, hq.repost, resp.repost)
+            wiring.connect(m, hq.wr, req.wr)
+            wiring.connect(m, req.wc, hq.wc)
 
         # Host bus.
         wiring.connect(m, wiring.flipped(self.host), dec.host)
-        for k, slave in enumerate((top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus,
-                                   hq.bus)):
+        slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus]
+        if self.engine:
+            slaves.append(eng.bus)
+        for k, slave in enumerate(slaves):
             wiring.connect(m, dec.slaves[k], slave)
         blocks = {"mac": mac, "ethrx": ethrx, "arp": arp, "icrc": icrc, "prs": prs, "bld": bld,
                   "txp": txp, "ethtx": ethtx}
@@ -204,4 +253,11 @@ class KbtpTarget(wiring.Component):
             m.d.comb += rcnt.counters[k].eq(getattr(resp, name))
         for k, name in enumerate(REQ_COUNTERS):
             m.d.comb += qcnt.counters[k].eq(getattr(req, name))
+        # Retry exhaustion (and every other move to error) is visible to the host: the QP's bit
+        # here, an error count, and the failed WorkCompletion's status in Q_WC.
+        error_events = Signal(32)
+        with m.If(req.error_event):
+            m.d.sync += error_events.eq(error_events + 1)
+        m.d.comb += [qcnt.counters[len(REQ_COUNTERS)].eq(req.qp_error),
+                     qcnt.counters[len(REQ_COUNTERS) + 1].eq(error_events)]
         return m
