@@ -165,10 +165,19 @@ def test_deferred_free_scenario():
         await ctx.tick().repeat(100)
         await write_slot(ctx, top, model, 5, 100 * BS + 2 * BS)
 
+    async def throttle(ctx):
+        # Back-pressure on the memory bus: below the arbiter, so the engine's accesses and the
+        # host's late slot writes are both refused in 40% of the cycles.
+        r = random.Random(7)
+        while True:
+            ctx.set(top.thr.allow, r.random() >= 0.4)
+            await ctx.tick()
+
     sim = Simulator(top)
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.add_testbench(host, background=True)
+    sim.add_testbench(throttle, background=True)
     sim.run()
     assert log.get("done")
     slot2 = log["slot2_during_stall"]
