@@ -543,12 +543,16 @@ class KbtpDriver:
 
     async def _scratch(self, qp, payload):
         """Write ``payload`` into ``qp``'s reply buffer once its previous reply has gone."""
-        prev = self._inflight.pop(qp, None)
-        if prev is not None:
-            await self._wait_wc(prev)
+        await self._flush(qp)
         a = self.plan["host_scratch"] + HOST_SCRATCH * qp
         await self.port.mem_write(a, payload)
         return a
+
+    async def _flush(self, qp):
+        """Wait until the last reply of ``qp`` has completed."""
+        prev = self._inflight.pop(qp, None)
+        if prev is not None:
+            await self._wait_wc(prev)
 
     async def _send(self, qp, payload, inv=None, acts=None):
         a = await self._scratch(qp, payload)
@@ -715,6 +719,7 @@ class KbtpDriver:
         await self._send(c.qp, payload, None, acts)
         self._count("HELLO", status)
         if reason is not None:
+            await self._flush(c.qp)         # the reply is out before the CM tears down
             acts.append(("disconnect", c.qp, reason))
             c.closed = True
         return Status(status).name
@@ -880,6 +885,7 @@ class KbtpDriver:
         else:
             await self._close(c, now)
         self._count("GOODBYE", Status.OK)
+        await self._flush(c.qp)
         acts.append(("disconnect", c.qp, "GOODBYE"))
         return None
 

@@ -463,10 +463,8 @@ def test_hello_rejections():
     assert ack_of(m).status == Status.ALREADY_BOUND.value
     assert res.actions[-1][0] == "disconnect"
     w.slow(2, hello(2))
-    run(w.drv.open_qp(1))
-    w.model.connect("x")                             # model conn for QP 1 is closed: reopen
-    w.model._conns[1] = w.model._conns.pop("x")
-    w.model._conns[1].conn_id = 1
+    run(w.drv.open_qp(1))                            # a new connection on QP 1
+    w.model.connect(1)
     m, _ = w.slow(1, hello(3))                       # no range left (2 ranges of 64)
     assert ack_of(m).status == Status.NO_SPACE.value
     m, _ = w.slow(0, hello(1))                       # second HELLO on a session: kept
@@ -550,10 +548,15 @@ def test_deferred_free_waits_for_the_engine():
     # the next FREE must wait; the engine finishes the stalled allocation while it polls
     w.engine(0, alloc_inline(6, 0x4002, b"d"))
     released = []
-    w.fake.on_busy = lambda: released.append(w.engine_release(1)) if not released else None
-    w.engine_release = lambda q: [w.fake.mem.__setitem__(slice(a.addr, a.addr + len(a.data)),
-                                                         a.data)
-                                  for a in w.model.release(q, w.now) if isinstance(a, MemWrite)]
+
+    def engine_moves_on():
+        if not released:
+            released.append(w.model.release(1, w.now))
+            for a in released[0]:
+                if isinstance(a, MemWrite):
+                    w.fake.mem[a.addr:a.addr + len(a.data)] = a.data
+
+    w.fake.on_busy = engine_moves_on
     m, _ = w.slow(0, free(7, 0x4002))
     assert released and compl_of(m).status == 0 and w.fake.deferred is None
     assert w.fake.free_cmds == 3

@@ -225,12 +225,26 @@ def test_driver_with_the_engine():
         want, _, src = await b.deliver(1, codec.encode(codec.Load(
             request_id=6, handle=0x4000, data=codec.DataDesc(0x10, 0, 256))))
         assert codec.decode(want[0]).status == Status.INVALID_HANDLE.value and src == [0]
-        # GOODBYE without RELEASE; the initiator comes back on QP 1's... own QP after a new
-        # connection: the engine session follows the driver
+        # GOODBYE: the driver turns the engine session off; later messages on the closed
+        # connection reach the driver, which drops them (and returns the buffer)
         await b.deliver(0, codec.encode(codec.Goodbye()))
         assert await drv.port.rreg(REG_KBTP + ENG["QP"] + ENG["QP_SESSION"]) == 0
         want, _, src = await b.deliver(0, alloc_inline(7, 0x4002, b"x"))
         assert want == [] and src == []         # connection closed: dropped by the driver
+        # the initiator reconnects (new connection on QP 0): its three bindings were retained,
+        # so the engine's USAGE starts at 3 and the quota is full
+        await drv.open_qp(0, local_qpn=0x11)
+        b.model.connect(0)
+        b.now = 10
+        want, _, _ = await b.deliver(0, hello(1))
+        assert codec.decode(want[0]).status == 0
+        assert await drv.port.rreg(usage) == 3
+        want, _, src = await b.deliver(0, alloc_inline(8, 0x4001, b"y"))
+        assert codec.decode(want[0]).status == Status.NO_SPACE.value and src == [0]
+        want, _, src = await b.deliver(0, free(9, 0x4000))
+        assert codec.decode(want[0]).status == 0 and src == [1]
+        want, _, src = await b.deliver(0, alloc_inline(10, 0x4001, b"z" * 100))
+        assert codec.decode(want[0]).status == 0 and src == [0]
         out["counters"] = await drv.counters()
         out["done"] = True
 
@@ -242,5 +256,7 @@ def test_driver_with_the_engine():
     sim.run()
     assert out.get("done")
     c = out["counters"]
-    assert c["engine"][("ALLOC_STORE", "OK")] == 4 and c["engine"][("ALLOC_STORE", "NO_SPACE")] == 1
-    assert c["hostq_count"] == c["host_actions"] == 5
+    assert c["engine"][("ALLOC_STORE", "OK")] == 5
+    assert c["engine"][("ALLOC_STORE", "NO_SPACE")] == 2
+    assert c["hostq_count"] == c["host_actions"] == 7
+    assert c["quota"][1] == {"qp": 0, "usage": 3, "quota": 3, "state": "active"}
