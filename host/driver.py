@@ -58,10 +58,16 @@ forgets the connection and turns its engine session off.
 
 Limits (v1)
 -----------
-* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, ADDR_LE sessions, DIRECT_ALLOC sessions'
-  ALLOC_STORE on their partition ring) are executed here with RDMA work requests, one at a time;
-  the driver's Head FetchAdd on a ring is a read-modify-write over the host bus, not atomic
-  against the engine (shared ring, fast path on) or an initiator's FetchAdd (partition Head).
+* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, ADDR_LE sessions, sessions owning a
+  DIRECT_ALLOC partition) are executed here with RDMA work requests, one at a time. The shared
+  ring's counters are touched by the host only while the fast path is off (with it on, frees go
+  through the engine's FREE_BLOCK, and no session the driver serves allocates from the shared
+  ring: ADDR_LE needs ``cfg.addr_le``, which turns the fast path off). A partition session's
+  ALLOC_STORE takes its Head ticket by a host read-modify-write, which is not atomic against the
+  same initiator's own RDMA FetchAdd on that Head.
+* Tickets taken on a partition Head are seen when the driver polls (:meth:`poll`,
+  :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13).
+* A reply whose WorkCompletion fails is counted in ``stats[("REPLY_WC", status)]`` only.
 * The engine's USAGE is lowered by a read-modify-write after a FREE; an ALLOC_STORE of the same
   QP completing in between could be lost from the count.
 * Requests of one connection that the engine handles are not ordered against those it forwards
@@ -552,7 +558,10 @@ class KbtpDriver:
         """Wait until the last reply of ``qp`` has completed."""
         prev = self._inflight.pop(qp, None)
         if prev is not None:
-            await self._wait_wc(prev)
+            wc = await self._wait_wc(prev)
+            if wc["status"] != WcStatus.OK.value:
+                key = ("REPLY_WC", WcStatus(wc["status"]).name)
+                self.stats[key] = self.stats.get(key, 0) + 1
 
     async def _send(self, qp, payload, inv=None, acts=None):
         a = await self._scratch(qp, payload)
