@@ -806,3 +806,87 @@ def test_port_unaligned_memory_and_errors():
             await port.rreg(0x9000)
         assert await port.poll_wc() is None
     run(go())
+
+
+# --------------------------------------------------------------------------------------------
+# Mixed random sessions: fast path (model as engine) + driver, reconnections, tickets, time
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_sessions_against_model(seed):
+    rng = random.Random(100 + seed)
+    w = World(n_qp=3, block_size=128, num_blocks=14, num_handles=256, handles_per_initiator=64,
+              direct_partitions=2, direct_quota=3, ticket_timeout_ms=80, retention_ms=60,
+              quota_per_initiator=3, trust_domains={1: 0, 2: 0, 3: 1}, max_inline=64)
+    open_ = {q: True for q in range(3)}
+    now = 0.0
+    for k in range(200):
+        now += rng.choice([0, 1, 5, 20])
+        w.now = now
+        q = rng.randrange(3)
+        s = w.model.session_of(q) if open_[q] else None
+        kind = rng.choice(["hello"] + ["alloc"] * 4 + ["free"] * 3 + ["bind"] * 3
+                          + ["fetch"] * 2 + ["goodbye", "disconnect", "tick"] + ["load"] * 2)
+        if not open_[q]:
+            run(w.drv.open_qp(q))
+            w.model.connect(q)
+            open_[q] = True
+            continue
+        if kind == "hello" or s is None:
+            m, res = w.slow(q, hello(rng.choice([1, 2, 3]), rng.choice([0, 2, 3, 4, 6])))
+            if any(isinstance(a, Disconnect) for a in m):
+                open_[q] = False
+            continue
+        base = s.handle_base
+        h = base + rng.randrange(5) if rng.random() < 0.9 else 0x4000 + rng.randrange(256)
+        fast = w.session_reg(q) & 1
+        if kind == "alloc":
+            raw = alloc_inline(k, h, bytes([k & 0xFF]) * rng.randrange(1, 60))
+            w.engine(q, raw) if fast else w.slow(q, raw)
+        elif kind == "load":
+            w.buffer(q, 0x500 + k, 128)
+            raw = codec.encode(codec.Load(flags=ReqFlags.ALLOW_UNSEALED.value, request_id=k,
+                                          handle=h, data=codec.DataDesc(0x500 + k, 0, 128)))
+            w.engine(q, raw) if fast else w.slow(q, raw)
+            if not fast:
+                assert w.imem_ok(q, 0x500 + k)
+        elif kind == "free":
+            w.slow(q, free(k, h))
+        elif kind == "fetch" and s.direct_alloc:
+            ack_head = w.model.partitions[s.partition].stags[2]
+            w.fetch_add(q, ack_head)
+            # the serving driver polls all the time: it sees the ticket at once (the model
+            # stamps it inside the FetchAdd); the Ticket Timeout runs from that sight
+            w.tick(now)
+        elif kind == "bind" and s.partition is not None:
+            part = w.model.partitions[s.partition]
+            tickets = list(part.abandoned) + [rng.randrange(8)]
+            t = rng.choice(list(part.outstanding) if part.outstanding and rng.random() < 0.8
+                           else tickets)
+            a = w.lay["direct"][s.partition]["ring"] + 16 * (t % (1 << w.cfg.direct_ring_order))
+            boff = int.from_bytes(w.model.mem[a + 8:a + 16], "big")
+            if boff == (1 << 64) - 1:
+                boff = w.cfg.block_offset(rng.randrange(14))
+            free_h = [x for x in range(base, base + 8) if not w.model.read_entry(x)["flags"] & 1]
+            if free_h and rng.random() < 0.8:
+                h = rng.choice(free_h)
+            w.slow(q, bind(k, h, t, boff, rng.randrange(0, 140)))
+        elif kind == "goodbye":
+            w.slow(q, codec.encode(codec.Goodbye(flags=rng.choice([0, 1]))))
+            open_[q] = False
+        elif kind == "disconnect":
+            w.model.disconnect(q, now)
+            run(w.drv.disconnect(q, now))
+            open_[q] = False
+            assert w.image_ok()
+        elif kind == "tick":
+            w.tick(now)
+        # the engine's USAGE of every engine session equals the model's quota use
+        for qq in range(3):
+            ss = w.model.session_of(qq)
+            if open_[qq] and ss is not None and ss.conn == qq and w.session_reg(qq) & 1:
+                assert w.usage_reg(qq) == w.model.usage(ss.initiator_id), (k, qq)
+    assert w.model.counters == {**w.model.counters}
+    slow = {k: v for k, v in w.drv.stats.items() if k[0] not in ("REPLY_WC",)}
+    for key, v in slow.items():
+        assert w.model.counters.get(key, 0) >= v, key
