@@ -886,7 +886,7 @@ def test_random_sessions_against_model(seed):
             ss = w.model.session_of(qq)
             if open_[qq] and ss is not None and ss.conn == qq and w.session_reg(qq) & 1:
                 assert w.usage_reg(qq) == w.model.usage(ss.initiator_id), (k, qq)
-    assert w.model.counters == {**w.model.counters}
-    slow = {k: v for k, v in w.drv.stats.items() if k[0] not in ("REPLY_WC",)}
-    for key, v in slow.items():
-        assert w.model.counters.get(key, 0) >= v, key
+    # operations only the driver runs: its counts equal the model's
+    only = ("HELLO", "FREE", "BIND", "GOODBYE", "RECLAIM", "RETENTION_EXPIRY")
+    assert {k: v for k, v in w.drv.stats.items() if k[0] in only} == \
+        {k: v for k, v in w.model.counters.items() if k[0] in only}
