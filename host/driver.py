@@ -249,7 +249,11 @@ class KbtpDriver:
                             d["first_block"]) for p, d in enumerate(lay["direct"])]
         # MR slots: table, pool (DIRECT_LOAD), then 3 per partition (DIRECT_ALLOC).
         self.mr_base = mr_base
-        self._mr_direct_load = cfg.offered() & Features.DIRECT_LOAD.value
+        # DIRECT_LOAD is granted only when a single trust domain exists and it is trusted
+        # (the Pool STag reaches every block): otherwise its two MRs are never needed
+        doms = self._possible_domains()
+        self._mr_direct_load = bool(cfg.offered() & Features.DIRECT_LOAD.value
+                                    and len(doms) == 1 and doms <= set(cfg.direct_domains))
         need = (2 if self._mr_direct_load else 0) + 3 * cfg.direct_partitions
         if n_mr is not None and need > n_mr:
             raise ValueError(f"direct modes need {need} MR slots from {mr_base}, "
