@@ -17,8 +17,9 @@ Backends
 * a test may pass any coroutine (a fake over a bytearray).
 
 An access object may also offer ``mem_write(addr, octets)`` / ``mem_read(addr, n)`` coroutines
-for bulk memory transfers (:func:`uart_access` does: many words per UART frame); without them
-the port moves memory one word per access.
+for bulk memory transfers and ``queue_push(q, words)`` / ``queue_pop(q, n) -> words`` for whole
+records (:func:`uart_access` does: many words per UART frame); without them the port moves one
+word per access.
 
 Memory octet order: a ``Space.MEM`` word at ``addr`` holds octets ``addr .. addr+3`` with octet
 ``addr`` in bits 7..0 (the memory bus's little-endian lanes, hw/rtl/iface.py).
@@ -232,17 +233,34 @@ class TargetPort:
     # ---- queues --------------------------------------------------------------------------
     async def _push(self, q, layout, **fields):
         v = pack_record(layout, **fields)
-        for k in range(record_words(layout)):
-            await self.write(Space.QUEUE, q, (v >> (32 * k)) & 0xFFFFFFFF)
+        words = [(v >> (32 * k)) & 0xFFFFFFFF for k in range(record_words(layout))]
+        bulk = getattr(self.access, "queue_push", None)
+        if bulk is not None:
+            self.accesses += len(words)
+            await bulk(q, words)
+            return
+        for w in words:
+            await self.write(Space.QUEUE, q, w)
 
     async def _pop(self, q, layout):
         """One record, or None when the queue is empty."""
+        n = record_words(layout)
+        bulk = getattr(self.access, "queue_pop", None)
+        if bulk is not None:
+            self.accesses += n
+            words = await bulk(q, n)
+            if not words:
+                return None
+            if len(words) != n:
+                raise HostError("read", Space.QUEUE, q,
+                                why=f"record cut short: {len(words)} of {n} words")
+            return unpack_record(layout, sum(w << (32 * k) for k, w in enumerate(words)))
         self.accesses += 1
         v0, err = await self.access(Space.QUEUE, q, 0, 0)
         if err:
             return None
         v = v0
-        for k in range(1, record_words(layout)):
+        for k in range(1, n):
             v |= (await self.read(Space.QUEUE, q)) << (32 * k)
         return unpack_record(layout, v)
 
@@ -317,6 +335,19 @@ class UartAccess:
             raise HostError("write", Space.MEM, addr + 4 * e.done,
                             why=f"bulk write of {len(octets)} octets: {e}") from e
 
+    async def queue_push(self, q, words):
+        """Push one record's words in one frame; HostError if the target refuses (full)."""
+        from host.link import LinkStatusError
+        try:
+            self.link.push(q, words)
+        except LinkStatusError as e:
+            raise HostError("write", Space.QUEUE, q, words[min(e.done, len(words) - 1)],
+                            why=f"push of {len(words)} words: {e}") from e
+
+    async def queue_pop(self, q, n):
+        """Pop up to ``n`` words in one frame (fewer when the queue runs empty)."""
+        return self.link.pop(q, n)
+
     async def mem_read(self, addr, n):
         from host.link import LinkStatusError
         try:
@@ -328,6 +359,6 @@ class UartAccess:
 
 def uart_access(link):
     """Adapt a synchronous :class:`host.link.UartLink` to the port's async access callable
-    (with bulk ``mem_write`` / ``mem_read``). Link timeouts and framing errors propagate as
+    (with bulk ``mem_write`` / ``mem_read`` and one-frame ``queue_push`` / ``queue_pop``). Link timeouts and framing errors propagate as
     :class:`host.link.LinkError`; refused accesses answer ``err``."""
     return UartAccess(link)

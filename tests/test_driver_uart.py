@@ -19,8 +19,9 @@ from amaranth.lib.crc import catalog
 
 from hw.headers import Status
 from host.link import UartLink
-from host.port import HostError, TargetPort, uart_access
+from host.port import HostError, TargetPort, pack_record, uart_access
 from hw.rtl.hostlink import DEMO_ID, SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus, Space
+from hw.rtl.iface import RecvNotify
 
 from sim.model import TargetModel
 from test_driver import World, alloc_inline, compl_of, free, hello
@@ -57,6 +58,21 @@ def test_uart_access_on_the_bridge_gateware():
         assert [await port.read(Space.QUEUE, 0) for _ in range(3)] == [1, 2, 3]
         with pytest.raises(HostError, match="read QUEUE 0x0"):
             await port.read(Space.QUEUE, 0)
+        # whole records in one frame each (RecvNotify = 4 words, LS word first)
+        rec = dict(qp=3, addr=0x1234, length=77, has_imm=1, imm=0xA5A5A5A5, inv_rkey=9)
+        await port._push(0, RecvNotify, **rec)
+        assert [await port.read(Space.QUEUE, 0) for _ in range(4)] == \
+            [(pack_record(RecvNotify, **rec) >> (32 * k)) & 0xFFFFFFFF for k in range(4)]
+        await port._push(0, RecvNotify, **rec)
+        got = await port._pop(0, RecvNotify)
+        assert {k: got[k] for k in rec} == rec and await port._pop(0, RecvNotify) is None
+        await port.write(Space.QUEUE, 0, 7)
+        with pytest.raises(HostError, match="cut short: 1 of 4"):
+            await port._pop(0, RecvNotify)
+        await port._push(0, RecvNotify, **rec)
+        await port._push(0, RecvNotify, **rec)            # 8 words: the FIFO is full
+        with pytest.raises(HostError, match="write QUEUE 0x0 value .*QUEUE_FULL"):
+            await port._push(0, RecvNotify, **rec)
         with pytest.raises(HostError, match="read REG 0x100"):
             await port.rreg(0x100)
         with pytest.raises(HostError, match="write REG 0x0 value 0x5"):
