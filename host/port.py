@@ -359,6 +359,7 @@ class UartAccess:
 
 def uart_access(link):
     """Adapt a synchronous :class:`host.link.UartLink` to the port's async access callable
-    (with bulk ``mem_write`` / ``mem_read`` and one-frame ``queue_push`` / ``queue_pop``). Link timeouts and framing errors propagate as
-    :class:`host.link.LinkError`; refused accesses answer ``err``."""
+    (with bulk ``mem_write`` / ``mem_read`` and one-frame ``queue_push`` / ``queue_pop``).
+    Link timeouts and framing errors propagate as :class:`host.link.LinkError`; refused
+    accesses answer ``err``."""
     return UartAccess(link)
