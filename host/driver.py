@@ -260,8 +260,11 @@ class KbtpDriver:
                              f"the target has {n_mr}")
         self._mr_masks: dict[int, int] = {}
         hpi = cfg.handles_per_initiator
+        # what the engine can run (hw/rtl/kbtp_engine.py "Assumptions (v1)")
+        aligned = all(lay[k] % 8 == 0 for k in ("table", "ring", "pool", "head", "tail"))
         self.fast_ok = (fast_path and not cfg.addr_le and hpi & (hpi - 1) == 0
-                        and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0)
+                        and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0
+                        and aligned)
 
     # ---------------------------------------------------------------- small helpers
     def _now(self, now_ms):
