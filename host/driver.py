@@ -40,6 +40,9 @@ API
     Engine counters per (op, status), HOSTQ_COUNT, STALL_CYCLES, ring occupancy, quota use per
     QP, and :attr:`host_actions` (slow-path messages handled).
 
+On a board: ``kbtp driver --port /dev/ttyUSB1 init|serve|counters`` (host/cli.py) runs this
+driver over :func:`host.port.uart_access`.
+
 Target memory plan (:attr:`plan`, after ``cfg.layout()["size"]``, each 64-octet aligned)
 ----------------------------------------------------------------------------------------
 ``engine_scratch``  64 octets per QP: the engine's SCRATCH (COMPLETION / record buffer);
