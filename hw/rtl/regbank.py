@@ -21,6 +21,11 @@ Pieces
     full (on the last word; the record is then dropped). Queue numbers: :data:`Q_NOTIFY` (pop
     RecvNotify, 4 words), :data:`Q_WR` (push WorkRequest, 8 words), :data:`Q_WC` (pop
     WorkCompletion, 1 word), :data:`Q_REPOST` (push RecvRepost, 1 word).
+
+    Queues 4 and 5 are not records but whole Ethernet frames, served by
+    :class:`hw.rtl.rawq.RawQueues` (its own decoder window): :data:`Q_RAW_RX` (pop: a length
+    word, then the frame's octets four per word, little-endian) and :data:`Q_RAW_TX` (push: the
+    same format; a read returns the free room in octets). Word formats in :mod:`hw.rtl.rawq`.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -28,11 +33,13 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .hostlink import HostBusSignature, Space
+from .rawq import Q_RAW_RX, Q_RAW_TX
 from .iface import (REG_TOP, MemBusSignature, RecvNotify, RecvRepost, WorkCompletion,
                     WorkRequest)
 
 __all__ = ["HostDecoder", "TopRegs", "HostMemPort", "HostQueues", "TARGET_ID", "TOP_REGS",
-           "TOP_COUNTER_BASE", "Q_NOTIFY", "Q_WR", "Q_WC", "Q_REPOST", "QUEUES", "record_words"]
+           "TOP_COUNTER_BASE", "Q_NOTIFY", "Q_WR", "Q_WC", "Q_REPOST", "QUEUES", "record_words",
+           "Q_RAW_RX", "Q_RAW_TX"]
 
 #: REG_TOP + 0x00 reads this ("KBTT": KBTP target).
 TARGET_ID = 0x4B425454

@@ -5,13 +5,16 @@
 Data flow::
 
     GMII rx -> GmiiMac.rx -> EthIpRx -+-> arp  -> ArpResponder ------------------+
-                                      +-> roce -> IcrcCheck -> RoceRxParser       |
+                 |                    +-> roce -> QpFilter -> IcrcCheck           |
+                 |                                -> RoceRxParser                 |
                                                   -> RespDemux -+-> Responder --+ |
                                                                 +-> Requester -+| |
                       TxPath (src 0 responder, src 1 requester) <--------------++ |
                         -> RoceTxBuilder -> IcrcInsert -> EthIpTx.roce            |
                                                           EthIpTx.arp <-----------+
-                                                          EthIpTx.o -> GmiiMac.tx -> GMII tx
+                                        EthIpTx.o -> FrameMux -> GmiiMac.tx -> GMII tx
+                 |                                       ^
+                 +-> (tap) RawQueues: QP1 frames -> host  +-- host frames (RawQueues.tx)
 
 Memory: MemArbiter(5) = responder, requester (READ response data), TxPath (payload reads),
 host port, KBTP engine -> MemRam(mem_words).
@@ -32,7 +35,15 @@ Host map (``host`` port, :class:`~hw.rtl.hostlink.HostBusSignature`):
 ``Space.REG`` REG_TOP (see :data:`TOP_COUNTERS`), REG_QP (QpTable), REG_MR (MrTable),
 REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x100, see
 :data:`REQ_COUNTERS`, followed by :data:`REQ_STATUS`: the bitmap of QPs in error, and the
-number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine; ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3.
+number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine; ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3
+(:mod:`hw.rtl.regbank`) and the raw frame queues 4 = ``Q_RAW_RX`` (pop) and 5 = ``Q_RAW_TX`` (push)
+of :mod:`hw.rtl.rawq` (word formats there).
+
+QP1 / CM slow path (:mod:`hw.rtl.rawq`): every received frame is also seen by RawQueues, which
+keeps the UDP/4791 frames to our MAC/IP whose BTH Dest QP is 1 (whole frame, Ethernet header
+through ICRC) for the host; QpFilter removes those packets from the RC path before the ICRC
+check. Frames the host pushes (complete, without FCS) join the MAC transmit stream between two
+frames of the RC path (FrameMux at the EthIpTx output, at the datapath width).
 """
 
 from amaranth import Module, Mux, Signal
@@ -49,6 +60,7 @@ from .ip import EthIpRx, EthIpTx
 from .arp import ArpResponder
 from .mac import GmiiMac
 from .membus import MemArbiter, MemRam
+from .rawq import FrameMux, QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
 from .qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
 from .regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
 from .requester import RespDemux, Requester
@@ -69,7 +81,10 @@ TOP_COUNTERS = (
        ("icrc", "cnt_ok"), ("icrc", "cnt_bad"), ("icrc", "cnt_overflow"),
        ("prs", "cnt_packets"), ("prs", "cnt_bad_opcode"), ("prs", "cnt_malformed"),
        ("bld", "cnt_packets"), ("txp", "cnt_packets"),
-       ("ethtx", "cnt_roce"), ("ethtx", "cnt_arp")])
+       ("ethtx", "cnt_roce"), ("ethtx", "cnt_arp")]
+    # Raw frame queues (QP1 / CM slow path), hw/rtl/rawq.py.
+    + [("rawq", "cnt_rx_frames"), ("rawq", "cnt_rx_drops"), ("rawq", "cnt_tx_frames"),
+       ("rawq", "cnt_tx_drops"), ("qpf", "cnt_dropped")])
 
 REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale")
 REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
@@ -96,6 +111,8 @@ class KbtpTarget(wiring.Component):
         Requester timers (see :class:`~hw.rtl.requester.Requester`).
     own_mac, own_ip : int
         Reset values of the own-address registers.
+    raw_rx_octets, raw_tx_octets, raw_rx_frames : int
+        Sizes of the raw frame queues (:class:`~hw.rtl.rawq.RawQueues`).
 
     Ports
     -----
@@ -111,7 +128,8 @@ class KbtpTarget(wiring.Component):
 
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
-                 queue_depth=16, engine=True, n_ranges=16):
+                 queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
+                 raw_tx_octets=4096, raw_rx_frames=16):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -120,6 +138,8 @@ class KbtpTarget(wiring.Component):
         self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
         self.queue_depth = queue_depth
         self.engine, self.n_ranges = engine, n_ranges
+        self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
+                        rx_frames=raw_rx_frames)
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
@@ -152,6 +172,9 @@ class KbtpTarget(wiring.Component):
         sm.qcnt = qcnt = CounterBank(len(REQ_COUNTERS) + len(REQ_STATUS), base=REQ_COUNTER_BASE)
         sm.hmem = hmem = HostMemPort(self.mem_words * 8)
         sm.hq = hq = HostQueues(self.queue_depth)
+        sm.rawq = rawq = RawQueues(w, **self.raw)
+        sm.qpf = qpf = QpFilter(w)
+        sm.txmux = txmux = FrameMux(w, 2)
         windows = [
             [(Space.REG, REG_TOP, 0x1000)],
             [(Space.REG, REG_QP, QP_STRIDE * nq)],
@@ -160,6 +183,7 @@ class KbtpTarget(wiring.Component):
             [(Space.REG, REQ_COUNTER_BASE, 4 * (len(REQ_COUNTERS) + len(REQ_STATUS)))],
             [(Space.MEM, 0, 1 << 32)],
             [(Space.QUEUE, 0, 4)],
+            [(Space.QUEUE, Q_RAW_RX, Q_RAW_TX - Q_RAW_RX + 1)],
         ]
         if self.engine:
             sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP)
@@ -171,7 +195,7 @@ class KbtpTarget(wiring.Component):
                      self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
 
         # Own addresses.
-        for blk in (ethrx, arp, ethtx):
+        for blk in (ethrx, arp, ethtx, rawq):
             m.d.comb += [blk.own_mac.eq(top.own_mac), blk.own_ip.eq(top.own_ip)]
         m.d.comb += icrcins.own_ip.eq(top.own_ip)
 
@@ -179,7 +203,11 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, mac.rx, ethrx.i)
         wiring.connect(m, ethrx.arp, arp.i)
         wiring.connect(m, arp.o, ethtx.arp)
-        wiring.connect(m, ethrx.roce, icrc.i)
+        wiring.connect(m, ethrx.roce, qpf.i)
+        wiring.connect(m, qpf.o, icrc.i)
+        # The raw RX queue sees every beat the MAC hands over (it never stalls).
+        m.d.comb += [rawq.tap.valid.eq(mac.rx.valid & mac.rx.ready),
+                     rawq.tap.payload.eq(mac.rx.payload)]
         wiring.connect(m, icrc.o, prs.i)
         wiring.connect(m, prs.hdr, dmx.hdr)
         wiring.connect(m, prs.payload, dmx.payload)
@@ -195,7 +223,9 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, txp.payload, bld.payload)
         wiring.connect(m, bld.o, icrcins.i)
         wiring.connect(m, icrcins.o, ethtx.roce)
-        wiring.connect(m, ethtx.o, mac.tx)
+        wiring.connect(m, ethtx.o, txmux.i[0])
+        wiring.connect(m, rawq.tx, txmux.i[1])
+        wiring.connect(m, txmux.o, mac.tx)
 
         # QP / MR tables.
         for i in range(nq):
@@ -240,13 +270,13 @@ class KbtpTarget(wiring.Component):
 
         # Host bus.
         wiring.connect(m, wiring.flipped(self.host), dec.host)
-        slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus]
+        slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus, rawq.bus]
         if self.engine:
             slaves.append(eng.bus)
         for k, slave in enumerate(slaves):
             wiring.connect(m, dec.slaves[k], slave)
         blocks = {"mac": mac, "ethrx": ethrx, "arp": arp, "icrc": icrc, "prs": prs, "bld": bld,
-                  "txp": txp, "ethtx": ethtx}
+                  "txp": txp, "ethtx": ethtx, "rawq": rawq, "qpf": qpf}
         for k, (blk, port) in enumerate(TOP_COUNTERS):
             m.d.comb += top.counters[k].eq(getattr(blocks[blk], port))
         for k, name in enumerate(RESP_COUNTERS):
