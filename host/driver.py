@@ -1046,9 +1046,9 @@ class KbtpDriver:
                 return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
         return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
 
-    async def _obtain(self, c, msg, boff):
-        """Put the store's data at the start of block ``boff``; its length, or None on a
-        fault of the initiator's buffer."""
+    async def _obtain(self, c, msg, boff, acts):
+        """Put the store's data at the start of block ``boff``; its length, or None when the
+        RDMA READ of the initiator's buffer failed."""
         if msg.flags & ReqFlags.INLINE.value:
             if msg.inline:
                 await self.port.mem_write(self.block_addr(boff), msg.inline)
@@ -1058,8 +1058,7 @@ class KbtpDriver:
             return 0
         ok = await self._rdma(c.qp, WrOp.READ, d.stag, d.tagged_offset, d.length,
                               self.block_addr(boff))
-        c_acts = ("rdma_read", c.qp, d.stag, d.tagged_offset, d.length, ok)
-        self._last_read = c_acts
+        acts.append(("rdma_read", c.qp, d.stag, d.tagged_offset, d.length, ok))
         return d.length if ok else None
 
     async def _store(self, c, s, msg, now, acts):
@@ -1076,10 +1075,7 @@ class KbtpDriver:
             return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
         if e["flags"] & _SEALED:
             return await self._complete(c, op, msg, Status.SEALED, acts, g)
-        self._last_read = None
-        n = await self._obtain(c, msg, e["block_offset"])
-        if self._last_read:
-            acts.append(self._last_read)
+        n = await self._obtain(c, msg, e["block_offset"], acts)
         if n is None:
             return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
         a = self.entry_addr(h)
@@ -1129,10 +1125,7 @@ class KbtpDriver:
             raise DriverError(f"ALLOC_STORE: slot {o:#x} never filled for ticket {t}")
         _, boff = await self._read_slot(ring, o)
         await self._consume(ring, o)
-        self._last_read = None
-        n = await self._obtain(c, msg, boff)
-        if self._last_read:
-            acts.append(self._last_read)
+        n = await self._obtain(c, msg, boff, acts)
         if n is None:
             if part is None and self.fast_ok:
                 await self._engine_free(boff)
