@@ -607,13 +607,15 @@ class KbtpDriver:
         return res
 
     async def serve(self, max_idle=None, now=None):
-        """Poll until the notify queue stays empty for ``max_idle`` polls (None: forever);
-        returns the list of :class:`Handled`."""
+        """Poll until the notify queue stays empty for ``max_idle`` polls (None: forever),
+        ticking (timeouts, retention) whenever it is empty; ``now`` is an optional clock
+        ``() -> ms``. Returns the list of :class:`Handled`."""
         out, idle = [], 0
         while max_idle is None or idle < max_idle:
             r = await self.poll(now() if now else None)
             if r is None:
                 idle += 1
+                await self.tick(now() if now else None)
             else:
                 idle = 0
                 out.append(r)

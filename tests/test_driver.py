@@ -890,3 +890,17 @@ def test_random_sessions_against_model(seed):
     only = ("HELLO", "FREE", "BIND", "GOODBYE", "RECLAIM", "RETENTION_EXPIRY")
     assert {k: v for k, v in w.drv.stats.items() if k[0] in only} == \
         {k: v for k, v in w.model.counters.items() if k[0] in only}
+
+
+def test_serve_handles_everything_queued_then_ticks():
+    w = World(retention_ms=5)
+    for q, iid in ((0, 1), (1, 2)):
+        w.model.receive(q, hello(iid), 0)
+        w.fake.deliver(q, hello(iid))
+    w.model.disconnect(1, 0)
+    out = run(w.drv.serve(max_idle=2, now=lambda: 0))
+    assert [(h.qp, h.op, h.status) for h in out] == [(0, "HELLO", "OK"), (1, "HELLO", "OK")]
+    run(w.drv.disconnect(1, 0))
+    w.model.tick(10)
+    run(w.drv.serve(max_idle=1, now=lambda: 10))      # idle: the tick expires the retention
+    assert w.drv.stats[("RETENTION_EXPIRY", "OK")] == 1 and w.image_ok()
