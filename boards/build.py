@@ -46,7 +46,7 @@ def _top(board, core):
     core = core or default_core_name()
     if core not in CORES:
         raise ValueError(f"unknown core {core!r}; known: {', '.join(CORES)}")
-    return spec, core, BoardTop(spec, CORES[core][0])
+    return spec, core, BoardTop(spec, spec.core_factory(core, CORES[core][0]))
 
 
 def elaborate(board, core=None):
@@ -78,6 +78,10 @@ def build(board, core=None, *, build_root=None, seed=1):
                          device=f"{platform.device}-{platform.speed}{platform.package}",
                          build_time_s=elapsed, memory=spec.memory.as_dict())
     report["error"] = error
+    report["seed"] = seed
+    # The core's own parameters where it reports them (KbtpCore: the KbtpTarget arguments).
+    params = getattr(top.core, "target_kwargs", None)
+    report["core_params"] = {k: v for k, v in (params or {}).items() if k != "init"} or None
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

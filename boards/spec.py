@@ -1,6 +1,7 @@
 # Ref: brief board.md §1-§2; amaranth-boards 0.0.21 resources (eth_rgmii, uart, clk100, rst).
 """What the board layer needs to know about one board."""
 
+import functools
 from dataclasses import dataclass, field
 
 from .memory import BoardMemoryConfig
@@ -23,6 +24,8 @@ class BoardSpec:
     led_resources : tuple       (resource name, number, subsignal or None) per status LED
     program_args : tuple        openFPGALoader arguments selecting board / cable
     phy : str                   PHY part, for the documentation
+    core_options : dict         core name -> extra keyword arguments of its factory, for a
+                                device too small for the core's defaults
     """
 
     name: str
@@ -37,10 +40,16 @@ class BoardSpec:
     phy: str
     sys_freq: float = 125e6
     memory: BoardMemoryConfig = field(default=None)
+    core_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.memory is None:
             object.__setattr__(self, "memory", BoardMemoryConfig.for_ebr(self.ebr_total))
+
+    def core_factory(self, core, factory):
+        """``factory`` with this board's options for ``core`` bound (see ``core_options``)."""
+        options = self.core_options.get(core)
+        return functools.partial(factory, **options) if options else factory
 
     def platform(self):
         return self.platform_cls()

@@ -577,3 +577,16 @@ def test_report_log_parser_and_verdict(tmp_path):
     rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
     assert not rep["timing_met"] and rep["clocks"][0]["slack_ns"] < 0
     assert "FAIL" in format_report(rep) and "NOT MET" in format_report(rep)
+
+
+def test_board_core_options_reach_the_core():
+    # ECPIX-5 builds the kbtp core at the brief's size; the Versa's 45F gets the smaller one
+    # its BoardSpec asks for (see boards/versa.py); the stand-in cores take no options.
+    from boards.cores import MacLoopbackCore
+
+    eco = BOARDS["ecpix5"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["ecpix5"].memory)
+    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (4, 4, 8)
+    assert eco.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
+    ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
+    assert (ver.target.n_qp, ver.target.sq_depth) == (2, 4)
+    assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore
