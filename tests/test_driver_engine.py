@@ -60,6 +60,9 @@ class Top(wiring.Component):
         wiring.connect(m, self.hmem.mem, self.arb.masters[1])
         wiring.connect(m, self.arb.bus, self.ram.bus)
         wiring.connect(m, self.eng.hostq, self.hq.notify)
+        # As in KbtpTarget: the host's RecvRepost tells the engine the host finished a message.
+        m.d.comb += [self.eng.host_done.eq(self.hq.repost.valid & self.hq.repost.ready),
+                     self.eng.host_done_qp.eq(self.hq.repost.payload.qp)]
         wiring.connect(m, wiring.flipped(self.host), self.dec.host)
         for k, slave in enumerate([self.hmem.bus, self.hq.bus, self.eng.bus, self.qpt.bus,
                                    self.mrt.bus]):

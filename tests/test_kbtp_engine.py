@@ -516,7 +516,8 @@ def test_draft_example_bytes():
 
 def test_slow_path_goes_to_host_queue():
     """HELLO, FREE, BIND, GOODBYE, short messages and QPs without a session: notify forwarded
-    unchanged to hostq, nothing read into memory structures, no RecvRepost."""
+    unchanged to hostq, nothing read into memory structures, no RecvRepost; the QP's next
+    message waits until the host has finished (host_done)."""
     model = make_model()
     model.connect("x")
     hello(model, "x", 1)
@@ -543,6 +544,18 @@ def test_slow_path_goes_to_host_queue():
             got = await stream_get(ctx, eng.hostq)
             seen.append((got.qp, got.addr, got.length, got.has_imm, got.imm))
             assert not ctx.get(eng.repost.valid)
+            # Per-connection order: the QP's next message is not taken while the host has one.
+            ctx.set(eng.notify.payload, beat)
+            ctx.set(eng.notify.valid, 1)
+            for _ in range(30):
+                assert not ctx.get(eng.notify.ready)
+                await ctx.tick()
+            ctx.set(eng.notify.valid, 0)
+            # The host finishes (its RecvRepost): the engine takes messages of the QP again.
+            ctx.set(eng.host_done_qp, q)
+            ctx.set(eng.host_done, 1)
+            await ctx.tick()
+            ctx.set(eng.host_done, 0)
         assert await reg_read(ctx, eng.bus, reg["HOSTQ_COUNT"]) == len(cases)
         compare_image(ctx, top.ram, model)
 

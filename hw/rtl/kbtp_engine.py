@@ -165,6 +165,14 @@ class KbtpEngine(wiring.Component):
     wc : In(stream.Signature(WorkCompletion))
     mem : Out(MemBusSignature())
     bus : In(HostBusSignature())
+    host_done : In(1), host_done_qp : In(QP_INDEX_BITS)
+        one-cycle strobe: the host returned a receive buffer of QP ``host_done_qp`` (its
+        RecvRepost), i.e. it has finished a message the engine forwarded to it.
+
+    Per-connection order: a message of a QP that still has a message at the host is not taken
+    until the host has finished it (``host_done``), so "FREE h; ALLOC_STORE h" on one
+    connection can never run in the other order, and the host's USAGE update after a FREE
+    cannot race an allocation of the same QP. Other QPs wait too (the engine is serial).
     """
 
     def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=16, base=REG_KBTP):
@@ -179,6 +187,7 @@ class KbtpEngine(wiring.Component):
             "wc": In(stream.Signature(WorkCompletion)),
             "mem": Out(MemBusSignature()),
             "bus": In(HostBusSignature()),
+            "host_done": In(1), "host_done_qp": In(QP_INDEX_BITS),
         })
 
     # ------------------------------------------------------------------------------------------
@@ -482,12 +491,27 @@ class KbtpEngine(wiring.Component):
         m.d.comb += [self.wr.payload.eq(wrq), self.wr.payload.qp.eq(qp),
                      self.wr.payload.wr_id.eq(wr_id)]
 
+        # Messages forwarded to the host and not yet finished there, per QP.
+        at_host = [Signal(range(64), name=f"at_host{q}") for q in range(nq)]
+        at_host_a = Array(at_host)
+        to_host = Signal()
+        for q in range(nq):
+            up = to_host & (qp == q)
+            down = self.host_done & (self.host_done_qp == q)
+            with m.If(up & ~down):
+                m.d.sync += at_host[q].eq(at_host[q] + 1)
+            with m.Elif(down & ~up & (at_host[q] != 0)):
+                m.d.sync += at_host[q].eq(at_host[q] - 1)
+        n_qp_bits = max(1, (nq - 1).bit_length())
+        notify_free = Signal()
+        m.d.comb += notify_free.eq(at_host_a[self.notify.payload.qp[:n_qp_bits]] == 0)
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(cmd_pending):
                     m.d.sync += f_ret.eq(FRET.index("IDLE"))
                     m.next = "FR_TAIL"
-                with m.Elif(self.notify.valid):
+                with m.Elif(self.notify.valid & notify_free):
                     m.d.comb += self.notify.ready.eq(1)
                     m.d.sync += [cur.eq(self.notify.payload), lat.eq(0), lat_open.eq(1)]
                     m.next = "NOTIFIED"
@@ -505,6 +529,7 @@ class KbtpEngine(wiring.Component):
             with m.State("HOSTQ"):
                 m.d.comb += [self.hostq.valid.eq(1), self.hostq.payload.eq(cur)]
                 with m.If(self.hostq.ready):
+                    m.d.comb += to_host.eq(1)
                     m.d.sync += [hostq_count.eq(hostq_count + 1), lat_open.eq(0), lat.eq(0)]
                     m.next = "IDLE"
 

@@ -256,6 +256,9 @@ class KbtpTarget(wiring.Component):
             wiring.connect(m, eng.repost, rpm.i[0])
             wiring.connect(m, hq.repost, rpm.i[1])
             wiring.connect(m, rpm.o, resp.repost)
+            # The engine holds a QP's next message while the host works on one of it.
+            m.d.comb += [eng.host_done.eq(hq.repost.valid & hq.repost.ready),
+                         eng.host_done_qp.eq(hq.repost.payload.qp)]
             to_host = req.wc.payload.wr_id[15]
             m.d.comb += [eng.wc.payload.eq(req.wc.payload), hq.wc.payload.eq(req.wc.payload),
                          hq.wc.payload.wr_id[15].eq(0),
