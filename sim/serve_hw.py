@@ -72,9 +72,23 @@ def export():
     return verilog._convert_rtlil_text(text)
 
 
+def _sources_digest(args):
+    """Digest of everything the exported Verilog depends on: hw/**/*.py, HW, tool versions."""
+    import amaranth
+    h = hashlib.sha256(repr((HW, args, amaranth.__version__)).encode())
+    root = Path(__file__).resolve().parent.parent
+    for p in sorted((root / "hw").rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def build(log=print):
     """Export, strip zero memory initialisers, build with Verilator (cached); returns the
-    (runner, build_dir) pair."""
+    (runner, build_dir) pair.
+
+    Two caches: when no source under hw/ changed since the last build, not even the export
+    (a minute of elaboration) runs; when the exported Verilog is unchanged, Verilator does not.
+    """
     from cocotb_tools.runner import get_runner
     from sim.hdl import SIM_BUILD, _patched_environ, _runtime_cache, verilator_env
 
@@ -82,12 +96,17 @@ def build(log=print):
     build_dir = SIM_BUILD / f"{NAME}-{slug}-verilator"
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    text = export()
     args = ["-Wno-fatal", "--x-initial", "0", "--x-assign", "0"]
-    digest = hashlib.sha256((text + repr(args)).encode()).hexdigest()
-    stamp = build_dir / "source.sha256"
     exe = build_dir / NAME
+    src_stamp, src_digest = build_dir / "sources.sha256", _sources_digest(args)
+    stamp = build_dir / "source.sha256"
     runner = get_runner("verilator")
+    if exe.exists() and src_stamp.exists() and src_stamp.read_text() == src_digest:
+        runner.build_dir, runner.hdl_toplevel = build_dir, NAME
+        return runner, build_dir
+    log("kbtp-sim serve: exporting the gateware (hw/ changed since the last build)")
+    text = export()
+    digest = hashlib.sha256((text + repr(args)).encode()).hexdigest()
     with _patched_environ(verilator_env()):
         if not (stamp.exists() and stamp.read_text() == digest and exe.exists()):
             log(f"kbtp-sim serve: building the gateware with Verilator in {build_dir} "
@@ -102,6 +121,7 @@ def build(log=print):
         else:
             runner.build_dir = build_dir
             runner.hdl_toplevel = NAME
+    src_stamp.write_text(src_digest)
     return runner, build_dir
 
 
