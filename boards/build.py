@@ -4,6 +4,7 @@
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def build(board, core=None, *, build_root=None, seed=1):
         (out / stale).unlink(missing_ok=True)
     platform = spec.platform()
     t0 = time.monotonic()
+    # CPU time of the tools (children of this process): the wall time on an idle machine,
+    # which the wall time of a build on a shared one is not.
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     plan = platform.prepare(top, name="top",
                             nextpnr_opts=f"--timing-allow-fail --seed {seed} "
                                          f"--report nextpnr-report.json")
@@ -74,11 +78,14 @@ def build(board, core=None, *, build_root=None, seed=1):
     except subprocess.CalledProcessError as exc:
         error = f"build script failed with status {exc.returncode}"
     elapsed = time.monotonic() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     report = make_report(out, board=board, core=core,
                          device=f"{platform.device}-{platform.speed}{platform.package}",
                          build_time_s=elapsed, memory=spec.memory.as_dict())
     report["error"] = error
     report["seed"] = seed
+    report["tool_cpu_time_s"] = round(cpu, 1)
     # The core's own parameters where it reports them (KbtpCore: the KbtpTarget arguments).
     params = getattr(top.core, "target_kwargs", None)
     report["core_params"] = {k: v for k, v in (params or {}).items() if k != "init"} or None

@@ -106,7 +106,10 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
 
 def format_report(rep):
     lines = [f"board {rep['board']} ({rep['device']}), core {rep['core']}, "
-             f"build time {rep['build_time_s']:.1f} s, seed {rep.get('seed', '?')}"]
+             f"build time {rep['build_time_s']:.1f} s"
+             + (f" (tools' CPU time {rep['tool_cpu_time_s']:.1f} s)"
+                if rep.get("tool_cpu_time_s") is not None else "")
+             + f", seed {rep.get('seed', '?')}"]
     if rep.get("core_params"):
         lines.append("  core: " + ", ".join(f"{k}={v:#x}" if k.startswith("own_") else
                                             f"{k}={v}" for k, v in rep["core_params"].items()))
