@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "make_report", "format_report",
-           "RESOURCE_NAMES"]
+__all__ = ["parse_nextpnr_report", "parse_nextpnr_log", "critical_paths", "make_report",
+           "format_report", "RESOURCE_NAMES"]
 
 #: report name -> nextpnr bel type(s) (first one present wins)
 RESOURCE_NAMES = {
@@ -53,6 +53,43 @@ def parse_nextpnr_report(path):
     return clocks, util
 
 
+def _block(cell):
+    # nextpnr names packed cells after a net of the hierarchy (``core.target.req.x_LUT4_Z``):
+    # the dotted prefix is the Amaranth submodule path.
+    parts = cell.split(".")
+    return ".".join(parts[:-1]) or "(top)"
+
+
+def critical_paths(path):
+    """One summary per clock's critical path in a ``nextpnr --report`` JSON file.
+
+    Each: ``clock`` (launch edge), ``from_cell``, ``to_cell``, ``delay_ns``, ``logic_ns``,
+    ``routing_ns``, ``levels`` (logic cells), and ``blocks``: the submodules the path runs
+    through, in order (repeats merged).
+    """
+    raw = json.loads(Path(path).read_text())
+    out = []
+    for cp in raw.get("critical_paths", []):
+        segs = cp.get("path", [])
+        if not segs:
+            continue
+        blocks = []
+        for seg in segs:
+            for end in ("from", "to"):
+                b = _block(seg[end]["cell"])
+                if not blocks or blocks[-1] != b:
+                    blocks.append(b)
+        routing = sum(seg["delay"] for seg in segs if seg["type"] == "routing")
+        total = sum(seg["delay"] for seg in segs)
+        out.append({"clock": cp.get("from"), "to_clock": cp.get("to"),
+                     "from_cell": segs[0]["from"]["cell"], "to_cell": segs[-1]["to"]["cell"],
+                     "delay_ns": round(total, 3), "routing_ns": round(routing, 3),
+                     "logic_ns": round(total - routing, 3),
+                     "levels": sum(1 for seg in segs if seg["type"] == "logic"),
+                     "blocks": blocks})
+    return out
+
+
 def parse_nextpnr_log(text):
     """``(clocks, utilization)`` from nextpnr's log; the last timing summary wins."""
     clocks = {}
@@ -89,6 +126,7 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
         lclocks, lutil = parse_nextpnr_log(log.read_text(errors="replace"))
         clocks = clocks or lclocks
         util = util or lutil
+    paths = critical_paths(rep_json) if rep_json.exists() else []
     bit = build_dir / "top.bit"
     report = {
         "board": board,
@@ -99,6 +137,7 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
         "resources": _resources(util),
         "bitstream": str(bit) if bit.exists() else None,
         "memory": memory,
+        "critical_paths": paths,
     }
     report["timing_met"] = bool(clocks) and all(c["met"] for c in clocks)
     return report
@@ -130,6 +169,14 @@ def format_report(rep):
                      f"memory), table {mem['table_entries']}, ring {mem['ring_slots']}, "
                      f"completions {mem['completion_slots']}: budget ~{mem['ebr_used']} of "
                      f"{mem['ebr_total']} EBR")
+    for cp in rep.get("critical_paths") or []:
+        if cp["clock"] != cp["to_clock"]:
+            continue        # clock crossings / pads: in report.json only
+        lines.append(f"  critical path {cp['clock']} -> {cp['to_clock']}: {cp['delay_ns']:.2f} ns "
+                     f"({cp['logic_ns']:.2f} logic, {cp['routing_ns']:.2f} routing, "
+                     f"{cp['levels']} levels)")
+        lines.append(f"    {cp['from_cell']} -> {cp['to_cell']}")
+        lines.append(f"    through {' > '.join(cp['blocks'])}")
     lines.append(f"  bitstream: {rep['bitstream'] or '(none)'}")
     lines.append(f"  timing: {'MET on every clock' if rep['timing_met'] else 'NOT MET'}")
     return "\n".join(lines)

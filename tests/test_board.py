@@ -590,3 +590,27 @@ def test_board_core_options_reach_the_core():
     ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
     assert (ver.target.n_qp, ver.target.sq_depth) == (2, 4)
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore
+
+
+def test_critical_path_summary(tmp_path):
+    # A path in the shape of nextpnr's --report JSON: clk-to-q, routing, logic, routing, setup.
+    def seg(kind, delay, a, b):
+        return {"type": kind, "delay": delay, "from": {"cell": a, "port": "Q", "loc": [1, 1]},
+                "to": {"cell": b, "port": "A", "loc": [2, 2]}}
+
+    path = [seg("clk-to-q", 0.5, "core.target.req.a_FF", "core.target.req.a_FF"),
+            seg("routing", 2.0, "core.target.req.a_FF", "core.target.resp.b_LUT4"),
+            seg("logic", 0.25, "core.target.resp.b_LUT4", "core.target.resp.b_LUT4"),
+            seg("routing", 1.5, "core.target.resp.b_LUT4", "hostlink.c_FF"),
+            seg("setup", 0.0, "hostlink.c_FF", "hostlink.c_FF")]
+    raw = {"fmax": {"$glbnet$clk": {"achieved": 233.0, "constraint": 125.0}},
+           "utilization": {"TRELLIS_FF": {"used": 3, "available": 10}},
+           "critical_paths": [{"from": "posedge $glbnet$clk", "to": "posedge $glbnet$clk",
+                               "path": path}]}
+    (tmp_path / "nextpnr-report.json").write_text(__import__("json").dumps(raw))
+    rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
+    (cp,) = rep["critical_paths"]
+    assert cp["from_cell"] == "core.target.req.a_FF" and cp["to_cell"] == "hostlink.c_FF"
+    assert (cp["delay_ns"], cp["routing_ns"], cp["logic_ns"], cp["levels"]) == (4.25, 3.5, 0.75, 1)
+    assert cp["blocks"] == ["core.target.req", "core.target.resp", "hostlink"]
+    assert "core.target.req > core.target.resp > hostlink" in format_report(rep)
