@@ -291,17 +291,46 @@ class _Served:
             return True
         return os.getppid() != ppid
 
+    async def _log_counters(self):
+        """Target counters (non-zero ones) at the end of a run, for the log."""
+        from hw.rtl.iface import REG_TOP, REG_TRANSPORT
+        from hw.rtl.regbank import TOP_COUNTER_BASE
+        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, RESP_COUNTERS, TOP_COUNTERS
+        out = {}
+        for k, (blk, port) in enumerate(TOP_COUNTERS):
+            out[f"{blk}.{port}"] = await self.port.rreg(REG_TOP + TOP_COUNTER_BASE + 4 * k)
+        for k, name in enumerate(RESP_COUNTERS):
+            out[f"resp.{name}"] = await self.port.rreg(REG_TRANSPORT + 4 * k)
+        for k, name in enumerate(REQ_COUNTERS):
+            out[f"req.{name}"] = await self.port.rreg(REQ_COUNTER_BASE + 4 * k)
+        self.log("counters " + ", ".join(f"{k}={v}" for k, v in out.items() if v))
+        try:
+            c = await self.driver.counters()
+            self.log(f"driver counters {c}")
+        except Exception as e:                      # a report only; never fail the run here
+            self.log(f"driver counters unavailable: {e!r}")
+
+    async def _network(self):
+        """Frames between the socket and GMII, on its own: the driver may wait for a
+        completion that needs the peer's answer (a reply buffer reused, a slow-path RDMA)."""
+        from cocotb.triggers import ClockCycles
+        while not self.stopped:
+            await ClockCycles(self.dut.clk, STEP)
+            self._frames_in()
+            self._frames_out()
+
     async def run(self):
+        from cocotb import start_soon
         from cocotb.triggers import ClockCycles
         await self.start()
         d = self.o.get("duration")
         t_end = None if d is None else time.monotonic() + d
         ppid = os.getppid()
         last_tick = time.monotonic()
+        self.stopped = False
+        net = start_soon(self._network())
         while not self._stop(t_end, ppid):
             await ClockCycles(self.dut.clk, STEP)
-            self._frames_in()
-            self._frames_out()
             await self.cm.poll()
             h = await self.driver.poll()
             if h is not None:
@@ -319,8 +348,13 @@ class _Served:
             if time.monotonic() - last_tick > 0.1:
                 last_tick = time.monotonic()
                 await self.driver.tick()
+        self.stopped = True
+        await ClockCycles(self.dut.clk, 2 * STEP)
+        if not net.done():
+            net.cancel()
         self._frames_out()
         self.log(f"frames {self.srv.counts}; host {self.counts}; cm {self.cm.stats}")
+        await self._log_counters()
         self.srv.stop()
 
 

@@ -173,3 +173,35 @@ def test_cm_and_kbtp_operations(served):
     assert len(sent) > 20
     for f in sent:
         assert icrc_of(f) == f[-4:]
+
+
+def test_reconnect_reuses_qp(served):
+    """After GOODBYE and the time-wait, a new connection gets a QP index used before; a
+    DIRECT_ALLOC session's ALLOC_STORE (slow path) and LOAD work on it. (The target now holds the
+    first test's retained session, so the oracle here is the data itself.)"""
+    proc, ini, tmp = served
+    time.sleep(20)                                       # the first test's time-waits (16 s)
+    qp = ini.connect()
+    ini.run_until(lambda: qp.state == QPState.RTS, 300, "REP")
+
+    def request(msg):
+        n = len(ini.inbox)
+        qp.send(codec.encode(msg))
+        ini.run_until(lambda: len(ini.inbox) > n and qp.outstanding == 0, 120,
+                      type(msg).__name__)
+        return codec.decode(ini.inbox[n])
+
+    # DIRECT_ALLOC: this session's ALLOC_STORE runs on the host (slow path: the driver's own
+    # RDMA READ, which needs frames to keep moving while the driver waits for its completion).
+    ack = request(codec.Hello(requested_features=0x7, completion_credits=8, initiator_id=4))
+    assert ack.status == 0 and ack.features & 0x2
+    ini.mem[0:200] = bytes(range(200))
+    c = request(codec.AllocStore(request_id=1, handle=ack.handle_base,
+                                 data=codec.DataDesc(BUF_RKEY, BUF_VA, 200),
+                                 flags=ReqFlags.SEAL.value))
+    assert (c.status, c.data_length) == (0, 200)
+    c = request(codec.Load(request_id=2, handle=ack.handle_base,
+                           data=codec.DataDesc(BUF_RKEY, BUF_VA + 65536, 200)))
+    assert c.status == 0 and bytes(ini.mem[65536:65736]) == bytes(range(200))
+    log = (tmp / "serve.log").read_text()
+    assert log.count("-> qp 0 ") >= 2 or log.count("-> qp 1 ") >= 2, log[-2000:]
