@@ -82,6 +82,7 @@ class Bench:
         self.received = []          # (addr, length, data) of SENDs seen by the host
         self.wcs = []
         self.serve_notify = True
+        self.blackhole = False      # drop every frame the DUT sends (the peer vanished)
 
     @property
     def cycles(self):
@@ -156,7 +157,9 @@ class Bench:
             f = self.sink.recv_nowait()
             assert f.check_fcs(), "bad FCS from the DUT"
             assert not any(f.error or []), "tx_er from the DUT"
-            self.link.send(1, self.check_out(bytes(f.get_payload())), now)
+            raw = self.check_out(bytes(f.get_payload()))
+            if not self.blackhole:
+                self.link.send(1, raw, now)
         self.link.deliver(now, (self.peer, self))
         self.peer.tick(now)
         for f in self.peer.poll_tx():
@@ -432,4 +435,66 @@ async def negative(dut):
     assert len(out) == 1 and out[0][0] >> 5 == 0 and out[0][1] == psn[0], out   # ACK
     assert (await b.host.mem_read(base, 64))[:32] == b"\xAA" * 32
     FIGS["negative"] = "pass"
+    json.dump(FIGS, open("figures.json", "w"))
+
+
+@cocotb.test()
+async def retry_exhausted(dut):
+    """The peer vanishes (the link drops every frame from the DUT): the target's WRITE is
+    retransmitted retry_cnt times, then the QP goes to error and the host is told: the
+    WorkCompletion says RETRY_EXCEEDED, the next request is flushed, the QP's error bit and the
+    error count are set, and the retransmissions are counted. A reload of the QP recovers."""
+    from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
+
+    b = Bench(dut, peer_timeout=7)
+    await bring_up(b)
+    h = b.host
+    retry = 2
+
+    async def req_reg(name):
+        names = list(REQ_COUNTERS) + list(REQ_STATUS)
+        return await h.rreg(REQ_COUNTER_BASE + 4 * names.index(name))
+
+    # Retry counts are taken on the move to RTS (as IB's RTR->RTS): reset the QP first.
+    await h.set_qp(0, state=QpState.RESET)
+    await h.set_qp(0, state=QpState.RTS, sq_psn=0x300, timeout=10, retry_cnt=retry)
+    assert await req_reg("qp_error") == 0 and await req_reg("error_events") == 0
+    r0 = await req_reg("cnt_retransmits")
+    b.blackhole = True                     # everything the DUT sends is lost
+    sent_before = len(b.out_frames)
+    await h.mem_write(SRC, bytes(range(64)))
+    await h.post_wr(qp=0, wr_id=0x41, op=HwOp.WRITE, rkey=PEER_RKEY, va=PEER_VA, length=64,
+                    laddr=SRC)
+    await h.post_wr(qp=0, wr_id=0x42, op=HwOp.SEND, length=16, laddr=SRC)
+    b.wcs.clear()
+    try:
+        await b.run_until(lambda: len(b.wcs) >= 2, 400_000)
+    except AssertionError:
+        names = list(REQ_COUNTERS) + list(REQ_STATUS)
+        regs = {n: await req_reg(n) for n in names}
+        raise AssertionError(f"no RETRY_EXCEEDED: WCs {b.wcs}, requester {regs}, "
+                             f"{len(b.out_frames) - sent_before} frames out") from None
+    assert [(w["wr_id"], w["status"]) for w in b.wcs] == \
+        [(0x41, HwWc.RETRY_EXCEEDED.value), (0x42, HwWc.FLUSHED.value)], b.wcs
+    assert await req_reg("qp_error") == 1
+    assert await req_reg("error_events") == 1
+    assert await req_reg("cnt_retransmits") - r0 >= retry
+    # One original WRITE + `retry` retransmissions left the DUT (all lost on the link).
+    writes = [f for f in b.out_frames[sent_before:] if f[12:14] == b"\x08\x00"
+              and f[42] == 0x0A]                # BTH opcode RC RDMA WRITE Only
+    assert len(writes) == 1 + retry, len(writes)
+    assert bytes(b.pmem[0:64]) == bytes(64), "nothing reached the peer"
+    # Recovery: the host reloads the QP (as after a reconnect), the link heals.
+    b.blackhole = False
+    await h.set_qp(0, state=QpState.RTS, sq_psn=0x400, timeout=10, retry_cnt=retry)
+    b.pqp.modify(epsn=0x400)              # the peer side of the reconnection
+    await b.settle(2000)
+    assert await req_reg("qp_error") == 0
+    b.wcs.clear()
+    await h.post_wr(qp=0, wr_id=0x43, op=HwOp.WRITE, rkey=PEER_RKEY, va=PEER_VA, length=64,
+                    laddr=SRC)
+    await b.run_until(lambda: len(b.wcs) >= 1, 200_000)
+    assert [(w["wr_id"], w["status"]) for w in b.wcs] == [(0x43, HwWc.OK.value)]
+    assert bytes(b.pmem[0:64]) == bytes(range(64))
+    FIGS["retry_exhausted"] = dict(retry_cnt=retry, frames_lost=len(writes))
     json.dump(FIGS, open("figures.json", "w"))
