@@ -35,9 +35,10 @@ Host map (``host`` port, :class:`~hw.rtl.hostlink.HostBusSignature`):
 ``Space.REG`` REG_TOP (see :data:`TOP_COUNTERS`), REG_QP (QpTable), REG_MR (MrTable),
 REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x100, see
 :data:`REQ_COUNTERS`, followed by :data:`REQ_STATUS`: the bitmap of QPs in error, and the
-number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine; ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3
-(:mod:`hw.rtl.regbank`) and the raw frame queues 4 = ``Q_RAW_RX`` (pop) and 5 = ``Q_RAW_TX`` (push)
-of :mod:`hw.rtl.rawq` (word formats there).
+number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine;
+``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3 (:mod:`hw.rtl.regbank`) and the raw
+frame queues 4 = ``Q_RAW_RX`` (pop) and 5 = ``Q_RAW_TX`` (push) of :mod:`hw.rtl.rawq` (word
+formats there).
 
 QP1 / CM slow path (:mod:`hw.rtl.rawq`): every received frame is also seen by RawQueues, which
 keeps the UDP/4791 frames to our MAC/IP whose BTH Dest QP is 1 (whole frame, Ethernet header
