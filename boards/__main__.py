@@ -26,6 +26,8 @@ def main(argv=None):
         if name != "elaborate":
             p.add_argument("--build-root", default=None, help="default: <repo>/build")
             p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+            p.add_argument("--pack-only", action="store_true",
+                           help="synthesise and pack only: utilisation, no timing, no bitstream")
     p = sub.add_parser("program", help="load build/<board>/top.bit with openFPGALoader")
     p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
     p.add_argument("--build-root", default=None)
@@ -48,8 +50,11 @@ def main(argv=None):
         return 0
     if args.cmd == "program":
         return 1 if program(args.board, build_root=args.build_root, flash=args.flash) else 0
-    report = build(args.board, args.core, build_root=args.build_root, seed=args.seed)
+    report = build(args.board, args.core, build_root=args.build_root, seed=args.seed,
+                   pack_only=args.pack_only)
     print_report(report)
+    if args.pack_only:
+        return 1 if report.get("error") else 0
     return 0 if report["timing_met"] and not report.get("error") else 1
 
 

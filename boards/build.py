@@ -56,10 +56,17 @@ def elaborate(board, core=None):
     return spec.platform().prepare(top, name="top")
 
 
-def build(board, core=None, *, build_root=None, seed=1):
-    """Synthesise, place and route, pack; return the report dict (also in report.json)."""
+def build(board, core=None, *, build_root=None, seed=1, pack_only=False):
+    """Synthesise, place and route, pack; return the report dict (also in report.json).
+
+    ``pack_only``: synthesise and let nextpnr pack only (``--pack-only``: utilisation, no
+    placement, timing or bitstream), for a quick check that a design fits the device.
+    """
     spec, core, top = _top(board, core)
     tool_env()
+    saved_ecppack = os.environ["ECPPACK"]
+    if pack_only:
+        os.environ["ECPPACK"] = "true"      # nothing to pack into a bitstream
     out = Path(build_root or BUILD_ROOT) / board
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("nextpnr-report.json", "top.bit", "top.tim"):
@@ -71,12 +78,15 @@ def build(board, core=None, *, build_root=None, seed=1):
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     plan = platform.prepare(top, name="top",
                             nextpnr_opts=f"--timing-allow-fail --seed {seed} "
-                                         f"--report nextpnr-report.json")
+                                         f"--report nextpnr-report.json"
+                                         + (" --pack-only" if pack_only else ""))
     error = None
     try:
         plan.execute_local(str(out))
     except subprocess.CalledProcessError as exc:
         error = f"build script failed with status {exc.returncode}"
+    finally:
+        os.environ["ECPPACK"] = saved_ecppack
     elapsed = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
@@ -85,6 +95,7 @@ def build(board, core=None, *, build_root=None, seed=1):
                          build_time_s=elapsed, memory=spec.memory.as_dict())
     report["error"] = error
     report["seed"] = seed
+    report["stage"] = "pack" if pack_only else "full"
     report["tool_cpu_time_s"] = round(cpu, 1)
     # The core's own parameters where it reports them (KbtpCore: the KbtpTarget arguments).
     params = getattr(top.core, "target_kwargs", None)
