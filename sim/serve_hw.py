@@ -9,17 +9,19 @@ Two halves in one module:
   builds it once with Verilator in ``sim_build/kbtp_serve-...`` (cached by the source digest),
   and runs this module's cocotb test :func:`serve` on it; the options travel as JSON in
   ``KBTP_SERVE_OPTS``.
-* :func:`serve` (inside the simulator): GMII driven by cocotbext-eth ``GmiiSource`` /
-  ``GmiiSink``; the same :class:`sim.serve.FrameServer` as ``--model`` owns the UDP socket
+* :func:`serve` (inside the simulator): GMII driven by :class:`LightGmii` (by default; the
+  option ``gmii="cocotbext"`` uses cocotbext-eth ``GmiiSource`` / ``GmiiSink``, several times
+  slower); the same :class:`sim.serve.FrameServer` as ``--model`` owns the UDP socket
   (QEMU ``-netdev dgram``: one Ethernet frame without FCS per datagram), the pcap and the
   drop/dup/corrupt impairments; the host side is :class:`host.driver.KbtpDriver` (``init``,
   ``poll``, ``tick``) plus :class:`host.cm.CmServer` (rdma_cm over the raw frame queues), both on
   the target's host bus through :class:`host.port.TargetPort`. Target configuration:
   :func:`sim.serve.model_config` (unmasked counters, as for ``--model``).
 
-Timing: the simulated clock runs far slower than 125 MHz wall time; the driver's and the CM's
-timers use wall time, the gateware's (ACK timeout, RNR) simulated cycles scaled by
-``timer_scale``. Stopping: ``duration`` seconds, a ``stop_file`` appearing, or the parent
+Timing: the simulated clock runs far slower than 125 MHz wall time. The gateware's timers (ACK
+timeout, RNR) count simulated cycles (scaled by ``timer_scale``) and the driver runs on
+simulated time too (ticket timeout, retention: the target's own clock); the CM's timers use wall
+time, as the peer's CM does. Stopping: ``duration`` seconds, a ``stop_file`` appearing, or the parent
 process going away. ``ready_file`` is written once the driver has initialised the target.
 
 Memory: the model configuration needs 4.2 MB of target memory. Amaranth gives every memory an
@@ -153,6 +155,7 @@ def run_gateware(opts, log=print):
 
 PERIOD_NS = 8
 STEP = 64                   # cycles between two service rounds of the host loop
+MAX_IDLE_STEP = 1024        # ... growing to this while nothing happens
 
 
 class HostBus:
@@ -198,6 +201,67 @@ class HostBus:
                 raise RuntimeError(f"memory write refused at {a:#x}")
 
 
+class LightGmii:
+    """GMII source and sink that cost nothing while the line is idle.
+
+    cocotbext-eth's ``GmiiSource`` / ``GmiiSink`` wake up on every clock edge, idle or not,
+    which caps an interactive session at a few thousand cycles per second. Here the receiver
+    sleeps on ``tx_en`` rising and the transmitter on an event, and both step per clock only
+    inside a frame. Frames go out with 7 x 0x55, 0xD5, the frame, its FCS (CRC-32, zlib) and a
+    12-cycle gap; frames come in with the preamble found by its SFD and the FCS checked.
+    """
+
+    def __init__(self, dut):
+        from cocotb.triggers import Event
+        self.dut = dut
+        self.txq = []
+        self.rx = []                # (frame without FCS, fcs_ok)
+        self.kick = Event()
+
+    def send_nowait(self, frame):
+        self.txq.append(bytes(frame))
+        self.kick.set()
+
+    async def drive(self):
+        from cocotb.triggers import RisingEdge
+        import zlib
+        d = self.dut
+        while True:
+            if not self.txq:
+                self.kick.clear()
+                await self.kick.wait()
+                continue
+            f = self.txq.pop(0)
+            wire = b"\x55" * 7 + b"\xd5" + f + zlib.crc32(f).to_bytes(4, "little")
+            for o in wire:
+                d.rxd.value = o
+                d.rx_dv.value = 1
+                await RisingEdge(d.clk)
+            d.rx_dv.value = 0
+            for _ in range(12):
+                await RisingEdge(d.clk)
+
+    async def monitor(self):
+        from cocotb.triggers import RisingEdge
+        import zlib
+        d = self.dut
+        while True:
+            if not int(d.tx_en.value):
+                await RisingEdge(d.tx_en)
+            octets = bytearray()
+            while True:
+                await RisingEdge(d.clk)
+                if not int(d.tx_en.value):
+                    break
+                octets.append(int(d.txd.value))
+            k = octets.find(b"\xd5")
+            if k < 0 or len(octets) < k + 5:
+                self.rx.append((b"", False))
+                continue
+            body, fcs = bytes(octets[k + 1:-4]), bytes(octets[-4:])
+            self.rx.append((body, zlib.crc32(body).to_bytes(4, "little") == fcs))
+
+
 class _Served:
     """The served target inside the simulator."""
 
@@ -234,10 +298,16 @@ class _Served:
         for s in (d.host__re, d.host__we, d.host__addr, d.host__space, d.host__wdata,
                   d.rx_dv, d.rx_er, d.rxd):
             s.value = 0
-        self.src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
-        self.sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
-        for x in (self.src, self.sink):
-            x.log.setLevel(logging.WARNING)
+        if self.o.get("gmii") == "cocotbext":
+            self.src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
+            self.sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
+            for x in (self.src, self.sink):
+                x.log.setLevel(logging.WARNING)
+            self.light = None
+        else:
+            self.light = LightGmii(d)
+            start_soon(self.light.drive())
+            start_soon(self.light.monitor())
         d.rst.value = 1
         await ClockCycles(d.clk, 5)
         d.rst.value = 0
@@ -265,16 +335,26 @@ class _Served:
             for g in srv._impair(frame):
                 srv.counts["rx"] += 1
                 # A NIC pads short frames (rxe's ARP is 42 octets): the MAC drops runts.
-                self.src.send_nowait(GmiiFrame.from_payload(bytes(g).ljust(60, b"\0")))
+                g = bytes(g).ljust(60, b"\0")
+                if self.light is not None:
+                    self.light.send_nowait(g)
+                else:
+                    self.src.send_nowait(GmiiFrame.from_payload(g))
 
     def _frames_out(self):
         srv = self.srv
-        while not self.sink.empty():
-            f = self.sink.recv_nowait()
-            if not f.check_fcs():
+        out = []
+        if self.light is not None:
+            out, self.light.rx = self.light.rx, []
+        else:
+            while not self.sink.empty():
+                f = self.sink.recv_nowait()
+                out.append((bytes(f.get_payload()), f.check_fcs()))
+        for frame, fcs_ok in out:
+            if not fcs_ok:
                 self.counts["bad_fcs"] += 1
                 continue
-            for g in srv._impair(bytes(f.get_payload())):
+            for g in srv._impair(frame):
                 if srv.pcap:
                     srv.pcap.write(g)
                 srv.counts["tx"] += 1
@@ -313,26 +393,34 @@ class _Served:
     async def _network(self):
         """Frames between the socket and GMII, on its own: the driver may wait for a
         completion that needs the peer's answer (a reply buffer reused, a slow-path RDMA)."""
-        from cocotb.triggers import ClockCycles
+        from cocotb.triggers import Timer
         while not self.stopped:
-            await ClockCycles(self.dut.clk, STEP)
+            await Timer(STEP * PERIOD_NS, "ns")
             self._frames_in()
             self._frames_out()
 
     async def run(self):
         from cocotb import start_soon
-        from cocotb.triggers import ClockCycles
+        from cocotb.triggers import ClockCycles, Timer
+        from cocotb.utils import get_sim_time
         await self.start()
         d = self.o.get("duration")
         t_end = None if d is None else time.monotonic() + d
         ppid = os.getppid()
-        last_tick = time.monotonic()
+        last_tick = 0.0
         self.stopped = False
         net = start_soon(self._network())
+        wait = STEP
         while not self._stop(t_end, ppid):
-            await ClockCycles(self.dut.clk, STEP)
-            await self.cm.poll()
-            h = await self.driver.poll()
+            await Timer(wait * PERIOD_NS, "ns")
+            await ClockCycles(self.dut.clk, 1)      # host-bus accesses start at a clock edge
+            # The driver runs on the target's clock (simulated time), like the gateware's
+            # timers; the CM on wall time, like the peer's CM.
+            now_ms = get_sim_time(unit="ns") / 1e6
+            n_cm = await self.cm.poll()
+            h = await self.driver.poll(now_ms)
+            # Idle: poll less often (the host bus accesses are what costs simulation time).
+            wait = STEP if (n_cm or h is not None) else min(wait * 2, MAX_IDLE_STEP)
             if h is not None:
                 self.counts["handled"] += 1
                 self.cm.established(h.qp)
@@ -345,9 +433,9 @@ class _Served:
                 # The driver asks for it after its last reply completed (GOODBYE, errors).
                 await self.cm.disconnect(qp)
             self.pending_dreq.clear()
-            if time.monotonic() - last_tick > 0.1:
-                last_tick = time.monotonic()
-                await self.driver.tick()
+            if now_ms - last_tick >= 1.0:
+                last_tick = now_ms
+                await self.driver.tick(now_ms)
         self.stopped = True
         await ClockCycles(self.dut.clk, 2 * STEP)
         if not net.done():
