@@ -417,8 +417,14 @@ class _Served:
             # The driver runs on the target's clock (simulated time), like the gateware's
             # timers; the CM on wall time, like the peer's CM.
             now_ms = get_sim_time(unit="ns") / 1e6
-            n_cm = await self.cm.poll()
-            h = await self.driver.poll(now_ms)
+            try:
+                n_cm = await self.cm.poll()
+                h = await self.driver.poll(now_ms)
+            except Exception as e:              # a server logs and carries on
+                import traceback
+                self.counts["errors"] = self.counts.get("errors", 0) + 1
+                self.log(f"host error: {e!r}\n{traceback.format_exc()}")
+                n_cm, h = 0, None
             # Idle: poll less often (the host bus accesses are what costs simulation time).
             wait = STEP if (n_cm or h is not None) else min(wait * 2, MAX_IDLE_STEP)
             if h is not None:

@@ -3,9 +3,10 @@
 """An unmodified Linux RDMA stack (rxe + rdma_cm + pyverbs in the QEMU guest) against
 ``kbtp-sim serve`` with the gateware backend (Verilated KbtpTarget, host driver, host/cm.py).
 
-One guest boot runs tests/e2e/hello.py (rdma_cm connect, HELLO, GOODBYE) and then
-tests/e2e/ops.py for a few block sizes (sections ``sizes`` and ``ops``). Oracles: the guest
-scripts' own checks (data it seeded and stored, statuses by the draft's rules), and tshark's
+Each guest boot runs tests/e2e/hello.py (rdma_cm connect, HELLO, GOODBYE) and then sections of
+tests/e2e/ops.py with blocks of 64 to 4096 octets (64 KiB blocks and the ticket-timeout
+section are left to tests/test_e2e.py: at the simulator's speed they take many minutes).
+Oracles: the guest scripts' own checks (data it seeded and stored, statuses by the draft's rules), and tshark's
 InfiniBand dissector on the capture when tshark is installed (no malformed packet).
 """
 
@@ -26,7 +27,12 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and qemu-system-x86_64, debootstrap, cpio (make apt installs them)")
 
 
-def test_guest_against_gateware(tmp_path):
+# Not yet: "pipeline" (and what runs after it on the stuck QP) -- LOADs pipelined on a session
+# whose requests the host serves deadlock the target (the responder waits to hand message k+1
+# to the engine while the host waits for the ACK of its RDMA WRITE for message k, and that ACK
+# queues behind message k+1 in RespDemux). "abandon" needs a short ticket timeout.
+@pytest.mark.parametrize("sections", ["sizes ops", "errors direct", "record invalidate"])
+def test_guest_against_gateware(tmp_path, sections):
     from sim.guest.run import free_udp_port, run_guest
     from sim.serve_guest import make_share
 
@@ -52,7 +58,7 @@ def test_guest_against_gateware(tmp_path):
         wrapper = ("#!/bin/sh\n"
                    "PYTHONPATH=/share/pylib python3 -u /share/e2e/hello.py 7 || exit 1\n"
                    "PYTHONPATH=/share/pylib exec python3 -u /share/e2e/ops.py 64,1000,4096 3 "
-                   "sizes ops\n")
+                   f"{sections}\n")
         t0 = time.monotonic()
         g = run_guest(wrapper, share_dir=share, local_port=lp, remote_port=rp, mtu=1500,
                       timeout_s=900)
