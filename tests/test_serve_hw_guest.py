@@ -6,8 +6,9 @@
 Each guest boot runs tests/e2e/hello.py (rdma_cm connect, HELLO, GOODBYE) and then sections of
 tests/e2e/ops.py with blocks of 64 to 4096 octets (64 KiB blocks and the ticket-timeout
 section are left to tests/test_e2e.py: at the simulator's speed they take many minutes).
-Oracles: the guest scripts' own checks (data it seeded and stored, statuses by the draft's rules), and tshark's
-InfiniBand dissector on the capture when tshark is installed (no malformed packet).
+Oracles: the guest scripts' own checks (data it seeded and stored, statuses by the draft's
+rules), and tshark's InfiniBand dissector on the capture when tshark is installed (no malformed
+packet; CM and RC SENDs in both directions).
 """
 
 import os
