@@ -9,7 +9,7 @@ APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 deboo
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install apt venv test test-fast demo demo-model serve clean
+.PHONY: install apt venv test test-fast demo demo-model serve serve-model clean
 
 install: apt venv
 
@@ -44,9 +44,13 @@ demo: install
 demo-model: install
 	$(PY) -m sim.demo
 
-# Serve the golden model on Ethernet-frames-in-UDP (QEMU -netdev dgram) at the default ports.
+# Serve the Verilated gateware (KbtpTarget + host driver + CM) on Ethernet-frames-in-UDP (QEMU
+# -netdev dgram) at the default ports; `make serve-model` serves the golden model instead.
 SERVE_ARGS ?=
 serve: $(VENV)/.installed
+	$(PY) -m sim.serve serve $(SERVE_ARGS)
+
+serve-model: $(VENV)/.installed
 	$(PY) -m sim.serve serve --model $(SERVE_ARGS)
 
 clean:
