@@ -17,8 +17,17 @@ TIMER_SCALE = 256
 ENV = {}
 
 
+N_QP = 4
+
+
 def make_target(width):
-    return KbtpTarget(width, n_qp=2, mem_words=MEM_WORDS, n_mr=4, timer_scale=TIMER_SCALE)
+    return KbtpTarget(width, n_qp=N_QP, mem_words=MEM_WORDS, n_mr=4, timer_scale=TIMER_SCALE)
+
+
+def params(width):
+    """Build parameters; tests/test_system_cocotb.py uses the same, so the two benches share
+    one Verilator build per width (sim/hdl.py keys the build directory on them)."""
+    return {"width": width, "n_qp": N_QP, "mem_words": MEM_WORDS, "timer_scale": TIMER_SCALE}
 
 
 KNOWN_BUGS = {}
@@ -35,7 +44,7 @@ CASES = [pytest.param(w, case, marks=[pytest.mark.xfail(reason=KNOWN_BUGS[case],
 @pytest.mark.parametrize("width,case", CASES)
 def test_target_cocotb(width, case):
     out = run_cocotb(lambda: make_target(width), "kbtp_target", "cocotb_target",
-                     params={"width": width, "mem_words": MEM_WORDS, "timer_scale": TIMER_SCALE},
+                     params=params(width),
                      extra_env=ENV, testcase=case)
     figs = out / "figures.json"
     r = json.loads(figs.read_text()) if figs.exists() else {}

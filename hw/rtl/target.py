@@ -48,13 +48,14 @@ frames of the RC path (FrameMux at the EthIpTx output, at the datapath width).
 """
 
 from amaranth import Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from .hostlink import Space
 from .hostlink import HostBusSignature
 from .icrc import IcrcCheck, IcrcInsert
-from .iface import REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT, RecvRepost, WorkRequest
+from .iface import (REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT, RecvNotify, RecvRepost,
+                    WorkRequest)
 from .kbtp_engine import KbtpEngine
 from .stream import RecordMerge
 from .ip import EthIpRx, EthIpTx
@@ -114,6 +115,9 @@ class KbtpTarget(wiring.Component):
         Reset values of the own-address registers.
     raw_rx_octets, raw_tx_octets, raw_rx_frames : int
         Sizes of the raw frame queues (:class:`~hw.rtl.rawq.RawQueues`).
+    notify_depth : int
+        Depth of the RecvNotify FIFO in front of the engine (default 16 per QP). The host must
+        post no more receive buffers in all (sum of the QPs' ``recv_count``) than this.
 
     Ports
     -----
@@ -130,7 +134,7 @@ class KbtpTarget(wiring.Component):
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
-                 raw_tx_octets=4096, raw_rx_frames=16):
+                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -139,6 +143,8 @@ class KbtpTarget(wiring.Component):
         self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
         self.queue_depth = queue_depth
         self.engine, self.n_ranges = engine, n_ranges
+        #: Receive buffers the host may post in all (sum of recv_count over the QPs).
+        self.notify_depth = notify_depth or 16 * n_qp
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         super().__init__({
@@ -247,7 +253,16 @@ class KbtpTarget(wiring.Component):
         # Consumers: the engine (fast path) in front of the host queues (slow path), or the host.
         if self.engine:
             wiring.connect(m, eng.mem, arb.masters[4])
-            wiring.connect(m, resp.notify, eng.notify)
+            # RecvNotify FIFO, as deep as the receive buffers the host may post (notify_depth):
+            # the responder then never waits for the engine. Without it a serial engine waiting
+            # for the ACK of its own Send stalls the responder on the next notify, and the
+            # in-order RespDemux holds that ACK behind it: a deadlock.
+            sm.nfy = nfy = fifo.SyncFIFOBuffered(
+                width=data.Layout.cast(RecvNotify).size, depth=self.notify_depth)
+            m.d.comb += [nfy.w_data.eq(resp.notify.payload), nfy.w_en.eq(resp.notify.valid),
+                         resp.notify.ready.eq(nfy.w_rdy),
+                         eng.notify.payload.eq(nfy.r_data), eng.notify.valid.eq(nfy.r_rdy),
+                         nfy.r_en.eq(eng.notify.ready)]
             wiring.connect(m, eng.hostq, hq.notify)
             sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
             wiring.connect(m, eng.wr, wrm.i[0])
