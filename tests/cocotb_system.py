@@ -116,7 +116,7 @@ class SystemBench:
                 on_message=self._on_message(q)))
         self.port = TargetPort(self.access)
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=self.n_qp,
-                                 mem_size=self.mem_words * 8)
+                                 mem_size=self.mem_words * 8, n_mr=p["n_mr"])
         self.out_frames = []        # (sim time ns of the first octet, frame)
         self.in_frames = []         # (sim time ns of the last octet, frame) delivered to the DUT
         self.handled = []           # the driver's Handled records
@@ -426,33 +426,58 @@ class SystemBench:
         return out
 
 
-async def mixed(dut, *, rounds, seed, loss=0.0, n_init=4):
-    b = SystemBench(dut, n_init=n_init, loss=loss, dup=loss, corrupt=loss / 5, seed=seed)
-    await b.bring_up()
-    stats = {"requests": 0, "free": 0}
+DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
+
+
+async def mixed(dut, *, rounds, seed, loss=0.0, n_init=4, direct=False):
+    """Random rounds. With ``direct``, initiator 0 holds a DIRECT_LOAD + DIRECT_ALLOC session:
+    its turns are also DIRECT_LOAD reads and DIRECT_ALLOC allocations + BIND, and the driver
+    serves all its requests (the engine leaves DIRECT_ALLOC sessions to the host)."""
+    cfg = model_config(direct_partitions=1, direct_quota=4, masked=False) if direct else None
+    b = SystemBench(dut, n_init=n_init, loss=loss, dup=loss, corrupt=loss / 5, seed=seed,
+                    cfg=cfg)
+    feats = [Features.RECORD_COMPLETION.value if q % 2 else 0 for q in range(n_init)]
+    if direct:
+        feats[0] = DIRECT
+    await b.bring_up(features=feats)
+    stats = {"requests": 0, "free": 0, "direct_load": 0, "bind": 0}
     for r in range(rounds):
         who = b.rng.sample(range(n_init), b.rng.randrange(1, n_init + 1))
         batch = []
         for q in who:
-            if b.rng.random() < 0.15:
+            if direct and q == 0 and b.rng.random() < 0.4:
+                raw = await direct_step(b, 0, stats)
+                if raw is None:
+                    continue
+                batch.append((q, raw))
+            elif b.rng.random() < 0.15:
                 batch.append((q, b.free_request(q)))
-                b.slow_sent += 1
                 stats["free"] += 1
             else:
                 batch.append((q, b.gen.make(q)))
+            if batch[-1][1][1] == Opcode.FREE.value or (direct and q == 0):
+                b.slow_sent += 1
+        if not batch:
+            continue
         stats["requests"] += len(batch)
         await b.round(batch, stats)
         dut._log.info(f"round {r}: {[(q, raw[1]) for q, raw in batch]} ok at cycle {b.cycles}")
     await b.settle(2000)
     await b.compare_image()
     got = await b.engine_counts()
-    want = {k: v for k, v in b.model.counters.items() if k[0] in {o.name for o in FAST_OPS}}
-    assert got == want, f"engine counters {got} vs model {want}"
-    # The host handled exactly the slow-path messages: HELLOs and FREEs (and malformed
-    # messages shorter than the common header, which Gen does not make).
+    fast = {o.name for o in FAST_OPS}
+    want = {k: v for k, v in b.model.counters.items() if k[0] in fast}
+    both = dict(got)
+    for k, v in b.driver.stats.items():            # the direct session's, run by the host
+        if k[0] in fast:
+            both[k] = both.get(k, 0) + v
+    assert both == want, f"engine + driver counters {both} vs model {want}"
+    # The host handled exactly the slow-path messages: HELLOs, FREEs, and (direct) the
+    # DIRECT_ALLOC session's requests; no fast-path request of any other initiator.
     assert len(b.handled) == b.slow_sent, (len(b.handled), b.slow_sent,
                                            [h.op for h in b.handled])
-    assert {h.op for h in b.handled} <= {"HELLO", "FREE"}, [h.op for h in b.handled]
+    assert {h.op for h in b.handled if not (direct and h.qp == 0)} <= {"HELLO", "FREE"}, \
+        [(h.qp, h.op) for h in b.handled]
     hostq = await b.port.rreg(REG_KBTP + ENG["HOSTQ_COUNT"])
     assert hostq == b.slow_sent, (hostq, b.slow_sent)
     assert b.driver.host_actions == b.slow_sent
@@ -471,8 +496,57 @@ async def mixed_clean(dut):
 
 @cocotb.test()
 async def mixed_lossy(dut):
-    """The same under 2% loss, 2% duplication and 0.4% corruption in both directions."""
-    await mixed(dut, rounds=30, seed=4, loss=0.02)
+    """The same under 2% loss, 2% duplication and 0.4% corruption in both directions, with
+    initiator 0 in DIRECT_LOAD / DIRECT_ALLOC mode (unmasked counters, as RoCEv2 has)."""
+    await mixed(dut, rounds=30, seed=4, loss=0.02, direct=True)
+
+
+async def direct_step(b, q, stats):
+    """One direct-mode turn of initiator ``q``: a DIRECT_LOAD of one of its bound handles
+    (entry, block, entry; each read checked against the model) or a DIRECT_ALLOC (FetchAdd on
+    its Head, slot READ, partition WRITE) whose BIND request is returned for the round."""
+    from hw.headers import RING_ADD_DATA_UNMASKED
+
+    m, c = b.model, b.conns[q]
+    ack = b.acks[q]
+    s = m.session_of(c)
+    bound = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+             if m.read_entry(h)["flags"] & 1]
+    if bound and b.rng.random() < 0.5:
+        h = b.rng.choice(bound)
+        t = ack.table
+        eto = t.tagged_offset + 16 * (h - ack.table_base_handle)
+        e1 = (await one_sided(b, q, "read", eto, t.stag, 16)).data
+        assert e1 == m.remote_read(c, t.stag, eto, 16)
+        ent = codec.decode_entry(e1)
+        if ent.data_length:
+            blk = (await one_sided(b, q, "read", ent.block_offset, ack.pool.stag,
+                                   ent.data_length)).data
+            assert blk == m.remote_read(c, ack.pool.stag, ent.block_offset, ent.data_length)
+        assert (await one_sided(b, q, "read", eto, t.stag, 16)).data == e1
+        stats["direct_load"] += 1
+        return None
+    free = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+            if not m.read_entry(h)["flags"] & 1]
+    if not free or m.usage(s.initiator_id) >= s.quota:
+        return None                     # the partition ring would be empty: no FetchAdd
+    hd, rg = ack.head, ack.ring
+    old = (await one_sided(b, q, "fetch_add", hd.tagged_offset, hd.stag,
+                           RING_ADD_DATA_UNMASKED)).orig
+    assert old == m.remote_fetch_add(c, hd.stag, hd.tagged_offset, RING_ADD_DATA_UNMASKED)
+    ticket = old >> 32
+    sto = rg.tagged_offset + 16 * (ticket % rg.count)
+    slot = (await one_sided(b, q, "read", sto, rg.stag, 16)).data
+    assert slot == m.remote_read(c, rg.stag, sto, 16)
+    seq, boff = codec.decode_slot(slot)
+    assert seq == ticket, (seq, ticket)
+    payload = bytes(b.rng.getrandbits(8) for _ in range(b.rng.choice([1, 64, 700])))
+    await one_sided(b, q, "write", boff, ack.partition.stag, payload)
+    m.remote_write(c, ack.partition.stag, boff, payload)
+    stats["bind"] += 1
+    b.gen.rid += 1
+    return codec.encode(codec.Bind(request_id=b.gen.rid, handle=b.rng.choice(free),
+                                   ticket=ticket, data_length=len(payload), block_offset=boff))
 
 
 @cocotb.test()
@@ -508,6 +582,7 @@ async def latency(dut):
 async def one_sided(b, q, op, *args):
     """One RDMA operation of initiator ``q`` on a target STag; returns its completion."""
     qp = b.qps[q]
+    qp.poll_cq()                        # earlier completions (the initiator's Sends)
     getattr(qp, op)(*args)
     await b.run_until(lambda: not qp.outstanding, 400_000, f"{op} of initiator {q}")
     (c,) = qp.poll_cq()
@@ -528,50 +603,50 @@ async def direct(dut):
     await b.bring_up(features=[feats, 0])
     ack = b.acks[0]
     assert ack.features & feats == feats, ack
-    m = b.model
     c0, c1 = b.conns
-    # Initiator 1 stores a block through the engine (fast path).
-    h1 = m.session_of(c1).handle_base + 3
-    data = bytes(b.rng.getrandbits(8) for _ in range(300))
-    await b.round([(1, build(Opcode.ALLOC_STORE, flags=ReqFlags.INLINE.value, rid=1,
-                             handle=h1, length=len(data), inline=data))], {})
-    # DIRECT_LOAD by initiator 0: entry, block, entry (the draft's consistency check).
-    t = ack.table
-    eto = t.tagged_offset + 16 * (h1 - ack.table_base_handle)
-    e1 = (await one_sided(b, 0, "read", eto, t.stag, 16)).data
-    assert e1 == m.remote_read(c0, t.stag, eto, 16)
-    ent = codec.decode_entry(e1)
-    assert ent.data_length == len(data)
-    blk = (await one_sided(b, 0, "read", ent.block_offset, ack.pool.stag,
-                           ent.data_length)).data
-    assert blk == data == m.remote_read(c0, ack.pool.stag, ent.block_offset, ent.data_length)
-    assert (await one_sided(b, 0, "read", eto, t.stag, 16)).data == e1
     # DIRECT_ALLOC by initiator 0: FetchAdd on its Head, READ the slot, WRITE the partition,
     # BIND; twice, so the second ticket lands in the next slot.
     for k in range(2):
         hd = ack.head
         old = (await one_sided(b, 0, "fetch_add", hd.tagged_offset, hd.stag,
                                RING_ADD_DATA_UNMASKED)).orig
-        assert old == m.remote_fetch_add(c0, hd.stag, hd.tagged_offset, RING_ADD_DATA_UNMASKED)
+        assert old == b.model.remote_fetch_add(c0, hd.stag, hd.tagged_offset,
+                                               RING_ADD_DATA_UNMASKED)
         ticket = old >> 32
         rg = ack.ring
         sto = rg.tagged_offset + 16 * (ticket % rg.count)
         slot = (await one_sided(b, 0, "read", sto, rg.stag, 16)).data
-        assert slot == m.remote_read(c0, rg.stag, sto, 16)
+        assert slot == b.model.remote_read(c0, rg.stag, sto, 16)
         seq, boff = codec.decode_slot(slot)
         assert seq == ticket, (seq, ticket)
         payload = bytes(b.rng.getrandbits(8) for _ in range(200 + k))
         await one_sided(b, 0, "write", boff, ack.partition.stag, payload)
-        m.remote_write(c0, ack.partition.stag, boff, payload)
-        h0 = m.session_of(c0).handle_base + k
+        b.model.remote_write(c0, ack.partition.stag, boff, payload)
+        h0 = b.model.session_of(c0).handle_base + k
         await b.round([(0, codec.encode(codec.Bind(request_id=10 + k, handle=h0, ticket=ticket,
                                                    data_length=len(payload),
                                                    block_offset=boff)))], {})
         b.slow_sent += 1
         done = codec.decode(b.events[0][-1][1])
         assert (done.status, done.block_offset) == (Status.OK.value, boff), done
+        if k == 0:
+            first = (h0, payload)
+    # DIRECT_LOAD by initiator 0 of the first bound handle: entry, block, entry (the draft's
+    # consistency check), every read against the model.
+    h0, payload0 = first
+    t = ack.table
+    eto = t.tagged_offset + 16 * (h0 - ack.table_base_handle)
+    e1 = (await one_sided(b, 0, "read", eto, t.stag, 16)).data
+    assert e1 == b.model.remote_read(c0, t.stag, eto, 16)
+    ent = codec.decode_entry(e1)
+    assert ent.data_length == len(payload0)
+    blk = (await one_sided(b, 0, "read", ent.block_offset, ack.pool.stag,
+                           ent.data_length)).data
+    assert blk == payload0 == b.model.remote_read(c0, ack.pool.stag, ent.block_offset,
+                                            ent.data_length)
+    assert (await one_sided(b, 0, "read", eto, t.stag, 16)).data == e1
     # A BIND of a ticket never taken: the model's answer (MALFORMED).
-    await b.round([(0, codec.encode(codec.Bind(request_id=20, handle=m.session_of(c0)
+    await b.round([(0, codec.encode(codec.Bind(request_id=20, handle=b.model.session_of(c0)
                                                .handle_base + 5, ticket=77, data_length=8,
                                                block_offset=boff)))], {})
     b.slow_sent += 1

@@ -18,16 +18,18 @@ ENV = {}
 
 
 N_QP = 4
+N_MR = 8                    # the driver takes 2 + 3 per DIRECT_ALLOC partition (system bench)
 
 
 def make_target(width):
-    return KbtpTarget(width, n_qp=N_QP, mem_words=MEM_WORDS, n_mr=4, timer_scale=TIMER_SCALE)
+    return KbtpTarget(width, n_qp=N_QP, mem_words=MEM_WORDS, n_mr=N_MR, timer_scale=TIMER_SCALE)
 
 
 def params(width):
     """Build parameters; tests/test_system_cocotb.py uses the same, so the two benches share
     one Verilator build per width (sim/hdl.py keys the build directory on them)."""
-    return {"width": width, "n_qp": N_QP, "mem_words": MEM_WORDS, "timer_scale": TIMER_SCALE}
+    return {"width": width, "n_qp": N_QP, "n_mr": N_MR, "mem_words": MEM_WORDS,
+            "timer_scale": TIMER_SCALE}
 
 
 KNOWN_BUGS = {}
