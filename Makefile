@@ -9,7 +9,7 @@ APT_PKGS ?= build-essential make git python3-venv iverilog qemu-system-x86 deboo
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install apt venv test test-fast demo demo-model serve serve-model clean
+.PHONY: install apt venv test test-fast test-wide demo demo-model serve serve-model clean
 
 install: apt venv
 
@@ -35,6 +35,10 @@ test: install
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+# The transport's system bench at both datapath widths (8 and 64; width 64 builds for ~10 min).
+test-wide: $(VENV)/.installed
+	KBTP_TARGET_WIDTHS=8,64 $(PY) -m pytest -q tests/test_target_cocotb.py
 
 # The end-to-end demo: kbtp-sim serve --model + the soft-RoCE guest running tests/e2e/demo.py
 # (builds the guest image first if needed). The golden-model-only demo: `make demo-model`.
