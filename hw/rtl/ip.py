@@ -341,8 +341,11 @@ class EthIpRx(wiring.Component):
         decision_beat = pos == ((n_hdr - 1) // nl) * nl
         is_arp = eth.ethertype == ETHERTYPE_ARP
         is_ip = eth.ethertype == ETHERTYPE_IPV4
-        reason = Signal(len(self.COUNTERS))      # one-hot over COUNTERS, for the counters
-        idx = {c: k for k, c in enumerate(self.COUNTERS)}
+        # One-hot over the decisions taken at the decision beat ("short" and "truncated" are
+        # counted from the frame's end instead: bits for them would be constant-only).
+        decisions = [c for c in self.COUNTERS if c not in ("short", "truncated")]
+        reason = Signal(len(decisions))
+        idx = {c: k for k, c in enumerate(decisions)}
         with m.If(is_arp):
             with m.If((eth.dst == self.own_mac) | (eth.dst == BROADCAST_MAC)):
                 m.d.comb += reason[idx["arp"]].eq(1)
@@ -417,9 +420,7 @@ class EthIpRx(wiring.Component):
         # "truncated" for RoCE frames ending before their UDP length.
         counters = {c: getattr(self, f"cnt_{c}") for c in self.COUNTERS}
         decided = fire & (mode == HDR) & decision_beat
-        for c in self.COUNTERS:
-            if c in ("short", "truncated"):
-                continue
+        for c in decisions:
             with m.If(decided & reason[idx[c]]):
                 m.d.sync += counters[c].eq(counters[c] + 1)
         with m.If(fire & (mode == HDR) & ~decision_beat & self.i.p.last):
