@@ -40,6 +40,7 @@ gateware backend also takes ``--ready-file`` (written once the target is initial
 ``--stop-file`` (serving ends when it appears).
 """
 
+import json
 import argparse
 import random
 import select
@@ -442,6 +443,18 @@ def _hostport(text):
     return (host or "127.0.0.1", int(port))
 
 
+def _config(text):
+    """``--config``: JSON object of :func:`model_config` overrides, checked here."""
+    try:
+        over = json.loads(text)
+        if not isinstance(over, dict):
+            raise ValueError("not a JSON object")
+        model_config(**over)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"--config {text!r}: {e}")
+    return over
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="kbtp-sim")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -463,13 +476,16 @@ def main(argv=None):
     s.add_argument("--stop-file", help="gateware: stop when this file appears")
     s.add_argument("--gmii", choices=("light", "cocotbext"), default="light",
                    help="gateware: GMII models (cocotbext-eth's wake on every clock)")
+    s.add_argument("--config", type=_config, default={},
+                   help='target configuration overrides as JSON, e.g. \'{"addr_le": true, '
+                        '"ticket_timeout_ms": 3000}\' (fields of sim.model.TargetConfig)')
     a = p.parse_args(argv)
     if not a.model:
         from sim.serve_hw import run_gateware
         opts = dict(mac=a.mac, ip=a.ip, port=a.port, listen=list(a.listen), peer=list(a.peer),
                     pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
                     duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
-                    stop_file=a.stop_file, gmii=a.gmii)
+                    stop_file=a.stop_file, gmii=a.gmii, config=a.config)
         return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):
@@ -478,7 +494,8 @@ def main(argv=None):
 
     srv, glue, _ = build_model_server(ip=a.ip, mac=a.mac, port=a.port, listen=a.listen,
                                       peer=a.peer, pcap=a.pcap, drop=a.drop, dup=a.dup,
-                                      corrupt=a.corrupt, seed=a.seed, log=log)
+                                      corrupt=a.corrupt, seed=a.seed, log=log,
+                                      cfg=model_config(**a.config))
     signal.signal(signal.SIGTERM, lambda *_: srv.stop_event.set())
     log(f"kbtp-sim serve --model: {a.ip} ({a.mac}) CM port {a.port}, UDP "
         f"{a.listen[0]}:{a.listen[1]} <-> {a.peer[0]}:{a.peer[1]}")

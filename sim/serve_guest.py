@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.serve import build_model_server
+from sim.serve import build_model_server, model_config
 
 __all__ = ["make_share", "run_e2e", "E2eResult", "GUEST_SCRIPTS", "PROJECT"]
 
@@ -58,7 +58,7 @@ def make_share(dest):
 
 @dataclass
 class E2eResult:
-    """A guest run against the model server."""
+    """A guest run against a served target (``backend``: the model or the gateware)."""
     guest: object                        # sim.guest.run.GuestResult
     log: list = field(default_factory=list)
     frames: dict = field(default_factory=dict)
@@ -66,6 +66,17 @@ class E2eResult:
     ep_counters: dict = field(default_factory=dict)
     model: object = None
     wall_s: float = 0.0
+    backend: str = "model"
+    driver: dict = field(default_factory=dict)     # gateware: KbtpDriver.counters() at the end
+
+    def statuses(self):
+        """{(operation, status name): count} the target counted (model, or engine + driver)."""
+        if self.model is not None:
+            return dict(self.model.counters)
+        out = dict(self.driver.get("engine", {}))
+        for k, v in self.driver.get("slow_path", {}).items():
+            out[k] = out.get(k, 0) + v
+        return out
 
     @property
     def output(self):
@@ -77,8 +88,9 @@ class E2eResult:
 
 
 def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1, pcap=None,
-            timeout_s=300.0, cfg=None, echo=False, log_stream=None, share_dir=None):
-    """Serve the model and run ``tests/e2e/<script>`` in the guest with ``args``.
+            timeout_s=300.0, cfg=None, echo=False, log_stream=None, share_dir=None,
+            backend="model", config=None):
+    """Serve the model (or the gateware) and run ``tests/e2e/<script>`` in the guest.
 
     Parameters
     ----------
@@ -92,8 +104,23 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
         Impairments and capture of the server (see sim.serve.FrameServer).
     log_stream : file or None
         Also write the server's log lines there as they happen.
+    backend : str
+        ``"model"`` (the golden model in a thread of this process) or ``"gateware"`` (``kbtp-sim
+        serve`` in a child process: the Verilated target with the host driver and CM).
+    config : dict or None
+        :func:`sim.serve.model_config` overrides (both backends; ``cfg`` is the model backend's
+        ready-made configuration and wins there).
     """
     from sim.guest.run import free_udp_port, run_guest
+
+    if backend == "gateware":
+        return _run_gateware(script, args, mtu=mtu, drop=drop, dup=dup, corrupt=corrupt,
+                             seed=seed, pcap=pcap, timeout_s=timeout_s, config=config or {},
+                             echo=echo, share_dir=share_dir)
+    if backend != "model":
+        raise ValueError(f"backend {backend!r}: 'model' or 'gateware'")
+    if cfg is None and config:
+        cfg = model_config(**config)
 
     lines = []
 
@@ -113,9 +140,7 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
     t0 = time.monotonic()
     try:
         make_share(share_dir)
-        quoted = " ".join("'" + str(a).replace("'", "'\\''") + "'" for a in args)
-        wrapper = ("#!/bin/sh\n"
-                   f"PYTHONPATH=/share/pylib exec python3 -u /share/e2e/{script} {quoted}\n")
+        wrapper = _wrapper(script, args)
         srv, glue, model = build_model_server(listen=("127.0.0.1", rp),
                                               peer=("127.0.0.1", lp), pcap=pcap, drop=drop,
                                               dup=dup, corrupt=corrupt, seed=seed, log=log,
@@ -133,3 +158,79 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _wrapper(script, args):
+    quoted = " ".join("'" + str(a).replace("'", "'\\''") + "'" for a in args)
+    return ("#!/bin/sh\n"
+            f"PYTHONPATH=/share/pylib exec python3 -u /share/e2e/{script} {quoted}\n")
+
+
+def _parse_gateware_log(lines):
+    """Figures of a gateware serve log: frame counts, target counters, driver counters."""
+    import ast
+    import re
+    frames, counters, driver = {}, {}, {}
+    for ln in lines:
+        m = re.match(r"frames (\{.*?\}); host", ln)
+        if m:
+            frames = ast.literal_eval(m.group(1))
+        elif ln.startswith("counters "):
+            counters = {k: int(v) for k, v in
+                        (kv.split("=") for kv in ln[len("counters "):].split(", ") if "=" in kv)}
+        elif ln.startswith("driver counters {"):
+            driver = ast.literal_eval(ln[len("driver counters "):])
+    return frames, counters, driver
+
+
+def _run_gateware(script, args, *, mtu, drop, dup, corrupt, seed, pcap, timeout_s, config,
+                  echo, share_dir):
+    """``kbtp-sim serve`` (gateware backend) in a child process, the guest against it."""
+    import json
+    import os
+    import subprocess
+
+    from sim.guest.run import free_udp_port, run_guest
+
+    lp = free_udp_port()
+    rp = free_udp_port()
+    while rp == lp:
+        rp = free_udp_port()
+    with tempfile.TemporaryDirectory(prefix="kbtp-e2e-hw-") as tmp:
+        tmp = Path(tmp)
+        ready, stop, logf = tmp / "ready", tmp / "stop", tmp / "serve.log"
+        cmd = [sys.executable, "-m", "sim.serve", "serve", "--listen", f"127.0.0.1:{rp}",
+               "--peer", f"127.0.0.1:{lp}", "--ready-file", str(ready), "--stop-file", str(stop),
+               "--drop", str(drop), "--dup", str(dup), "--corrupt", str(corrupt),
+               "--seed", str(seed), "--duration", str(int(timeout_s) + 3600),
+               "--config", json.dumps(config)]
+        if pcap:
+            cmd += ["--pcap", str(pcap)]
+        t0 = time.monotonic()
+        with open(logf, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+            try:
+                # The first run builds the simulator (minutes); later runs find it built.
+                end = time.monotonic() + 3600
+                while not ready.exists():
+                    if proc.poll() is not None or time.monotonic() > end:
+                        raise RuntimeError("gateware backend did not come up:\n"
+                                           + logf.read_text()[-3000:])
+                    time.sleep(0.5)
+                share = Path(share_dir) if share_dir else tmp / "share"
+                make_share(share)
+                g = run_guest(_wrapper(script, args), share_dir=share, local_port=lp,
+                              remote_port=rp, mtu=mtu, timeout_s=timeout_s, echo=echo)
+                time.sleep(0.2)
+            finally:
+                stop.write_text("stop")
+                try:
+                    proc.wait(120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        lines = logf.read_text().splitlines()
+    frames, counters, driver = _parse_gateware_log(lines)
+    return E2eResult(g, lines, frames, {}, counters, None, time.monotonic() - t0, "gateware",
+                     driver)

@@ -282,7 +282,7 @@ class _Served:
                                log=self.log)
         self.srv.sock.setblocking(False)
         self.port = TargetPort(HostBus(dut))
-        self.driver = KbtpDriver(self.port, model_config(), n_qp=HW["n_qp"],
+        self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})), n_qp=HW["n_qp"],
                                  mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"])
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"],
                            cm_port=opts["port"], log=self.log, seed=opts.get("seed", 1))
