@@ -1063,16 +1063,25 @@ class KbtpDriver:
         acts.append(("rdma_read", c.qp, d.stag, d.tagged_offset, d.length, ok))
         return d.length if ok else None
 
-    async def _store(self, c, s, msg, now, acts):
-        op, h = Opcode.STORE, msg.handle
-        if not s.owns(h):
-            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(h)
+    async def _store_checks(self, c, s, op, msg, acts):
+        """The checks STORE and ALLOC_STORE share, in the draft's order: handle owned, length
+        within the block, generation. Returns (entry, None), or (None, the completion sent)."""
+        if not s.owns(msg.handle):
+            return None, await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
+        e = await self.read_entry(msg.handle)
         g = e["generation"]
         if msg.data.length > self.cfg.block_size:
-            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
+            return None, await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
         if self._stale(msg, e):
-            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+            return None, await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
+        return e, None
+
+    async def _store(self, c, s, msg, now, acts):
+        op, h = Opcode.STORE, msg.handle
+        e, sent = await self._store_checks(c, s, op, msg, acts)
+        if e is None:
+            return sent
+        g = e["generation"]
         if not e["flags"] & _VALID:
             return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
         if e["flags"] & _SEALED:
@@ -1097,14 +1106,10 @@ class KbtpDriver:
 
     async def _alloc_store(self, c, s, msg, now, acts):
         op, h = Opcode.ALLOC_STORE, msg.handle
-        if not s.owns(h):
-            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(h)
+        e, sent = await self._store_checks(c, s, op, msg, acts)
+        if e is None:
+            return sent
         g = e["generation"]
-        if msg.data.length > self.cfg.block_size:
-            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
-        if self._stale(msg, e):
-            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
         if e["flags"] & _VALID:
             return await self._complete(c, op, msg, Status.ALREADY_BOUND, acts, g)
         if await self._usage(s) >= s.quota:
