@@ -82,3 +82,11 @@ program:
 
 synth-check: $(VENV)/.installed
 	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
+
+# Cycle-exact goodput / op rate / latency / resources (sim/bench.py; Verilated target via
+# sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.
+# BENCH_ARGS="--quick" for two sizes; "--widths 8" for one width.
+BENCH_ARGS ?=
+.PHONY: bench
+bench: $(VENV)/.installed
+	$(PY) -m sim.bench --out build/bench $(BENCH_ARGS)
