@@ -1,0 +1,312 @@
+# Ref: brief H2 (issue 7 item 2: fast Verilator harness); sim/vl/harness.cpp (pipe protocol);
+#      sim/serve_hw.py (export without zero memory initialisers, HostBus handshake, LightGmii);
+#      sim/hdl.py (verilator_env, build cache + flock pattern); host/port.py (access coroutine).
+"""The whole :class:`hw.rtl.target.KbtpTarget` Verilated with a C++ main, driven over pipes.
+
+cocotb wakes Python on every GMII octet (2 000 - 5 000 cycles/s here). Here the clock, the GMII
+pins and the host bus belong to ``sim/vl/harness.cpp``; Python only sends commands (queue a
+frame, run N cycles, one host-bus access, a bulk memory transfer) and gets back the frames the
+target sent, so :meth:`VlTarget.run` costs no Python per cycle.
+
+Build: the target (parameters :data:`HW_DEFAULT` overridden by ``params``) is exported to
+Verilog with the all-zero memory initialisers dropped (as :func:`sim.serve_hw.export`), then
+``verilator --cc --exe --build -O3 --x-initial 0 --x-assign 0`` (no ``--public-flat-rw``, no
+VPI) in ``sim_build/vl_<params>/``. Two caches, both under a file lock shared by parallel
+workers: the export is skipped when nothing under ``hw/`` (nor the parameters) changed, the
+Verilator build when the Verilog and the harness source are unchanged.
+
+Example::
+
+    with VlTarget() as t:
+        t.send(frame)
+        for f in t.run(20_000, until_tx=True):
+            print(f.start, f.end, f.frame.hex(), f.fcs_ok)
+        rdata, err = t.access(Space.REG, 0x0, 0, 0)
+"""
+
+import collections
+import fcntl
+import hashlib
+import os
+import re
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["HW_DEFAULT", "VlTarget", "TxFrame", "build", "export_verilog"]
+
+#: Build parameters (keys of KbtpTarget); more KbtpTarget keyword arguments may be given too.
+HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scale": 16}
+
+TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
+
+TOP = "kbtp_vl"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VL_DIR = HERE / "vl"
+MAGIC = 0x4B425450
+VERILATOR_ARGS = ["-O3", "--x-initial", "0", "--x-assign", "0", "-Wno-fatal", "--prefix", "Vtop",
+                  "--top-module", TOP]
+# -Os (Verilator's default for the model) builds much faster than -O2 on a design this size;
+# the harness itself is small.
+MAKE_OPT = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
+
+
+def _params(params):
+    p = dict(HW_DEFAULT)
+    p.update(params or {})
+    return p
+
+
+def make_target(params):
+    """The :class:`~hw.rtl.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs)."""
+    from hw.rtl.target import KbtpTarget
+    p = dict(params)
+    width = p.pop("width")
+    return KbtpTarget(width, **p)
+
+
+# An all-zero memory initialiser cell of the RTLIL text. Amaranth gives every memory one; Yosys
+# would write it as one ``initial`` statement per word (4 MB of target memory: a slow export
+# and build). Verilator starts every variable at zero (--x-initial 0), so they can go.
+_ZERO_INIT = re.compile(r"  cell \$meminit_v2 \S+\n(?:    (?!connect .DATA).*\n)*"
+                        r"    connect .DATA \d+'0+\n(?:    .*\n)*?  end\n")
+
+
+def export_verilog(params):
+    """Verilog text of the target, all-zero memory initialisers dropped."""
+    from amaranth.back import rtlil, verilog
+    text = rtlil.convert(make_target(params), name=TOP, emit_src=False)
+    text = _ZERO_INIT.sub("", text)
+    return verilog._convert_rtlil_text(text)
+
+
+def _hw_digest(params):
+    import amaranth
+    h = hashlib.sha256(repr((sorted(params.items()), amaranth.__version__)).encode())
+    for p in sorted((ROOT / "hw").rglob("*.py")):
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _harness_digest():
+    h = hashlib.sha256(repr((VERILATOR_ARGS, MAKE_OPT)).encode())
+    for p in sorted(VL_DIR.glob("*.cpp")) + sorted(VL_DIR.glob("*.h")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def build_dir_of(params):
+    slug = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
+    return ROOT / "sim_build" / f"vl_{slug}"
+
+
+def build(params=None, log=print):
+    """Export and Verilate the target (cached); returns the path of the executable."""
+    from sim.hdl import verilator_env
+    params = _params(params)
+    d = build_dir_of(params)
+    d.mkdir(parents=True, exist_ok=True)
+    exe = d / "obj" / "Vtop"
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hw_stamp, hw_digest = d / "hw.sha256", _hw_digest(params)
+        vfile = d / f"{TOP}.v"
+        if not (vfile.exists() and hw_stamp.exists() and hw_stamp.read_text() == hw_digest):
+            t0 = time.monotonic()
+            log(f"vltarget: exporting the target {params}")
+            vfile.write_text(export_verilog(params))
+            hw_stamp.write_text(hw_digest)
+            log(f"vltarget: export took {time.monotonic() - t0:.0f} s")
+        h = hashlib.sha256(vfile.read_bytes())
+        h.update(_harness_digest().encode())
+        digest = h.hexdigest()
+        stamp = d / "build.sha256"
+        if exe.exists() and stamp.exists() and stamp.read_text() == digest:
+            return exe
+        t0 = time.monotonic()
+        log(f"vltarget: building with Verilator in {d} (minutes)")
+        env = dict(os.environ)
+        env.update(verilator_env())
+        env["MAKEFLAGS"] = " ".join([env.get("MAKEFLAGS", "")] + MAKE_OPT).strip()
+        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", *VERILATOR_ARGS,
+               "--Mdir", str(d / "obj"), "-o", "Vtop", str(vfile), str(VL_DIR / "harness.cpp")]
+        r = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True)
+        (d / "build.log").write_text(r.stdout + r.stderr)
+        if r.returncode != 0 or not exe.exists():
+            raise RuntimeError(f"verilator build failed ({d / 'build.log'}):\n"
+                               + (r.stdout + r.stderr)[-3000:])
+        stamp.write_text(digest)
+        log(f"vltarget: build took {time.monotonic() - t0:.0f} s")
+        return exe
+
+
+class _AsyncAccess:
+    """The ``access`` coroutine for :class:`host.port.TargetPort`, with bulk memory."""
+
+    def __init__(self, t):
+        self.t = t
+
+    async def __call__(self, space, addr, we, wdata):
+        return self.t.access(space, addr, we, wdata)
+
+    async def mem_write(self, addr, octets):
+        self.t.mem_write(addr, octets)
+
+    async def mem_read(self, addr, n):
+        return self.t.mem_read(addr, n)
+
+
+class VlTarget:
+    """The Verilated KbtpTarget in a child process (a context manager).
+
+    Parameters
+    ----------
+    params : dict, optional
+        Overrides of :data:`HW_DEFAULT` (and further KbtpTarget keyword arguments).
+    log : callable
+        Progress messages (export and build).
+
+    Attributes
+    ----------
+    cycle : int
+        Simulated cycles since reset.
+    rx_log : list of (int, int)
+        ``(first_octet_cycle, last_octet_cycle)`` of every frame sent, in order (preamble
+        included).
+    """
+
+    def __init__(self, params=None, *, log=print):
+        self.params = _params(params)
+        self.exe = build(self.params, log=log)
+        self.proc = subprocess.Popen([str(self.exe)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)
+        self._in, self._out = self.proc.stdout, self.proc.stdin
+        (magic,) = struct.unpack("<I", self._read(4))
+        if magic != MAGIC:
+            raise RuntimeError("vl harness: bad greeting")
+        self.cycle = 0
+        self.rx_log = []
+        self._tx = []
+
+    # ---- pipe ---------------------------------------------------------------------------
+    def _read(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self._in.read(n - len(buf))
+            if not chunk:
+                raise RuntimeError(f"vl harness exited (status {self.proc.poll()})")
+            buf += chunk
+        return bytes(buf)
+
+    def _cmd(self, payload):
+        self._out.write(payload)
+        self._events()
+
+    def _events(self):
+        self.cycle, n_rx = struct.unpack("<QI", self._read(12))
+        if n_rx:
+            raw = self._read(16 * n_rx)
+            self.rx_log.extend(struct.iter_unpack("<QQ", raw))
+        (n_tx,) = struct.unpack("<I", self._read(4))
+        for _ in range(n_tx):
+            start, end, ok, n = struct.unpack("<QQBI", self._read(21))
+            self._tx.append(TxFrame(start, end, self._read(n), bool(ok)))
+
+    # ---- frames ---------------------------------------------------------------------------
+    def send(self, frame, *, fcs_ok=True, gap=12):
+        """Queue one Ethernet frame (without FCS; not padded: short frames are runts)."""
+        frame = bytes(frame)
+        self._cmd(struct.pack("<cIBI", b"S", len(frame), int(bool(fcs_ok)), gap) + frame)
+
+    def run(self, cycles, *, until_tx=False):
+        """Advance up to ``cycles`` cycles; returns the TX frames completed since the last call
+        (list of :class:`TxFrame`). ``until_tx``: stop after the first complete TX frame (at
+        once when one completed during earlier host accesses)."""
+        if not (until_tx and self._tx) and cycles > 0:
+            self._cmd(struct.pack("<cQB", b"R", int(cycles), int(bool(until_tx))))
+        out, self._tx = self._tx, []
+        return out
+
+    # ---- host bus -----------------------------------------------------------------------------
+    def access(self, space, addr, we, wdata):
+        """One host-bus transaction; returns ``(rdata, err)`` (err 2: no answer)."""
+        self._cmd(struct.pack("<cBIBI", b"A", int(getattr(space, "value", space)), addr,
+                              int(bool(we)), wdata & 0xFFFFFFFF))
+        return struct.unpack("<IB", self._read(5))
+
+    @property
+    def aaccess(self):
+        """:meth:`access` as a coroutine with bulk ``mem_write`` / ``mem_read`` coroutines:
+        pass it to :class:`host.port.TargetPort`."""
+        return _AsyncAccess(self)
+
+    def _words_write(self, addr, raw):
+        n = len(raw) // 4
+        self._cmd(struct.pack("<cII", b"W", addr, n) + raw)
+        err, at = struct.unpack("<BI", self._read(5))
+        if err:
+            raise RuntimeError(f"target memory write refused at {at:#x} (err {err})")
+
+    def _words_read(self, addr, n_words):
+        self._cmd(struct.pack("<cII", b"M", addr, n_words))
+        err, at = struct.unpack("<BI", self._read(5))
+        raw = self._read(4 * n_words)
+        if err:
+            raise RuntimeError(f"target memory read refused at {at:#x} (err {err})")
+        return raw
+
+    def mem_read(self, addr, n):
+        """``n`` octets of target memory from ``addr`` (any alignment)."""
+        if n <= 0:
+            return b""
+        lo, hi = addr & ~3, (addr + n + 3) & ~3
+        return self._words_read(lo, (hi - lo) // 4)[addr - lo:addr - lo + n]
+
+    def mem_write(self, addr, data):
+        """Write ``data`` at ``addr`` (any alignment: edge words are read and merged)."""
+        data = bytes(data)
+        if not data:
+            return
+        lo, hi = addr & ~3, (addr + len(data) + 3) & ~3
+        if lo != addr or hi != addr + len(data):
+            buf = bytearray(self._words_read(lo, 4))
+            if hi - 4 > lo:
+                buf += bytes(hi - 4 - lo - 4) + self._words_read(hi - 4, 4)
+            buf[addr - lo:addr - lo + len(data)] = data
+            data = bytes(buf)
+        for k in range(0, len(data), 1 << 20):
+            self._words_write(lo + k, data[k:k + (1 << 20)])
+
+    # ---- life cycle ---------------------------------------------------------------------------
+    def close(self):
+        if self.proc is None:
+            return
+        try:
+            self._out.write(b"Q")
+            self._events()
+        except (OSError, RuntimeError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+if __name__ == "__main__":
+    build()
