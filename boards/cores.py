@@ -9,8 +9,10 @@ whose component has at least these members (the :class:`CoreSignature`)::
     gmii : Out(GmiiSignature())    # the core is the MAC side of GMII, in ``sync`` (125 MHz)
     bus  : In(HostBusSignature())  # the host link is the master; the core is the target
 
-and optionally ``leds : Out(2)``. Everything runs in the ``sync`` domain that the board
-provides (125 MHz from the board's oscillator through a PLL). The full KBTP core
+and optionally ``leds : Out(2)``. GMII runs in the ``sync`` domain that the board provides
+(125 MHz from the board's oscillator through a PLL). A core with ``core_freq`` (Hz) and
+``core_domain`` attributes gets that domain from another PLL output, and its ``bus`` (with
+the host link) runs there; otherwise everything is in ``sync``. The full KBTP core
 (:class:`KbtpCore`, name ``kbtp``) is the default; the stand-in cores ``mac-loopback`` and
 ``mac-arp`` stay for bring-up of a board (PHY, host link) without the RoCE path.
 """
@@ -26,8 +28,12 @@ from hw.rtl.rgmii import GmiiSignature
 from hw.rtl.stream import PacketStream
 
 __all__ = ["CoreSignature", "check_core", "RegisterSlice", "HostBusRegister", "MacLoopbackCore",
-           "MacArpCore", "KbtpCore", "CORES", "DEFAULT_IP", "DEFAULT_MAC", "default_core_name",
+           "MacArpCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP", "DEFAULT_MAC", "default_core_name",
            "kbtp_mem_words"]
+
+#: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
+#: divided by 30. At width 64 that is 1.33 Gb/s of datapath for the 1 Gb/s line.
+CORE_FREQ = 625e6 / 30
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
 DEFAULT_IP = 0xC0A80132                # 192.168.1.50
@@ -203,8 +209,11 @@ def kbtp_mem_words(memory):
     return memory.pool_bytes // 8
 
 
-class KbtpCore(wiring.Component):
-    """The full target (:class:`~hw.rtl.target.KbtpTarget`) adapted to :class:`CoreSignature`.
+class KbtpCore1(wiring.Component):
+    """The full target in one clock domain (``sync``, 125 MHz): core ``kbtp-1clk``.
+
+    (Misses 125 MHz by far: ~27 MHz at width 8. Kept for comparison; :class:`KbtpCore` is the
+    board default.)
 
     ``KbtpTarget(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), own_mac=DEFAULT_MAC,
     own_ip=DEFAULT_IP, engine=True)`` (``engine`` only when the target accepts it). Flops sit
@@ -259,6 +268,77 @@ class KbtpCore(wiring.Component):
         return m
 
 
+class KbtpCore(wiring.Component):
+    """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
+
+    ``KbtpTarget(width=64, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), mac=False,
+    clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True)`` in the ``core``
+    domain, the GMII MAC in ``sync`` (:class:`~hw.rtl.maccdc.MacCdc`: 8 <-> 64 sizers and
+    asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
+    :class:`boards.ram.PipelinedRam`. The board top sees ``core_freq`` / ``core_domain`` and
+    clocks ``core`` from a PLL output, with the host link in ``core`` too.
+
+    Parameters
+    ----------
+    memory : BoardMemoryConfig
+    core_freq : float
+        Frequency of the ``core`` domain (must be the PLL's VCO over an integer).
+    pipelined_ram : bool
+    **overrides
+        Extra / replacement ``KbtpTarget`` keyword arguments.
+    """
+
+    core_domain = "core"
+
+    def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, **overrides):
+        from hw.rtl.target import KbtpTarget
+
+        self.memory = memory
+        self.core_freq = core_freq
+        kwargs = dict(width=64, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory),
+                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
+                      engine=True)
+        kwargs.update(overrides)
+        self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
+        self.target = KbtpTarget(**kwargs)
+        if pipelined_ram:
+            from .ram import PipelinedRam
+
+            replaced = self.target.ram
+            self.target.ram = PipelinedRam(kwargs["mem_words"])
+            for obj in (replaced, getattr(replaced, "mem", None)):
+                if obj is not None:     # not an error: it was replaced on purpose
+                    obj._MustUse__silence = True
+        super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
+                          "leds": Out(2)})
+
+    def elaborate(self, platform):
+        from amaranth import DomainRenamer
+
+        from hw.rtl.maccdc import MacCdc
+
+        m = Module()
+        core = DomainRenamer({"sync": self.core_domain})
+        t = self.target
+        m.submodules.target = core(t)
+        bus_reg = HostBusRegister()
+        m.submodules.bus_reg = core(bus_reg)
+        wiring.connect(m, wiring.flipped(self.bus), bus_reg.up)
+        wiring.connect(m, bus_reg.down, t.host)
+        m.submodules.maccdc = cdc = MacCdc(t.width, mac_domain="sync",
+                                           core_domain=self.core_domain)
+        wiring.connect(m, cdc.rx, t.rx)
+        wiring.connect(m, t.tx, cdc.tx)
+        for k in range(len(cdc.counters)):
+            m.d.comb += t.mac_counters[k].eq(cdc.counters[k])
+        # Flops on the GMII pins' side (the RGMII converter's flops are in another corner).
+        g = self.gmii
+        m.d.sync += [cdc.rxd.eq(g.rxd), cdc.rx_dv.eq(g.rx_dv), cdc.rx_er.eq(g.rx_er),
+                     g.txd.eq(cdc.txd), g.tx_en.eq(cdc.tx_en), g.tx_er.eq(cdc.tx_er)]
+        m.d.comb += self.leds.eq(Cat(g.rx_dv, g.tx_en))
+        return m
+
+
 def _available(module):
     try:
         __import__(module)
@@ -269,8 +349,10 @@ def _available(module):
 
 #: name -> (factory, description)
 CORES = {
-    "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), "
-                       "pool-sized memory"),
+    "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), width 64 "
+                       "in its own core clock, MAC at 125 MHz, pool-sized memory"),
+    "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
+                             "(does not meet timing)"),
     "mac-loopback": (MacLoopbackCore, "GMII MAC, received frames sent back; demo bus target"),
     "mac-arp": (MacArpCore, "GMII MAC + ARP responder (hw/rtl/arp.py); demo bus target"),
 }

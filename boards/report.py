@@ -26,7 +26,7 @@ _UTIL_RE = re.compile(r"^\s*(?:Info:\s+)?\s*([A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+
 
 
 #: (substring of nextpnr's clock net name, clock domain of boards/top.py)
-DOMAIN_HINTS = (("eth_rx", "eth_rx"), ("clk_out__1", "eth_tx90"), ("$glbnet$clk", "sync"),
+DOMAIN_HINTS = (("clk_out__2", "core"), ("core_clk", "core"), ("eth_rx", "eth_rx"), ("clk_out__1", "eth_tx90"), ("$glbnet$clk", "sync"),
                 ("clk100", "oscillator"))
 
 

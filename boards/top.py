@@ -4,17 +4,20 @@
 
 ::
 
-    clk100 pin --IB--> EHXPLLL --CLKOP 125 MHz--> sync (core, host link, RGMII TX)
-                              `-CLKOS 125 MHz, 90 deg--> eth_tx90 (forwarded tx_clk)
+    clk100 pin --IB--> EHXPLLL --CLKOP 125 MHz--> sync (MAC side of the core, RGMII TX)
+                              |-CLKOS 125 MHz, 90 deg--> eth_tx90 (forwarded tx_clk)
+                              `-CLKOS2 core_freq--> core (core and host link; only for a core
+                                                    with ``core_freq``, e.g. kbtp)
     rx_clk pin (PHY, 125 MHz) ---------------------> eth_rx (RGMII RX, into an elastic FIFO)
     uart rx/tx <--> HostLinkUart (bus master) <--> core.bus
     eth_rgmii <--> Rgmii <--GMII (sync)--> core.gmii
 
 Clock constraints sit on pins: the oscillator (from the board resource) and the PHY's
-``rx_clk`` (125 MHz); nextpnr derives the PLL outputs' constraints.
+``rx_clk`` (125 MHz); nextpnr derives the PLL outputs' constraints (CLKOS2's too, from the
+FREQUENCY_PIN attributes boards/clocks.py writes).
 """
 
-from amaranth import Cat, ClockDomain, ClockSignal, Elaboratable, Module, Signal
+from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Elaboratable, Module, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 
@@ -54,8 +57,13 @@ class BoardTop(Elaboratable):
         # ---- clocks and reset -------------------------------------------------------------
         clk_pin = platform.request(platform.default_clk, 0, dir="-")
         m.submodules.clk_buf = clk_buf = io.Buffer("i", clk_pin)
-        m.submodules.pll = pll = Ecp5Pll(spec.osc_freq, spec.sys_freq,
-                                         [(spec.sys_freq, 90)])
+        # A core with its own clock (``core_freq``, ``core_domain``) gets the third output.
+        core_freq = getattr(self.core, "core_freq", None)
+        core_domain = getattr(self.core, "core_domain", "sync") if core_freq else "sync"
+        link_freq = core_freq or spec.sys_freq
+        m.submodules.pll = pll = Ecp5Pll(
+            spec.osc_freq, spec.sys_freq,
+            [(spec.sys_freq, 90)] + ([(core_freq, 0)] if core_freq else []))
         m.d.comb += pll.clk_in.eq(clk_buf.i)
         m.domains.sync = ClockDomain("sync")
         m.domains.eth_tx90 = ClockDomain("eth_tx90", reset_less=True)
@@ -64,6 +72,11 @@ class BoardTop(Elaboratable):
         m.submodules.rst_buf = rst_buf = io.Buffer(
             "i", platform.request(platform.default_rst, 0, dir="-"))
         m.submodules.rst_sync = ResetSynchronizer(~pll.locked | rst_buf.i, domain="sync")
+        if core_freq:
+            m.domains += ClockDomain(core_domain)
+            m.d.comb += ClockSignal(core_domain).eq(pll.clk_out[2])
+            m.submodules.rst_sync_core = ResetSynchronizer(~pll.locked | rst_buf.i,
+                                                           domain=core_domain)
 
         # ---- Ethernet ---------------------------------------------------------------------
         eth = platform.request("eth_rgmii", spec.eth_index, dir="-")
@@ -75,8 +88,8 @@ class BoardTop(Elaboratable):
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx = uart_rx = io.Buffer("i", uart.rx)
         m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
-        m.submodules.hostlink = link = HostLinkUart(self.baud, spec.sys_freq,
-                                                    max_words=spec.memory.hostlink_words)
+        link = HostLinkUart(self.baud, link_freq, max_words=spec.memory.hostlink_words)
+        m.submodules.hostlink = DomainRenamer({"sync": core_domain})(link)
         m.d.comb += [link.rx.eq(uart_rx.i), uart_tx.o.eq(link.tx)]
         m.submodules.core = core = self.core
         wiring.connect(m, link.bus, core.bus)

@@ -47,6 +47,8 @@ check. Frames the host pushes (complete, without FCS) join the MAC transmit stre
 frames of the RC path (FrameMux at the EthIpTx output, at the datapath width).
 """
 
+from types import SimpleNamespace
+
 from amaranth import Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
@@ -57,7 +59,7 @@ from .icrc import IcrcCheck, IcrcInsert
 from .iface import (REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT, RecvNotify, RecvRepost,
                     WorkRequest)
 from .kbtp_engine import KbtpEngine
-from .stream import RecordMerge
+from .stream import PacketStream, RecordMerge
 from .ip import EthIpRx, EthIpTx
 from .arp import ArpResponder
 from .mac import GmiiMac
@@ -72,7 +74,7 @@ from .roce_hdr import RoceRxParser, RoceTxBuilder
 from .txpath import TxPath, connect_fields
 
 __all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_STATUS",
-           "REQ_COUNTER_BASE", "HOST_WR_TAG"]
+           "REQ_COUNTER_BASE", "HOST_WR_TAG", "MAC_COUNTERS"]
 
 #: REG_TOP counters, in register order (REG_TOP + TOP_COUNTER_BASE + 4 * k): (block, port).
 TOP_COUNTERS = (
@@ -94,6 +96,8 @@ REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
 REQ_STATUS = ("qp_error", "error_events")
 #: Bit of WorkRequest.wr_id that marks a host work request (set by the merge, cleared on return).
 HOST_WR_TAG = 1 << 15
+#: The MAC's counters among TOP_COUNTERS, in order (``mac_counters`` ports with ``mac=False``).
+MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
 
 
 class KbtpTarget(wiring.Component):
@@ -118,11 +122,21 @@ class KbtpTarget(wiring.Component):
     notify_depth : int
         Depth of the RecvNotify FIFO in front of the engine (default 16 per QP). The host must
         post no more receive buffers in all (sum of the QPs' ``recv_count``) than this.
+    mac : bool
+        ``True`` (default): the GMII MAC is inside and the ports are GMII pins. ``False``: no
+        MAC; the frame streams and the MAC's counters are ports instead (for a MAC in another
+        clock domain, e.g. boards.cores.KbtpCore).
 
     Ports
     -----
     rxd : In(8), rx_dv, rx_er : In(1); txd : Out(8), tx_en, tx_er : Out(1)
-        GMII.
+        GMII (``mac=True``).
+    rx : In(PacketStream(width)), tx : Out(PacketStream(width))
+        ``mac=False``: good received frames without FCS, frames to send without FCS (what
+        :class:`~hw.rtl.mac.GmiiMac` hands over / takes). ``rx`` must not be stalled by more
+        than the MAC's receive buffer allows (the raw queues tap it without back-pressure).
+    mac_counters : In(32).array(len(MAC_COUNTERS))
+        ``mac=False``: the MAC's counters (:data:`MAC_COUNTERS` order) for REG_TOP.
     host : In(HostBusSignature)
 
     Attributes
@@ -134,7 +148,7 @@ class KbtpTarget(wiring.Component):
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
-                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None):
+                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -147,18 +161,26 @@ class KbtpTarget(wiring.Component):
         self.notify_depth = notify_depth or 16 * n_qp
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
-        super().__init__({
-            "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
-            "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
-            "host": In(HostBusSignature()),
-        })
+        self.mac = mac
+        if mac:
+            ports = {"rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+                     "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1)}
+        else:
+            ports = {"rx": In(PacketStream(width)), "tx": Out(PacketStream(width)),
+                     "mac_counters": In(32).array(len(MAC_COUNTERS))}
+        super().__init__({**ports, "host": In(HostBusSignature())})
         self.ram = MemRam(mem_words, init=self.init)
 
     def elaborate(self, platform):
         m = Module()
         w, nq = self.width, self.n_qp
         sm = m.submodules
-        sm.mac = mac = GmiiMac(w)
+        if self.mac:
+            sm.mac = mac = GmiiMac(w)
+        else:
+            # The MAC lives outside: its user-side streams and counters are our ports.
+            mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
+                                  **dict(zip(MAC_COUNTERS, self.mac_counters)))
         sm.ethrx = ethrx = EthIpRx(w)
         sm.arp = arp = ArpResponder(w)
         sm.icrc = icrc = IcrcCheck(w, depth=self.icrc_depth)
@@ -198,8 +220,10 @@ class KbtpTarget(wiring.Component):
         sm.dec = dec = HostDecoder(windows)
 
         # GMII pins.
-        m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
-                     self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
+        if self.mac:
+            m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv),
+                         mac.rx_er.eq(self.rx_er), self.txd.eq(mac.txd),
+                         self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
 
         # Own addresses.
         for blk in (ethrx, arp, ethtx, rawq):

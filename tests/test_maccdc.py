@@ -1,0 +1,148 @@
+# Ref: brief timing.md (MAC at 125 MHz, core on its own clock); IEEE 802.3 §3.1.1, §4.2.3.3
+#      (frame, FCS, 60-octet minimum); hw/rtl/maccdc.py; hw/rtl/target.py (mac=False).
+"""MacCdc: GMII at 125 MHz on one side, 64-bit frame streams on a 20.83 MHz clock on the other.
+
+Oracles: the frames put in, their FCS from ``zlib.crc32`` (not the gateware's
+``amaranth.lib.crc``), the number of frames deliberately corrupted, and the wire time of
+back-to-back frames (the core clock must keep up with the line).
+"""
+
+import random
+import zlib
+
+from amaranth import ClockDomain, DomainRenamer, Module
+from amaranth.sim import Simulator
+
+from hw.rtl.maccdc import MAC_COUNTER_NAMES, MacCdc
+from sim.hdl import packet_get, packet_put
+
+GMII_PERIOD = 8e-9
+CORE_PERIOD = 48e-9          # 625 MHz / 30, boards.cores.CORE_FREQ
+CNT = {name: k for k, name in enumerate(MAC_COUNTER_NAMES)}
+
+
+def wire_frame(payload):
+    body = bytes(payload) + bytes(max(0, 60 - len(payload)))
+    return bytes([0x55] * 7 + [0xD5]) + body + zlib.crc32(body).to_bytes(4, "little")
+
+
+def make(width=64):
+    # The user side is "sync" here so that the stream helpers' ctx.tick() is the core clock.
+    dut = MacCdc(width, mac_domain="gmii", core_domain="sync", rx_depth=4096, tx_depth=2048)
+    m = Module()
+    m.submodules.dut = dut
+    m.domains.sync = ClockDomain()
+    m.domains.gmii = ClockDomain()
+    sim = Simulator(m)
+    sim.add_clock(CORE_PERIOD, domain="sync")
+    sim.add_clock(GMII_PERIOD, domain="gmii")
+    return dut, sim
+
+
+def finish(sim, benches, limit_s):
+    done = []
+
+    def wrap(b):
+        async def w(ctx):
+            await b(ctx)
+            done.append(b)
+        return w
+
+    for b in benches:
+        sim.add_testbench(wrap(b))
+    sim.run_until(limit_s)
+    assert len(done) == len(benches), "benches still waiting"
+
+
+async def drive(ctx, dut, octets, ifg=12):
+    for o in octets:
+        ctx.set(dut.rxd, o)
+        ctx.set(dut.rx_dv, 1)
+        await ctx.tick("gmii")
+    ctx.set(dut.rx_dv, 0)
+    await ctx.tick("gmii").repeat(ifg)
+
+
+def test_rx_frames_cross_and_bad_ones_are_counted():
+    rng = random.Random(1)
+    dut, sim = make()
+    pkts = [rng.randbytes(n) for n in (60, 61, 64, 67, 100, 333, 1514)]
+    got = []
+
+    async def gmii(ctx):
+        for k, p in enumerate(pkts):
+            await drive(ctx, dut, wire_frame(p))
+            if k == 2:
+                bad = bytearray(wire_frame(p))
+                bad[20] ^= 0x10
+                await drive(ctx, dut, bad)
+
+    async def core(ctx):
+        for _ in pkts:
+            got.append(await packet_get(ctx, dut.rx, 64, backpressure=0.3, rng=rng))
+        await ctx.tick().repeat(10)
+        assert ctx.get(dut.counters[CNT["rx_frames_ok"]]) == len(pkts)
+        assert ctx.get(dut.counters[CNT["rx_fcs_errors"]]) == 1
+        assert ctx.get(dut.counters[CNT["rx_overflows"]]) == 0
+
+    finish(sim, [gmii, core], 1e-3)
+    assert got == pkts
+
+
+def test_tx_frames_cross_with_fcs():
+    rng = random.Random(2)
+    dut, sim = make()
+    pkts = [rng.randbytes(n) for n in (1, 59, 60, 64, 65, 200, 1514)]
+    wire = []
+
+    async def core(ctx):
+        for p in pkts:
+            await packet_put(ctx, dut.tx, p, 64, idle=0.2, rng=rng)
+
+    async def gmii(ctx):
+        for _ in pkts:
+            octets = []
+            while not ctx.get(dut.tx_en):
+                await ctx.tick("gmii")
+            while ctx.get(dut.tx_en):
+                assert not ctx.get(dut.tx_er)
+                octets.append(ctx.get(dut.txd))
+                await ctx.tick("gmii")
+            wire.append(bytes(octets))
+
+    async def count(ctx):
+        while len(wire) < len(pkts):
+            await ctx.tick()
+        await ctx.tick().repeat(10)
+        assert ctx.get(dut.counters[CNT["tx_frames"]]) == len(pkts)
+        assert ctx.get(dut.counters[CNT["tx_underruns"]]) == 0
+
+    finish(sim, [core, gmii, count], 2e-3)
+    assert wire == [wire_frame(p) for p in pkts]
+
+
+def test_core_clock_keeps_up_with_line_rate():
+    """Back-to-back frames at the minimum gap, read as fast as the core clock allows: the
+    MAC's buffer never overflows and the last frame leaves the core side soon after its end on
+    the wire (the 20.83 MHz x 64-bit side is faster than 1 Gb/s)."""
+    rng = random.Random(3)
+    dut, sim = make()
+    pkts = [rng.randbytes(n) for n in (1514, 60, 61, 1000, 64, 1514)]
+    got = []
+
+    async def gmii(ctx):
+        for p in pkts:
+            await drive(ctx, dut, wire_frame(p), ifg=12)
+
+    async def core(ctx):
+        for _ in pkts:
+            got.append(await packet_get(ctx, dut.rx, 64))
+        assert ctx.get(dut.counters[CNT["rx_overflows"]]) == 0
+
+    octets = sum(len(wire_frame(p)) + 12 for p in pkts)
+    # Wire time, plus the MAC's store-and-forward of the last frame (it is checked against its
+    # FCS before the first octet leaves: one frame time at 8 bits per GMII cycle), plus a few
+    # core cycles of crossing latency. A core side slower than the line would fall behind by
+    # a growing amount over the back-to-back frames and miss this bound.
+    finish(sim, [gmii, core], (octets + len(pkts[-1]) + 16) * GMII_PERIOD + 40 * CORE_PERIOD)
+    assert got == pkts
