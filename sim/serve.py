@@ -474,8 +474,6 @@ def main(argv=None):
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument("--ready-file", help="gateware: write this file once serving")
     s.add_argument("--stop-file", help="gateware: stop when this file appears")
-    s.add_argument("--gmii", choices=("light", "cocotbext"), default="light",
-                   help="gateware: GMII models (cocotbext-eth's wake on every clock)")
     s.add_argument("--config", type=_config, default={},
                    help='target configuration overrides as JSON, e.g. \'{"addr_le": true, '
                         '"ticket_timeout_ms": 3000}\' (fields of sim.model.TargetConfig)')
@@ -485,7 +483,7 @@ def main(argv=None):
         opts = dict(mac=a.mac, ip=a.ip, port=a.port, listen=list(a.listen), peer=list(a.peer),
                     pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
                     duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
-                    stop_file=a.stop_file, gmii=a.gmii, config=a.config)
+                    stop_file=a.stop_file, config=a.config)
         return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):
