@@ -174,8 +174,6 @@ P_MAC, P_IP = "02:00:00:00:00:02", "10.0.0.1"
 T_QPN0, P_QPN0 = 0x11, 0x20
 PMTU_CODE = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 PEER_VA = 0x1000_0000
-#: Octets of target memory kept for table, ring, scratch and receive buffers (the rest: pool).
-RESERVE = 256 * 1024
 
 
 def _sync(coro):
@@ -234,14 +232,16 @@ class Bench:
         self.rng = random.Random(seed)
         self.block_size, self.n_init, self.max_inline = block_size, n_init, max_inline
         mem = mem_words * 8
-        base = dict(block_size=block_size, num_handles=64, handles_per_initiator=16,
+        base = dict(block_size=block_size, num_handles=256, handles_per_initiator=64,
                     table_base_handle=0x4000, pool_to_base=0x150000, max_inline=max_inline,
                     ticket_timeout_ms=100_000, retention_ms=1e9)
         probe = TargetConfig(num_blocks=1, **base)
         # the probe's plan holds one block: what is left besides it goes to the pool
         spare = mem - (memory_plan(probe, n_qp)["end"] - block_size) - 8192
         nb = max(1, min(max_blocks, spare // block_size))
-        self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, **base)
+        # every initiator may use the whole pool (the bench frees between series)
+        self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, overcommit_quotas=True,
+                                **base)
         self.num_blocks = nb
         self.port = TargetPort(_Access(self))
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr)
@@ -249,6 +249,7 @@ class Bench:
         self.mtus = [mtus[q % len(mtus)] for q in range(n_init)]
         self.tx = []            # every TxFrame out of the target, in order
         self.sent = []          # every frame given to vt.send, in order (index = rx_log index)
+        self.sent_at = []       # the cycle at which each was queued
         self.events = {q: [] for q in range(n_init)}     # (cycle, payload) of peer messages
         self.turnaround = 0     # largest (cycle the peer reacted - last octet of the frame)
         self._frame = None
@@ -264,6 +265,7 @@ class Bench:
             self.ep.register(buf, base_va=PEER_VA, rkey=0x5000 + q)
             self.bufs.append(buf)
         self.rid = 0
+        self.loaded_expect = None   # what a LOAD of the bench handle must return
 
     # ---- network --------------------------------------------------------------------------
     def _on_message(self, q):
@@ -279,15 +281,13 @@ class Bench:
             self._frame = f
             self.ep.receive_frame(f.frame, f.end / (CLOCK_HZ / 1e6))
             self._frame = None
-        now = self.vt.cycle
-        if frames:
-            self.turnaround = max(self.turnaround, now - frames[-1].end)
-        self.ep.tick(now / (CLOCK_HZ / 1e6))
+        self.ep.tick(self.vt.cycle / (CLOCK_HZ / 1e6))
         for g in self.ep.poll_tx():
             self.send(g)
 
     def send(self, frame):
         self.sent.append(bytes(frame))
+        self.sent_at.append(self.vt.cycle)
         self.vt.send(frame)
 
     def net_step(self):
@@ -303,7 +303,11 @@ class Bench:
             if self.vt.cycle >= end:
                 raise TimeoutError(f"bench: {what} not reached in {max_cycles} cycles "
                                    f"(peer {self.ep.counters})")
-            self._deliver(self.vt.run(min(200_000, end - self.vt.cycle), until_tx=True))
+            frames = self.vt.run(min(200_000, end - self.vt.cycle), until_tx=True)
+            if frames:
+                # the peer answers at this cycle: how long after the frame's last octet
+                self.turnaround = max(self.turnaround, self.vt.cycle - frames[-1].end)
+            self._deliver(frames)
         return self.vt.cycle
 
     # ---- bring-up -------------------------------------------------------------------------
@@ -315,7 +319,7 @@ class Bench:
             _sync(self.driver.open_qp(
                 q, local_qpn=T_QPN0 + q, remote_qpn=P_QPN0 + q, peer_mac=P_MAC, peer_ip=P_IP,
                 udp_sport=0xC100 + q, pmtu=PMTU_CODE[self.mtus[q]], rq_psn=0x100 * q + 7,
-                sq_psn=0x1000 + q, timeout=14, retry_cnt=7, rnr_retry=7))
+                sq_psn=0x1000 + q, timeout=20, retry_cnt=7, rnr_retry=7))
         for q in range(self.n_init):
             self.qps[q].send(codec.encode(codec.Hello(completion_credits=16,
                                                       initiator_id=0x1000 + q)))
@@ -380,13 +384,15 @@ class Bench:
     def free(self, q, handles):
         """FREE ``handles`` of initiator ``q`` through the slow path (not measured)."""
         from host import codec
-        n0 = len(self.events[q])
-        for h in handles:
-            self.rid += 1
-            self.qps[q].send(codec.encode(codec.Free(request_id=self.rid, handle=h)))
-        self.slow_until(lambda: len(self.events[q]) >= n0 + len(handles), "FREE")
-        for k in range(n0, n0 + len(handles)):
-            self.completion(q, k)
+        for i in range(0, len(handles), DEPTH):      # no more than the receive buffers
+            batch = handles[i:i + DEPTH]
+            n0 = len(self.events[q])
+            for h in batch:
+                self.rid += 1
+                self.qps[q].send(codec.encode(codec.Free(request_id=self.rid, handle=h)))
+            self.slow_until(lambda: len(self.events[q]) >= n0 + len(batch), "FREE")
+            for k in range(n0, n0 + len(batch)):
+                self.completion(q, k)
 
     # ---- goodput series -------------------------------------------------------------------
     def series(self, q, op, length, n_ops, handles):
@@ -397,6 +403,7 @@ class Bench:
         qpn = P_QPN0 + q
         datas = [self.rng.randbytes(length) for _ in range(n_ops)]
         ev0, tx0, sent0 = len(self.events[q]), len(self.tx), len(self.sent)
+        self.turnaround = 0
         done = lambda: len(self.events[q]) - ev0
         min_out = DEPTH
         k = 0
@@ -428,7 +435,8 @@ class Bench:
             assert dlen == length, (dlen, length)
             got = self.vt.mem_read(addr, length)
             assert got == datas[n_ops - 1], f"{op}: block content differs from the data stored"
-            self.loaded_expect = got
+            if kind == "STORE":             # the bench handle now holds this
+                self.loaded_expect = got
         for c in comps:
             assert c.data_length == length, c
         plan = op_plan(op, length, mtu)
@@ -443,6 +451,8 @@ class Bench:
             "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
             "theory": round(th, 5), "frac_theory": round(gp / th, 4),
             "op_bound_cycles": plan["bound"], "frac_op_bound": round(plan["bound"] / per_op, 4),
+            # cycles per operation the wire did not need (RTTs the serial engine waits for)
+            "excess_cycles": round(per_op - plan["bound"], 1),
             "ops_per_s": round(CLOCK_HZ / per_op), "frame_rate_limit": round(CLOCK_HZ /
                                                                              plan["bound"]),
             "frames_per_op_plan": [len(plan["to_target"]), len(plan["to_peer"])],
@@ -508,11 +518,14 @@ class Bench:
         return (round(rx / (t1 - t0), 4), round(tx / (t1 - t0), 4))
 
     def _burst_gap(self, sent0):
-        """Largest idle gap (beyond the IFG) between two peer frames that were queued
-        together (the peer's wire never idles while it has frames)."""
-        fr = self._peer_frames(sent0)
-        gaps = [b[0] - a[1] - 1 - IFG for a, b in zip(fr, fr[1:]) if b[0] - a[1] - 1 < 200]
-        return max(gaps) if gaps else 0
+        """Largest number of cycles the peer's wire stayed idle while the peer had a frame
+        queued: first octet - max(cycle queued, previous frame's last octet + 1 + IFG)."""
+        log = self.vt.rx_log
+        worst = 0
+        for i in range(max(sent0, 1), min(len(self.sent), len(log))):
+            ready = max(self.sent_at[i], log[i - 1][1] + 1 + IFG)
+            worst = max(worst, log[i][0] - ready)
+        return worst
 
     # ---- latency --------------------------------------------------------------------------
     def latency(self, qs, op, handles, length=64):
@@ -608,7 +621,7 @@ def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, l
         for q, mtu in enumerate(mtus):
             s = b.sess[q]
             hb = s.handle_base
-            n_alloc = min(n, b.num_blocks - 1)
+            n_alloc = min(n, b.num_blocks - 1, s.handle_count - 1)
             alloc = "ALLOC_STORE_INLINE" if size <= max_inline else "ALLOC_STORE_READ"
             plan = [(alloc, list(range(hb + 1, hb + 1 + n_alloc)))]
             ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
@@ -746,7 +759,8 @@ def _latency_summary(lat):
 # --------------------------------------------------------------------------------------------
 
 CSV_FIELDS = ["width", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_mbps",
-              "theory", "frac_theory", "op_bound_cycles", "frac_op_bound", "ops_per_s",
+              "theory", "frac_theory", "op_bound_cycles", "frac_op_bound", "excess_cycles",
+              "ops_per_s",
               "frame_rate_limit", "wire_util_to_target", "wire_util_to_peer", "wire_bound",
               "bytes_asked", "bytes_moved", "min_outstanding", "peer_turnaround_max"]
 
@@ -754,12 +768,14 @@ CSV_FIELDS = ["width", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_m
 def _row(r):
     return (f"w{r.get('width', '?'):<3} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
             f"{r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
-            f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['ops_per_s']:>9} "
+            f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
+            f"{r['ops_per_s']:>9} "
             f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
 
 
 HEADER = (f"{'w':<4} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
-          f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'ops/s':>9} {'limit/s':>9} {'':>4}")
+          f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
+          f"{'':>4}")
 
 
 def format_table(res):
