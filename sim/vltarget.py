@@ -279,6 +279,13 @@ class VlTarget:
         for k in range(0, len(data), 1 << 20):
             self._words_write(lo + k, data[k:k + (1 << 20)])
 
+    def cpu_seconds(self):
+        """CPU time (user + system) the harness process has used so far: a speed figure that
+        does not depend on how loaded the machine is."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            x = f.read().rsplit(")", 1)[1].split()
+        return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
     # ---- life cycle ---------------------------------------------------------------------------
     def close(self):
         if self.proc is None:

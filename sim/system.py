@@ -1,0 +1,673 @@
+# Ref: draft KBTP §Operations, §Free-Block Ring, §Completion, §Target Execution Model;
+#      hw/rtl/target.py; host/driver.py (slow path); sim/model.py (oracle); sim/rc.py (initiators'
+#      RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6; brief H2 (issue 7 item 2).
+"""The system bench without a simulator: target + host driver + initiators vs the golden model.
+
+:class:`SystemBench` holds everything that does not depend on how the gateware is simulated:
+the initiators (one :class:`sim.rc.RoceEndpoint`, one RC QP per initiator), the
+:class:`~sim.channel.LossyLink` between them and the target, the host
+:class:`~host.driver.KbtpDriver` on a :class:`~host.port.TargetPort`, and the oracle
+(:class:`sim.model.TargetModel`). The bench runs *rounds*: some initiators post one request
+each at the same time; the draft lets requests of different connections run in any order, so
+after the round the bench looks for an order under which the model produces exactly what the
+initiators observed (every COMPLETION payload or completion record, every byte the target wrote
+into initiator memory) and carries that model on; no order matching is a failure.
+
+A subclass supplies the plumbing (all coroutines, so one bench serves both backends):
+
+* ``cycles`` - simulated clock cycles;
+* ``_access(space, addr, we, wdata) -> (rdata, err)`` - one host-bus transaction;
+* ``_start()`` - reset; ``wait(n)`` - let ``n`` cycles pass (network and host loops keep
+  running meanwhile); ``start_loops()`` - start them; ``deliver(frame)`` - a frame from the
+  link onto the target's GMII (with ``in_frames`` bookkeeping).
+
+:class:`VlSystemBench` is the plumbing on :class:`sim.vltarget.VlTarget` (plain Python, no
+simulator scheduler: its coroutines never suspend, :func:`run_sync` runs them); the cocotb
+bench (tests/cocotb_system.py) is the other. :func:`mixed` is the random-round workload both
+use (tests/cocotb_system.py, sim/soak.py).
+"""
+
+import copy
+import itertools
+import random
+
+from host import codec
+from host.driver import KbtpDriver
+from host.port import TargetPort
+from hw.headers import Features, Opcode, Status
+from sim.channel import LossyLink
+from sim.model import SendMsg, TargetConfig, TargetModel, WriteImm
+from sim.rc import RoceEndpoint
+
+__all__ = ["SystemBench", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
+           "direct_step", "one_sided", "block_census", "DIRECT", "PERIOD_NS", "T_MAC", "T_IP",
+           "P_MAC", "P_IP", "T_QPN0", "P_QPN0", "PMTU", "PMTU_CODE", "STEP"]
+
+PERIOD_NS = 8
+T_MAC, T_IP = "02:4b:42:54:50:01", "10.0.0.2"
+P_MAC, P_IP = "02:00:00:00:00:02", "10.0.0.1"
+T_QPN0, P_QPN0 = 0x11, 0x20
+PMTU, PMTU_CODE = 1024, 3
+STEP = 32
+DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
+
+
+def model_config(**over):
+    """The target configuration of the system benches (small pool: rings wrap often)."""
+    kw = dict(block_size=2048, num_blocks=12, num_handles=64, handles_per_initiator=16,
+              quota_per_initiator=4, max_inline=256, table_base_handle=0x4000,
+              pool_to_base=0x150000, ticket_timeout_ms=1000, retention_ms=10_000.0)
+    kw.update(over)
+    return TargetConfig(**kw)
+
+
+def run_sync(coro):
+    """Run a coroutine that never suspends (the :class:`VlSystemBench` plumbing) to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as e:
+        return e.value
+    coro.close()
+    raise RuntimeError("run_sync: the coroutine suspended (it awaited a real event)")
+
+
+class PeerMemory:
+    """The initiators' registered buffers, on the RC endpoint, under the model's API
+    (``register(stag, data, base_to=, access=)``), so :class:`tests.test_kbtp_engine.Gen`
+    registers each buffer both here and in the model's :class:`~sim.model.InitiatorMemory`."""
+
+    def __init__(self, ep):
+        self.ep = ep
+        self.bufs = {}
+
+    def register(self, stag, data, *, base_to=0, access="rw"):
+        buf = bytearray(data)
+        self.ep.register(buf, base_va=base_to, rkey=stag, read="r" in access,
+                         write="w" in access)
+        self.bufs[stag] = buf
+
+    def contents(self, stag):
+        return bytes(self.bufs[stag])
+
+
+def bth_summary(f):
+    """(opcode, dest QP, PSN, AETH) of a RoCE frame, for hang reports."""
+    if f[12:14] != b"\x08\x00" or len(f) < 58:
+        return "non-RoCE"
+    op, dqp = f[42], int.from_bytes(f[47:50], "big")
+    psn = int.from_bytes(f[51:54], "big")
+    aeth = f[54:58].hex() if op in (0x10, 0x11, 0x12, 0x0D, 0x0F) else ""
+    return (hex(op), hex(dqp), hex(psn), aeth)
+
+
+def block_census(model, image_of):
+    """Where every pool block is, read from a target memory image.
+
+    A block is in exactly one place: an unconsumed slot of its ring (shared or a direct
+    partition's), or a valid table entry, or a pending deferred free (those hold no slot yet:
+    the model's ``pending_frees`` counts them).
+
+    Parameters
+    ----------
+    model : TargetModel
+        For the layout and the configuration (and the count of pending deferred frees).
+    image_of : callable ``(addr, n) -> bytes``
+        Reads the target's memory.
+
+    Returns
+    -------
+    dict
+        ``blocks`` (all), ``in_rings``, ``in_table``, ``pending`` (deferred frees), ``lost``
+        (blocks found nowhere beyond the pending count), ``duplicated`` (blocks found twice or
+        more) and ``where`` (block offset -> list of places).
+    """
+    cfg, lay = model.cfg, model.lay
+    where = {cfg.block_offset(i): [] for i in range(cfg.num_blocks)}
+    rings = [("shared", lay["ring"], lay["ring_n"])]
+    rings += [(f"partition{p}", d["ring"], d["n"]) for p, d in enumerate(lay["direct"])]
+    for name, base, n in rings:
+        raw = image_of(base, 16 * n)
+        for s in range(n):
+            seq, boff = codec.decode_slot(raw[16 * s:16 * s + 16], addr_le=cfg.addr_le,
+                                          strict=False)
+            if boff != (1 << 64) - 1:
+                where.setdefault(boff, []).append(f"{name} slot {s}")
+    table = image_of(lay["table"], lay["table_size"])
+    for h in range(cfg.num_handles):
+        e = codec.decode_entry(table[16 * h:16 * h + 16], addr_le=cfg.addr_le, strict=False)
+        if e.flags & 1:
+            where.setdefault(e.block_offset, []).append(
+                f"entry {cfg.table_base_handle + h:#x}")
+    pending = model.shared_ring.pending_count() + sum(p.ring.pending_count()
+                                                      for p in model.partitions)
+    missing = [b for b, w in where.items() if not w]
+    dup = [b for b, w in where.items() if len(w) > 1]
+    return {"blocks": cfg.num_blocks,
+            "in_rings": sum(1 for w in where.values() for x in w if "slot" in x),
+            "in_table": sum(1 for w in where.values() for x in w if "entry" in x),
+            "pending": pending, "lost": max(0, len(missing) - pending),
+            "duplicated": len(dup), "where": where}
+
+
+class SystemBench:
+    """Target + driver + ``n_init`` initiators over a lossy link, against the golden model.
+
+    Parameters
+    ----------
+    n_qp, n_mr, mem_words : int
+        The target's build parameters (for the driver).
+    n_init : int
+        Initiators (QPs of the one peer endpoint), at most ``n_qp``.
+    loss, dup, corrupt : float
+        LossyLink impairments, both directions.
+    seed : int
+    cfg : TargetConfig, optional
+        Default :func:`model_config`.
+    peer_timeout : int
+        The initiators' ACK timeout code (4.096 us * 2**code).
+    """
+
+    def __init__(self, *, n_qp, n_mr, mem_words, n_init=4, loss=0.0, dup=0.0, corrupt=0.0,
+                 seed=1, cfg=None, peer_timeout=8):
+        self.n_qp, self.n_mr, self.mem_words = n_qp, n_mr, mem_words
+        self.n_init = n_init
+        self.rng = random.Random(seed)
+        self.link = LossyLink(seed=seed, loss=loss, dup=dup, corrupt=corrupt, delay_us=1,
+                              dup_gap_us=1)
+        self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=60)
+        self.cfg = cfg or model_config()
+        self.model = TargetModel(self.cfg)
+        self.conns = [f"qp{q}" for q in range(n_init)]
+        self.events = {q: [] for q in range(n_init)}      # what each initiator observed
+        self.qps = []
+        for q in range(n_init):
+            self.qps.append(self.ep.create_qp(
+                qpn=P_QPN0 + q, dest_qpn=T_QPN0 + q, remote_ip=T_IP, pmtu=PMTU,
+                timeout=peer_timeout, sq_psn=0x100 * q + 7, epsn=0x1000 + q,
+                on_message=self._on_message(q)))
+        self.port = TargetPort(self.access)
+        self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem_words * 8,
+                                 n_mr=n_mr)
+        self.out_frames = []        # (sim time ns of the first octet, frame)
+        self.in_frames = []         # (sim time ns of the last octet, frame) delivered to the DUT
+        self.handled = []           # the driver's Handled records
+        self.slow_sent = 0          # messages sent that must go to the host
+        self.pmem = PeerMemory(self.ep)
+        self.acks = {}
+        self.host_on = False
+        self.step = STEP            # cycles between two looks at the conditions of run_until
+
+    def _on_message(self, q):
+        def cb(qp, data, imm=None, invalidated_rkey=None):
+            self.events[q].append(("SEND", bytes(data), invalidated_rkey) if imm is None
+                                  else ("IMM", imm))
+        return cb
+
+    # ---- plumbing (subclasses) -------------------------------------------------------------
+    @property
+    def cycles(self):
+        raise NotImplementedError
+
+    async def access(self, space, addr, we, wdata):
+        return await self._access(space, addr, we, wdata)
+
+    async def wait(self, cycles):
+        raise NotImplementedError
+
+    def receive_frame(self, frame, t):          # link -> DUT
+        raise NotImplementedError
+
+    def probes(self):
+        return {}
+
+    # ---- network and host, one step each (the subclasses' loops call these) -------------------
+    def check_out(self, raw, fcs_ok, t_ns):
+        """A frame from the target: FCS, addresses and ICRC checked, then recorded."""
+        from scapy.layers.l2 import ARP, Ether
+        from tests.scapy_roce import icrc_of
+        assert fcs_ok, "bad FCS from the DUT"
+        eth = Ether(raw)
+        if eth.type == 0x0806:
+            assert eth[ARP].op == 2 and eth[ARP].psrc == T_IP
+        else:
+            assert eth.src == T_MAC and eth.dst == P_MAC, eth.summary()
+            assert icrc_of(raw) == raw[-4:], f"bad ICRC from the DUT: {raw.hex()}"
+        self.out_frames.append((t_ns, raw))
+        return raw
+
+    def net_step(self, out):
+        """Frames ``out`` (``(raw, fcs_ok, t_ns)``) from the target onto the link; the link's
+        due frames to both ends; the initiators' timers and frames."""
+        now = self.cycles * PERIOD_NS / 1000
+        for raw, ok, t in out:
+            self.link.send(1, self.check_out(raw, ok, t), now)
+        self.link.deliver(now, (self.ep, self))
+        self.ep.tick(now)
+        for f in self.ep.poll_tx():
+            self.link.send(0, f, now)
+
+    async def host_step(self):
+        """One driver poll; the Handled record or None."""
+        h = await self.driver.poll(now_ms=self.cycles * PERIOD_NS / 1e6)
+        if h is not None:
+            self.handled.append(h)
+        return h
+
+    async def run_until(self, cond, max_cycles=3_000_000, what="condition"):
+        end = self.cycles + max_cycles
+        while not cond():
+            assert self.cycles < end, f"run_until({what}): timed out"
+            await self.wait(self.step)
+        return self.cycles
+
+    async def settle(self, cycles=3000):
+        end = self.cycles + cycles
+        await self.run_until(lambda: self.cycles >= end)
+
+    # ---- bring-up ----------------------------------------------------------------------
+    async def bring_up(self, features=None):
+        from tests.test_kbtp_engine import Gen
+        await self._start()
+        await self.port.set_own(T_MAC, T_IP)
+        await self.driver.init()
+        self.start_net()
+        for q in range(self.n_init):
+            await self.driver.open_qp(
+                q, local_qpn=T_QPN0 + q, remote_qpn=P_QPN0 + q, peer_mac=P_MAC, peer_ip=P_IP,
+                udp_sport=0xC100 + q, pmtu=PMTU_CODE, rq_psn=0x100 * q + 7,
+                sq_psn=0x1000 + q, timeout=10, retry_cnt=7, rnr_retry=7)
+            self.model.connect(self.conns[q])
+        self.start_host()
+        assert self.ep.resolve(T_IP) is None
+        await self.run_until(lambda: self.ep.resolve(T_IP) is not None, 50_000, "ARP")
+        # HELLO from every initiator, through the driver; replies compared with the model's.
+        features = features or [Features.RECORD_COMPLETION.value if q % 2 else 0
+                                for q in range(self.n_init)]
+        for q in range(self.n_init):
+            raw = codec.encode(codec.Hello(requested_features=features[q],
+                                           completion_credits=8, initiator_id=q + 1))
+            want = [a.payload for a in self.model.receive(self.conns[q], raw)
+                    if isinstance(a, SendMsg)]
+            self.qps[q].send(raw)
+            self.slow_sent += 1
+            await self.run_until(lambda: self.events[q], 400_000, f"HELLO_ACK {q}")
+            got = [e[1] for e in self.events[q]]
+            assert got == want, f"HELLO_ACK of initiator {q}: {got} vs model {want}"
+            self.acks[q] = codec.decode(got[0])
+            self.events[q].clear()
+        im = [self.model.initiator_memory(c) for c in self.conns]
+        self.gen = Gen(self.rng, self.model, self.conns, im, [self.pmem] * self.n_init)
+
+    # ---- rounds ------------------------------------------------------------------------
+    def free_request(self, q):
+        """A FREE of one of the initiator's bound handles (or of a random one)."""
+        s = self.model.session_of(self.conns[q])
+        bound = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+                 if self.model.read_entry(h)["flags"] & 1]
+        h = self.rng.choice(bound) if bound and self.rng.random() < 0.9 else \
+            s.handle_base + self.rng.randrange(s.handle_count)
+        self.gen.rid += 1
+        return codec.encode(codec.Free(request_id=self.gen.rid, handle=h,
+                                       generation=0))
+
+    def expected(self, model, order, batch):
+        """Run ``batch`` through ``model`` in ``order``; per-initiator observable events."""
+        ev = {q: [] for q, _ in batch}
+        for k in order:
+            q, raw = batch[k]
+            for a in model.receive(self.conns[q], raw):
+                if isinstance(a, SendMsg):
+                    ev[q].append(("SEND", a.payload, a.invalidate_stag))
+                elif isinstance(a, WriteImm):
+                    ev[q].append(("IMM", a.imm, a.stag, a.to, a.data))
+        return ev
+
+    def observed(self, batch):
+        return {q: list(self.events[q]) for q, _ in batch}
+
+    @staticmethod
+    def _same(exp, obs, pmem):
+        """Model events vs observed ones (records: the written octets are read back from the
+        initiator's buffer)."""
+        if len(exp) != len(obs):
+            return False
+        for e, o in zip(exp, obs):
+            if e[0] != o[0]:
+                return False
+            if e[0] == "SEND" and e != o:
+                return False
+            if e[0] == "IMM":
+                _, imm, stag, to, data = e
+                if o[1] != imm or stag not in pmem.bufs:
+                    return False
+                if pmem.contents(stag)[:len(data)] != data:
+                    return False
+        return True
+
+    async def hang_report(self, batch):
+        from hw.rtl.iface import REG_KBTP
+        from hw.rtl.kbtp_engine import reg as ENG
+        eng = {k: await self.port.rreg(REG_KBTP + ENG[k]) for k in
+               ("HOSTQ_COUNT", "LAST_LATENCY", "LAST_CYCLES", "STALL_CYCLES", "CMD")}
+        return (f"events {self.events}; engine {eng}; probes {self.probes()}; "
+                f"requester {await self.req_counters()}; last out "
+                f"{[bth_summary(f) for _, f in self.out_frames[-6:]]}; last in "
+                f"{[bth_summary(f) for _, f in self.in_frames[-6:]]}; "
+                f"peer {self.ep.counters}; "
+                f"counts {await self.engine_counts()}; driver handled "
+                f"{[(h.qp, h.op, h.status) for h in self.handled[-20:]]}; requests "
+                f"{[(q, raw.hex()) for q, raw in batch]}; frames out {len(self.out_frames)}")
+
+    async def round(self, batch, stats, *, timeout=300_000):
+        """Post one request per (initiator, raw) of ``batch`` at once, wait, match the model."""
+        for q, raw in batch:
+            self.events[q].clear()
+            self.qps[q].send(raw)
+        try:
+            await self.run_until(lambda: all(self.events[q] for q, _ in batch), timeout,
+                                 f"completions of {[q for q, _ in batch]}")
+        except AssertionError:
+            raise AssertionError("round timed out: " + await self.hang_report(batch)) from None
+        await self.settle(400)
+        obs = self.observed(batch)
+        first = None
+        for order in itertools.permutations(range(len(batch))):
+            m = copy.deepcopy(self.model)
+            exp = self.expected(m, order, batch)
+            if all(self._same(exp[q], obs[q], self.pmem) for q, _ in batch):
+                break
+            first = first or exp
+        else:
+            raise AssertionError(
+                "no order of the round's requests gives what the initiators saw:\n"
+                + "\n".join(f" initiator {q}: request {raw.hex()}\n  saw   {obs[q]}\n"
+                            f"  model {first[q]}" for q, raw in batch))
+        self.model = m
+        self.gen.model = m
+        self.gen.im_m = [m.initiator_memory(c) for c in self.conns]
+        # Every buffer the target may have written (LOAD destinations, records) equals the
+        # model's copy.
+        for q in range(self.n_init):
+            imem = m.initiator_memory(self.conns[q])
+            for stag in list(imem.buffers):
+                if stag in self.pmem.bufs:
+                    assert self.pmem.contents(stag) == imem.contents(stag), \
+                        f"initiator {q} buffer {stag:#x} differs from the model's"
+        stats["orders"] = stats.get("orders", 0) + (order != tuple(range(len(batch))))
+        for q, raw in batch:
+            for e in obs[q]:
+                if e[0] == "SEND":
+                    msg = codec.decode(e[1])
+                    key = (Opcode(raw[1]).name if raw[1] in {o.value for o in Opcode}
+                           else "?", msg.status)
+                    stats.setdefault("status", {}).setdefault(str(key), 0)
+                    stats["status"][str(key)] += 1
+
+    async def req_counters(self):
+        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
+        names = list(REQ_COUNTERS) + list(REQ_STATUS)
+        return {n: await self.port.rreg(REQ_COUNTER_BASE + 4 * k) for k, n in enumerate(names)}
+
+    async def resp_counters(self):
+        from hw.rtl.iface import REG_TRANSPORT
+        from hw.rtl.target import RESP_COUNTERS
+        return {n: await self.port.rreg(REG_TRANSPORT + 4 * k)
+                for k, n in enumerate(RESP_COUNTERS)}
+
+    async def compare_image(self):
+        lay = self.model.lay
+        spans = [("head", lay["head"], 8), ("tail", lay["tail"], 8),
+                 ("table", lay["table"], lay["table_size"]),
+                 ("ring", lay["ring"], 16 * lay["ring_n"]),
+                 ("pool", lay["pool"], lay["pool_size"])]
+        for p, d in enumerate(lay["direct"]):
+            spans += [(f"partition{p} head", d["head"], 8), (f"partition{p} tail", d["tail"], 8),
+                      (f"partition{p} ring", d["ring"], 16 * d["n"])]
+        for name, a, n in spans:
+            got = await self.port.mem_read(a, n)
+            want = bytes(self.model.mem[a:a + n])
+            if got != want:
+                bad = next(i for i in range(n) if got[i] != want[i])
+                raise AssertionError(f"{name} differs at +{bad:#x}: target "
+                                     f"{got[bad:bad + 16].hex()} model {want[bad:bad + 16].hex()}")
+
+    async def engine_counts(self):
+        from hw.rtl.iface import REG_KBTP
+        from hw.rtl.kbtp_engine import FAST_OPS, reg as ENG
+        out = {}
+        for k, op in enumerate(FAST_OPS):
+            for st in Status:
+                v = await self.port.rreg(REG_KBTP + ENG["COUNT"] + 4 * (16 * k + st.value))
+                if v:
+                    out[(op.name, st.name)] = v
+        return out
+
+
+class VlSystemBench(SystemBench):
+    """:class:`SystemBench` on a :class:`sim.vltarget.VlTarget` (plain Python).
+
+    No scheduler: :meth:`wait` runs the target ``step`` cycles at a time in C++, then one
+    network step and (once started) driver polls. Host-bus accesses also run the network step
+    every ``step`` cycles, so a driver waiting for a WorkCompletion (which needs the peer's ACK)
+    sees it arrive. Every coroutine here completes without suspending: drive the bench with
+    :func:`run_sync`.
+    """
+
+    def __init__(self, vt, *, step=128, **kw):
+        p = vt.params
+        super().__init__(n_qp=p["n_qp"], n_mr=p["n_mr"], mem_words=p["mem_words"], **kw)
+        self.vt = vt
+        # One pipe round trip per run and a few per driver poll: a longer step than the cocotb
+        # bench's saves Python time; 128 cycles (1 us) is the link's delay anyway.
+        self.step = step
+        self.net_on = False
+        self._net_at = 0
+        self._in_net = False
+        self._sent = []             # frames handed to the harness, not yet in in_frames
+
+    @property
+    def cycles(self):
+        return self.vt.cycle
+
+    async def _start(self):
+        pass                                    # the harness resets the target on start
+
+    def start_net(self):
+        self.net_on = True
+
+    def start_host(self):
+        self.host_on = True
+
+    def _net(self):
+        if not self.net_on or self._in_net:
+            return
+        self._in_net = True
+        try:
+            self._net_at = self.vt.cycle
+            out = [(f.frame, f.fcs_ok, f.start * PERIOD_NS) for f in self.vt.run(0)]
+            self.net_step(out)
+        finally:
+            self._in_net = False
+
+    async def _access(self, space, addr, we, wdata):
+        r = self.vt.access(space, addr, we, wdata)
+        if self.vt.cycle - self._net_at >= self.step:
+            self._net()
+        return r
+
+    def receive_frame(self, frame, t):
+        frame = bytes(frame).ljust(60, b"\0")
+        self.vt.send(frame)
+        self._sent.append(frame)
+
+    async def wait(self, cycles):
+        end = self.vt.cycle + cycles
+        while self.vt.cycle < end:
+            out = self.vt.run(min(self.step, end - self.vt.cycle))
+            self._net_at = self.vt.cycle
+            self._collect_in()
+            if self.net_on:
+                self.net_step([(f.frame, f.fcs_ok, f.start * PERIOD_NS) for f in out])
+            if self.host_on:
+                for _ in range(4):
+                    if await self.host_step() is None:
+                        break
+
+    def _collect_in(self):
+        """Pair the harness's rx_log with the frames sent (in order) for ``in_frames``."""
+        log = self.vt.rx_log
+        while self._sent and len(self.in_frames) < len(log):
+            first, last = log[len(self.in_frames)]
+            self.in_frames.append((last * PERIOD_NS, self._sent.pop(0)))
+
+
+# --------------------------------------------------------------------------------------------
+# Workload (shared with tests/cocotb_system.py and sim/soak.py)
+# --------------------------------------------------------------------------------------------
+
+async def one_sided(b, q, op, *args):
+    """One RDMA operation of initiator ``q`` on a target STag; returns its completion."""
+    qp = b.qps[q]
+    qp.poll_cq()                        # earlier completions (the initiator's Sends)
+    getattr(qp, op)(*args)
+    await b.run_until(lambda: not qp.outstanding, 400_000, f"{op} of initiator {q}")
+    (c,) = qp.poll_cq()
+    assert c.status.name == "SUCCESS", (op, args, c)
+    return c
+
+
+async def direct_step(b, q, stats):
+    """One direct-mode turn of initiator ``q``: a DIRECT_LOAD of one of its bound handles
+    (entry, block, entry; each read checked against the model) or a DIRECT_ALLOC (FetchAdd on
+    its Head, slot READ, partition WRITE) whose BIND request is returned for the round."""
+    from hw.headers import RING_ADD_DATA_UNMASKED
+
+    m, c = b.model, b.conns[q]
+    ack = b.acks[q]
+    s = m.session_of(c)
+    bound = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+             if m.read_entry(h)["flags"] & 1]
+    if bound and b.rng.random() < 0.5:
+        h = b.rng.choice(bound)
+        t = ack.table
+        eto = t.tagged_offset + 16 * (h - ack.table_base_handle)
+        e1 = (await one_sided(b, q, "read", eto, t.stag, 16)).data
+        assert e1 == m.remote_read(c, t.stag, eto, 16)
+        ent = codec.decode_entry(e1)
+        if ent.data_length:
+            blk = (await one_sided(b, q, "read", ent.block_offset, ack.pool.stag,
+                                   ent.data_length)).data
+            assert blk == m.remote_read(c, ack.pool.stag, ent.block_offset, ent.data_length)
+        assert (await one_sided(b, q, "read", eto, t.stag, 16)).data == e1
+        stats["direct_load"] = stats.get("direct_load", 0) + 1
+        return None
+    free = [h for h in range(s.handle_base, s.handle_base + s.handle_count)
+            if not m.read_entry(h)["flags"] & 1]
+    if not free or m.usage(s.initiator_id) >= s.quota:
+        return None                     # the partition ring would be empty: no FetchAdd
+    hd, rg = ack.head, ack.ring
+    old = (await one_sided(b, q, "fetch_add", hd.tagged_offset, hd.stag,
+                           RING_ADD_DATA_UNMASKED)).orig
+    assert old == m.remote_fetch_add(c, hd.stag, hd.tagged_offset, RING_ADD_DATA_UNMASKED)
+    ticket = old >> 32
+    sto = rg.tagged_offset + 16 * (ticket % rg.count)
+    slot = (await one_sided(b, q, "read", sto, rg.stag, 16)).data
+    assert slot == m.remote_read(c, rg.stag, sto, 16)
+    seq, boff = codec.decode_slot(slot)
+    assert seq == ticket, (seq, ticket)
+    payload = bytes(b.rng.getrandbits(8) for _ in range(b.rng.choice([1, 64, 700])))
+    await one_sided(b, q, "write", boff, ack.partition.stag, payload)
+    m.remote_write(c, ack.partition.stag, boff, payload)
+    stats["bind"] = stats.get("bind", 0) + 1
+    b.gen.rid += 1
+    return codec.encode(codec.Bind(request_id=b.gen.rid, handle=b.rng.choice(free),
+                                   ticket=ticket, data_length=len(payload), block_offset=boff))
+
+
+def op_kind(raw):
+    """Kind of a request for the soak's tallies: ALLOC_STORE/STORE split by inline or READ."""
+    from hw.headers import ReqFlags
+    try:
+        op = Opcode(raw[1])
+    except (ValueError, IndexError):
+        return "malformed"
+    if op in (Opcode.ALLOC_STORE, Opcode.STORE):
+        return op.name + ("_inline" if len(raw) > 3 and raw[3] & ReqFlags.INLINE.value
+                          else "_read")
+    return op.name
+
+
+async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=None):
+    """Random rounds on a brought-up bench: LOAD / STORE / ALLOC_STORE (inline and by READ,
+    some malformed on purpose) and FREE from every initiator; with ``direct``, initiator 0's
+    turns are also DIRECT_LOAD reads and DIRECT_ALLOC allocations + BIND. Stops after
+    ``rounds`` rounds or ``ops`` operations. Returns the stats dict (per-kind counts in
+    ``kinds``)."""
+    n_init = b.n_init
+    stats = {"requests": 0, "free": 0, "direct_load": 0, "bind": 0, "rounds": 0, "kinds": {}}
+    r = 0
+    while (rounds is None or r < rounds) and (ops is None or
+                                              stats["requests"] + stats["direct_load"] < ops):
+        r += 1
+        who = b.rng.sample(range(n_init), b.rng.randrange(1, n_init + 1))
+        batch = []
+        for q in who:
+            if direct and q == 0 and b.rng.random() < 0.4:
+                d0 = stats["direct_load"]
+                raw = await direct_step(b, 0, stats)
+                if stats["direct_load"] != d0:
+                    stats["kinds"]["DIRECT_LOAD"] = stats["kinds"].get("DIRECT_LOAD", 0) + 1
+                if raw is None:
+                    continue
+                batch.append((q, raw))
+            elif b.rng.random() < 0.15:
+                batch.append((q, b.free_request(q)))
+                stats["free"] += 1
+            else:
+                batch.append((q, b.gen.make(q)))
+            if batch[-1][1][1] == Opcode.FREE.value or (direct and q == 0):
+                b.slow_sent += 1
+        if not batch:
+            continue
+        stats["requests"] += len(batch)
+        for q, raw in batch:
+            k = op_kind(raw)
+            if direct and q == 0 and k == "BIND":
+                k = "DIRECT_ALLOC+BIND"
+            stats["kinds"][k] = stats["kinds"].get(k, 0) + 1
+        await b.round(batch, stats)
+        stats["rounds"] += 1
+        if log:
+            log(f"round {r}: {[(q, raw[1]) for q, raw in batch]} ok at cycle {b.cycles}")
+        if progress:
+            progress(stats)
+    return stats
+
+
+async def mixed_checks(b, stats, *, direct=False):
+    """End-of-run checks of :func:`mixed`: image and counters vs the model, host idleness.
+    Returns the figures dict."""
+    from hw.rtl.iface import REG_KBTP
+    from hw.rtl.kbtp_engine import FAST_OPS, reg as ENG
+    await b.settle(2000)
+    await b.compare_image()
+    got = await b.engine_counts()
+    fast = {o.name for o in FAST_OPS}
+    want = {k: v for k, v in b.model.counters.items() if k[0] in fast}
+    both = dict(got)
+    for k, v in b.driver.stats.items():            # the direct session's, run by the host
+        if k[0] in fast:
+            both[k] = both.get(k, 0) + v
+    assert both == want, f"engine + driver counters {both} vs model {want}"
+    # The host handled exactly the slow-path messages: HELLOs, FREEs, and (direct) the
+    # DIRECT_ALLOC session's requests; no fast-path request of any other initiator.
+    assert len(b.handled) == b.slow_sent, (len(b.handled), b.slow_sent,
+                                           [h.op for h in b.handled])
+    assert {h.op for h in b.handled if not (direct and h.qp == 0)} <= {"HELLO", "FREE"}, \
+        [(h.qp, h.op) for h in b.handled]
+    hostq = await b.port.rreg(REG_KBTP + ENG["HOSTQ_COUNT"])
+    assert hostq == b.slow_sent, (hostq, b.slow_sent)
+    assert b.driver.host_actions == b.slow_sent
+    return dict(stats, link=b.link.stats, fast_path=sum(got.values()), host_messages=hostq,
+                stall_cycles=await b.port.rreg(REG_KBTP + ENG["STALL_CYCLES"]),
+                peer_retransmissions=b.ep.counters.retransmissions, cycles=b.cycles)
