@@ -90,3 +90,10 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: $(VENV)/.installed
 	$(PY) -m sim.bench --out build/bench $(BENCH_ARGS)
+
+# Soak (sim/soak.py): 10 000 mixed KBTP ops from 4 initiators over a lossy link, against the
+# golden model, on the Verilated target (sim/vltarget.py). SOAK_ARGS="--loss 0.05 --dup 0.05".
+SOAK_ARGS ?=
+.PHONY: soak
+soak: $(VENV)/.installed
+	$(PY) -m sim.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 $(SOAK_ARGS)

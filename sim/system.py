@@ -310,6 +310,27 @@ class SystemBench:
         return codec.encode(codec.Free(request_id=self.gen.rid, handle=h,
                                        generation=0))
 
+    def make_request(self, q, stats=None):
+        """A random request of initiator ``q`` (:class:`tests.test_kbtp_engine.Gen`), except
+        one whose RDMA transfer would fault (an unknown or invalid STag, a range outside the
+        buffer: the model marks the RdmaRead / RdmaWrite / WriteImm with an error), or whose
+        COMPLETION would be a Send with Invalidate of an STag the initiator never registered.
+        On RoCE the first ends in a Remote Access Error NAK, the second in an Invalid Request
+        NAK; either moves the target's QP to the Error state: the connection fails (the draft's
+        "when a connection fails"), and the model's completion is never delivered. Connection
+        loss is outside this bench."""
+        for _ in range(50):
+            raw = self.gen.make(q)
+            m = copy.deepcopy(self.model)
+            acts = m.receive(self.conns[q], raw)
+            if not any(getattr(a, "error", None) or (
+                    isinstance(a, SendMsg) and a.invalidate_stag is not None
+                    and a.invalidate_stag not in self.pmem.bufs) for a in acts):
+                return raw
+            if stats is not None:
+                stats["faulting_skipped"] = stats.get("faulting_skipped", 0) + 1
+        raise AssertionError("no non-faulting request in 50 tries")
+
     def expected(self, model, order, batch):
         """Run ``batch`` through ``model`` in ``order``; per-initiator observable events."""
         ev = {q: [] for q, _ in batch}
@@ -624,7 +645,7 @@ async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=No
                 batch.append((q, b.free_request(q)))
                 stats["free"] += 1
             else:
-                batch.append((q, b.gen.make(q)))
+                batch.append((q, b.make_request(q, stats)))
             if batch[-1][1][1] == Opcode.FREE.value or (direct and q == 0):
                 b.slow_sent += 1
         if not batch:
