@@ -600,9 +600,22 @@ class KbtpDriver:
         self.host_actions += 1
         res = Handled(qp, self._op_name(raw), None)
         c = self._conns.get(qp)
-        if c is not None and not c.closed:
-            await self._dispatch(c, raw, now, res)
-        await self.port.repost(qp)
+        try:
+            if c is not None and not c.closed:
+                await self._dispatch(c, raw, now, res)
+        except Exception:
+            # The initiator still gets an answer (INTERNAL), as for an initiator-memory fault;
+            # the error itself goes to the caller once the buffer is back.
+            if c is not None and not c.closed and res.status is None:
+                try:
+                    res.status = await self._complete_raw(c, raw, Status.INTERNAL, res.actions)
+                except Exception:           # the first error is the one to report
+                    pass
+            raise
+        finally:
+            # Always hand the receive buffer back: until then the engine holds this QP's next
+            # messages (per-connection order), so one host error would wedge the connection.
+            await self.port.repost(qp)
         await self._pump()
         return res
 

@@ -45,6 +45,11 @@ STEP = 512                  # cycles between two service rounds while frames mov
 IDLE_STEP = 8192            # ... while nothing moved in the last round
 IDLE_WAIT_S = 0.002         # wall time to wait for a frame on the socket when idle
 PERIOD_NS = 8               # 125 MHz
+# Host-bus polls the driver spends waiting for the completion of its own RDMA operation (each
+# poll also moves frames): the transport always ends a work request, with success or with
+# RETRY_EXCEEDED after its retries, and a TCG guest can take seconds to answer; this bound is
+# only a guard against a stuck target.
+WC_POLLS = 3_000_000
 
 # An all-zero memory initialiser cell of the RTLIL text (sim/vltarget.py drops these before
 # Verilator runs: 4 MB of target memory would otherwise be one initial statement per word).
@@ -97,7 +102,8 @@ class Served:
         self.srv.sock.setblocking(False)
         self.port = TargetPort(_PumpedAccess(self))
         self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})),
-                                 n_qp=HW["n_qp"], mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"])
+                                 n_qp=HW["n_qp"], mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"],
+                                 wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],
                            log=self.log, seed=opts.get("seed", 1))
         self.counts = {"bad_fcs": 0, "handled": 0}

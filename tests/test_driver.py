@@ -575,8 +575,14 @@ def test_deferred_free_stuck_raises():
     w.slow(0, free(5, 0x4000))
     w.engine(0, alloc_inline(6, 0x4002, b"d"))
     w.fake.deliver(0, free(7, 0x4002))
+    reposts, mark = w.fake.reposts.get(0, 0), len(w.fake.sent)
     with pytest.raises(DriverError, match="busy"):
         run(w.drv.poll(w.now))
+    # The error does not wedge the connection: the initiator is answered (INTERNAL, the FREE's
+    # Request ID) and the receive buffer goes back, so the engine takes the QP's next message.
+    assert w.fake.reposts.get(0, 0) == reposts + 1
+    sent = [codec.decode(x[2]) for x in w.fake.sent[mark:] if x[0] == 0]
+    assert [(c.request_id, c.status) for c in sent] == [(7, Status.INTERNAL.value)]
 
 
 # --------------------------------------------------------------------------------------------
