@@ -266,6 +266,7 @@ class Bench:
             self.bufs.append(buf)
         self.rid = 0
         self.loaded_expect = None   # what a LOAD of the bench handle must return
+        self.current_op = None
 
     # ---- network --------------------------------------------------------------------------
     def _on_message(self, q):
@@ -405,6 +406,7 @@ class Bench:
         ev0, tx0, sent0 = len(self.events[q]), len(self.tx), len(self.sent)
         self.turnaround = 0
         done = lambda: len(self.events[q]) - ev0
+        bound = op_plan(op, length, mtu)["bound"]
         min_out = DEPTH
         k = 0
         start = self.vt.cycle
@@ -416,7 +418,8 @@ class Bench:
                 self._deliver([])         # puts the SEND on the wire now
                 k += 1
             before = done()
-            self.pump(lambda: done() > before, what=f"{op} {length} completion {before}")
+            self.pump(lambda: done() > before, max_cycles=4 * bound + 200_000,
+                      what=f"{op} {length} completion {before}")
             if 0 < done() < n_ops:
                 min_out = min(min_out, k - done())
         assert self.vt.cycle - start > 0
@@ -609,52 +612,84 @@ def _vt(width, log):
     return VlTarget({"width": width}, log=log)
 
 
-def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print,
-             latency=False):
-    """Every goodput series of one block size at one width (one fresh target)."""
-    out = {"series": [], "latency": None}
+def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print):
+    """Every goodput series of one block size at one width: one fresh target per path MTU.
+
+    A series that cannot complete (no completion within 4 x its wire bound + 200 000 cycles)
+    ends that MTU's run; it is recorded in ``failed`` with the MAC's overflow / underrun
+    counters (a frame longer than the MAC buffers is dropped on receive or never sent).
+    """
+    out = {"series": [], "failed": [], "retransmits": []}
     n = _n_ops(size, quick)
-    with _vt(width, log) as vt:
-        b = Bench(vt, size, mtus=mtus, n_init=4 if latency else len(mtus),
-                  max_inline=max_inline, max_blocks=max(2 * n + 2, 8))
-        b.bring_up()
-        for q, mtu in enumerate(mtus):
-            s = b.sess[q]
-            hb = s.handle_base
-            n_alloc = min(n, b.num_blocks - 1, s.handle_count - 1)
-            alloc = "ALLOC_STORE_INLINE" if size <= max_inline else "ALLOC_STORE_READ"
-            plan = [(alloc, list(range(hb + 1, hb + 1 + n_alloc)))]
-            ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
-            # The handle of LOAD / STORE: bound by one (unmeasured) ALLOC_STORE.
-            _bind_one(b, q, hb, size)
-            for op, hs in plan:
-                if n_alloc >= 2:
-                    r = b.series(q, op, size, n_alloc, hs)
-                    r["width"] = width
-                    out["series"].append(r)
-                    log(_row(r))
-                b.free(q, hs[:n_alloc])
-            for op in ops:
-                r = b.series(q, op, size, n, [hb])
-                r["width"] = width
-                out["series"].append(r)
-                log(_row(r))
-            b.free(q, [hb])
-        if latency:
-            out["latency"] = latency_runs(b)
-        out["arp_turnaround"] = b.arp_turnaround()
-        out["target_retransmits"] = _req_counter(b, "cnt_retransmits")
-        out["peer_retransmissions"] = b.ep.counters.retransmissions
+    for mtu in mtus:
+        with _vt(width, log) as vt:
+            b = Bench(vt, size, mtus=(mtu,), n_init=1, max_inline=max_inline,
+                      max_blocks=max(n + 2, 8))
+            b.bring_up()
+            try:
+                _mtu_series(b, width, size, n, max_inline, out, log)
+            except TimeoutError as e:
+                mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
+                                                               "rx_frames_ok", "tx_frames")}
+                out["failed"].append({"width": width, "size": size, "mtu": mtu,
+                                      "op": b.current_op, "error": str(e)[:200], "mac": mac})
+                log(f"w{width:<3} {b.current_op:<19} {size:>8} {mtu:>5} FAILED: no completion "
+                    f"(MAC {mac})")
+            out["retransmits"].append({"mtu": mtu,
+                                       "target": _req_counter(b, "cnt_retransmits"),
+                                       "peer": b.ep.counters.retransmissions})
     return out
 
 
-def _bind_one(b, q, h, size):
+def _mtu_series(b, width, size, n, max_inline, out, log):
+    s = b.sess[0]
+    hb = s.handle_base
+    n_alloc = min(n, b.num_blocks - 1, s.handle_count - 1)
+    alloc = "ALLOC_STORE_INLINE" if size <= max_inline else "ALLOC_STORE_READ"
+    ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
+    # The handle of LOAD / STORE: bound by one (unmeasured) ALLOC_STORE by READ.
+    b.current_op = "ALLOC_STORE_READ (setup)"
+    _bind_one(b, 0, hb, size, max_cycles=4 * op_plan("ALLOC_STORE_READ", size,
+                                                     b.mtus[0])["bound"] + 200_000)
+    runs = [(alloc, list(range(hb + 1, hb + 1 + n_alloc)), n_alloc)] if n_alloc >= 2 else []
+    runs += [(op, [hb], n) for op in ops]
+    for op, hs, k in runs:
+        b.current_op = op
+        r = b.series(0, op, size, k, hs)
+        r["width"] = width
+        out["series"].append(r)
+        log(_row(r))
+        if op.startswith("ALLOC"):
+            b.free(0, hs)
+
+
+def run_latency(width, log=print):
+    """Latency figures (64 octets, MTU 1024, 4 initiators) and the ARP turnaround."""
+    with _vt(width, log) as vt:
+        b = Bench(vt, 64, mtus=(1024,), n_init=4, max_blocks=32)
+        b.bring_up()
+        lat = latency_runs(b)
+        return {"latency": lat, "arp_turnaround": b.arp_turnaround(),
+                "retransmits": {"target": _req_counter(b, "cnt_retransmits"),
+                                "peer": b.ep.counters.retransmissions}}
+
+
+def _top_counter(b, blk, port):
+    from hw.rtl.hostlink import Space
+    from hw.rtl.iface import REG_TOP
+    from hw.rtl.regbank import TOP_COUNTER_BASE
+    from hw.rtl.target import TOP_COUNTERS
+    k = TOP_COUNTERS.index((blk, port))
+    return b.vt.access(Space.REG, REG_TOP + TOP_COUNTER_BASE + 4 * k, 0, 0)[0]
+
+
+def _bind_one(b, q, h, size, max_cycles=20_000_000):
     """Bind handle ``h`` with ``size`` octets by one ALLOC_STORE (by READ), not measured."""
     data = b.rng.randbytes(size)
     n0 = len(b.events[q])
     b.qps[q].send(b.request(q, "ALLOC_STORE_READ", h, size, data))
     b._deliver([])
-    b.pump(lambda: len(b.events[q]) > n0, what="bind")
+    b.pump(lambda: len(b.events[q]) > n0, max_cycles=max_cycles, what="bind")
     b.completion(q, n0)
     b.loaded_expect = data
 
@@ -717,24 +752,46 @@ def resources(root=None):
     return out or "not built"
 
 
-def run_bench(widths=(8, 64), quick=False, log=print, sizes=None):
-    """All figures at every width; returns the results dict (see :func:`write_results`)."""
+def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
+    """Every figure of one datapath width. An MTU whose series failed at some size is not
+    run at the larger sizes (recorded in ``skipped``)."""
+    t0 = time.monotonic()
+    wr = {"series": [], "failed": [], "skipped": [], "retransmits": []}
+    dead = {}
+    for size in sizes:
+        live = [m for m in mtus if m not in dead]
+        wr["skipped"] += [{"size": size, "mtu": m, "why": f"failed at size {dead[m]}"}
+                          for m in mtus if m in dead]
+        r = run_size(w, size, quick=quick, log=log, mtus=live)
+        wr["series"] += r["series"]
+        wr["failed"] += r["failed"]
+        for f in r["failed"]:
+            dead.setdefault(f["mtu"], size)
+        wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
+    lat = run_latency(w, log)
+    wr["latency"] = _latency_summary(lat["latency"])
+    wr["latency_samples"] = lat["latency"]
+    wr["arp_turnaround"] = lat["arp_turnaround"]
+    wr["retransmits"].append(dict(lat["retransmits"], size="latency"))
+    wr["wall_s"] = round(time.monotonic() - t0, 1)
+    return wr
+
+
+def run_bench(widths=(8, 64), quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1):
+    """All figures at every width (``jobs`` widths at once, in separate processes); returns
+    the results dict (see :func:`write_results`)."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": DEPTH,
            "quick": quick, "widths": {}, "resources": resources()}
-    for w in widths:
-        t0 = time.monotonic()
-        wr = {"series": [], "latency": None}
-        for i, size in enumerate(sizes):
-            r = run_size(w, size, quick=quick, log=log, latency=(size == 64 or i == 0))
-            wr["series"] += r["series"]
-            if r["latency"] is not None:
-                wr["latency"] = _latency_summary(r["latency"])
-                wr["arp_turnaround"] = r["arp_turnaround"]
-            wr.setdefault("retransmits", []).append(
-                (size, r["target_retransmits"], r["peer_retransmissions"]))
-        wr["wall_s"] = round(time.monotonic() - t0, 1)
-        res["widths"][str(w)] = wr
+    if jobs > 1 and len(widths) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(jobs, len(widths))) as ex:
+            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus) for w in widths}
+            for w in widths:
+                res["widths"][str(w)] = futs[w].result()
+    else:
+        for w in widths:
+            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus)
     return res
 
 
@@ -784,6 +841,18 @@ def format_table(res):
     for w, wr in res["widths"].items():
         for r in wr["series"]:
             lines.append(_row(dict(r, width=w)))
+    for w, wr in res["widths"].items():
+        for f in wr.get("skipped", []):
+            lines.append(f"w{w:<3} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
+                         f"{f['why']}")
+        for f in wr.get("failed", []):
+            lines.append(f"w{w:<3} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: no "
+                         f"completion; MAC counters {f['mac']}")
+        rt = [x for x in wr.get("retransmits", []) if x["target"] or x["peer"]]
+        lines.append(f"width {w}: retransmissions (target, peer) "
+                     + (", ".join(f"size {x['size']} MTU {x.get('mtu', 1024)}: "
+                                  f"{x['target']}, {x['peer']}" for x in rt) or "none")
+                     + f"; wall time {wr.get('wall_s')} s")
     for w, wr in res["widths"].items():
         lat = wr.get("latency") or {}
         if lat:
@@ -860,11 +929,15 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
     ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
     ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--mtus", default="1024,4096")
+    ap.add_argument("--jobs", type=int, default=1, help="widths run at once (processes)")
     a = ap.parse_args(argv)
     widths = [int(x) for x in a.widths.split(",") if x]
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     print(HEADER, flush=True)
-    res = run_bench(widths, a.quick, log=lambda s: print(s, flush=True), sizes=sizes)
+    mtus = [int(x) for x in a.mtus.split(",") if x]
+    res = run_bench(widths, a.quick, log=lambda s: print(s, flush=True), sizes=sizes,
+                    mtus=mtus, jobs=a.jobs)
     j, c = write_results(res, a.out)
     pngs = plot(res, a.out)
     print()

@@ -85,14 +85,16 @@ def test_data_frames_against_rc_endpoint(mtu, length):
 def quick():
     out = {}
     for size in (64, 4096):
-        out[size] = bench.run_size(8, size, quick=True, mtus=(1024,), latency=(size == 64),
-                                   log=lambda s: None)
+        out[size] = bench.run_size(8, size, quick=True, mtus=(1024,), log=lambda s: None)
+    out["latency"] = bench.run_latency(8, log=lambda s: None)
     return out
 
 
 def test_quick_goodput_is_possible(quick):
     seen = set()
-    for size, r in quick.items():
+    for size in (64, 4096):
+        r = quick[size]
+        assert not r["failed"], r["failed"]
         for s in r["series"]:
             seen.add(s["op"])
             assert s["size"] == size and s["mtu"] == 1024
@@ -107,12 +109,12 @@ def test_quick_goodput_is_possible(quick):
             # the peer is never the bottleneck
             assert s["min_outstanding"] >= 1, s
             assert s["peer_burst_gap_max"] == 0, s
-        assert r["target_retransmits"] == 0 and r["peer_retransmissions"] == 0
+        assert r["retransmits"] == [{"mtu": 1024, "target": 0, "peer": 0}]
     assert seen == {"LOAD", "STORE_READ", "STORE_INLINE", "ALLOC_STORE_INLINE"}
 
 
 def test_quick_latency(quick):
-    lat = quick[64]["latency"]
+    lat = quick["latency"]["latency"]
     assert set(lat) == {"LOAD", "STORE_INLINE", "STORE_READ", "ALLOC_STORE_INLINE"}
     for op, d in lat.items():
         assert len(d["alone"]) == 4 and len(d["contention"]) == 16
@@ -125,4 +127,5 @@ def test_quick_latency(quick):
             assert x["from_first"] - x["from_last"] == frame_wire(plen) - IFG - 1
             # the engine's part is inside the whole
             assert x["engine_notify_to_wr"] < x["from_last"]
-    assert quick[64]["arp_turnaround"] > 0
+    assert quick["latency"]["arp_turnaround"] > 0
+    assert quick["latency"]["retransmits"] == {"target": 0, "peer": 0}
