@@ -97,3 +97,12 @@ SOAK_ARGS ?=
 .PHONY: soak
 soak: $(VENV)/.installed
 	$(PY) -m sim.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 $(SOAK_ARGS)
+
+# Fuzz the whole Verilated target (issue 7 item 3): FUZZ_FRAMES mutated and random frames,
+# oracles in sim/fuzz.py; the summary also goes to build/fuzz.json.
+FUZZ_FRAMES ?= 100000
+FUZZ_SEED   ?= 1
+.PHONY: fuzz
+fuzz: $(VENV)/.installed
+	@mkdir -p build
+	$(PY) -m sim.fuzz --frames $(FUZZ_FRAMES) --seed $(FUZZ_SEED) --json build/fuzz.json

@@ -164,16 +164,18 @@ def test_replay_corpus(fz):
     status, exact MAC accounting."""
     fz.first_counters = fz.counters()
     fz._frames_at_snap, fz.snap_counters = fz.frames_to_target, fz.first_counters
-    fails = fz.replay(F.load_corpus())
+    entries = [e for e in F.load_corpus() if not e.get("known_bug")]
+    fails = fz.replay(entries)
     assert not fails, fails[:3]
     assert fz.hangs == 0 and fz.unauthorized == 0
-    assert fz.probes_ok >= len(F.load_corpus())
+    assert fz.probes_ok >= len(entries)
 
 
 def test_short_fuzz(fz):
     """A few thousand mutated frames with every oracle; the figures are printed."""
     fz.findings.clear()
-    fz.run(2500, batch=200, exact_every=4)
+    fz.avoid = list(F.KNOWN_BUGS.values())
+    fz.run(2500, batch=500, kbtp_share=0.04, exact_every=3)
     s = fz.summary()
     print(json.dumps(s, indent=1, default=str))
     assert s["hangs"] == 0
@@ -185,3 +187,15 @@ def test_short_fuzz(fz):
     assert moved.get("mac.rx_fcs_errors", 0) >= s["frames_by_class"]["fcs_bad"]
     st = s["completions_by_status"]
     assert st.get("kbtp:MALFORMED", 0) > 20, st
+
+
+@pytest.mark.xfail(reason="known bug (reported): an ACKNOWLEDGE with payload stops the receive "
+                          "path (sim/fuzz.py KNOWN_BUGS['ack_payload'])", strict=True)
+def test_known_bugs(fz):
+    """The corpus frames of reported, unfixed bugs: each must leave the target working. Runs
+    last (a hang restarts the target)."""
+    entries = [e for e in F.load_corpus() if e.get("known_bug")]
+    assert entries
+    fz.findings.clear()
+    fails = fz.replay(entries)
+    assert not fails, [(n, [f["why"][:200] for f in fs]) for n, fs in fails]
