@@ -667,14 +667,41 @@ def _mtu_series(b, width, size, n, max_inline, out, log):
 
 
 def run_latency(width, log=print):
-    """Latency figures (64 octets, MTU 1024, 4 initiators) and the ARP turnaround."""
+    """Latency figures (64 octets, MTU 1024, 4 initiators), the ARP turnaround, and the
+    latency against the data length (:func:`latency_slopes`)."""
     with _vt(width, log) as vt:
         b = Bench(vt, 64, mtus=(1024,), n_init=4, max_blocks=32)
         b.bring_up()
         lat = latency_runs(b)
-        return {"latency": lat, "arp_turnaround": b.arp_turnaround(),
-                "retransmits": {"target": _req_counter(b, "cnt_retransmits"),
-                                "peer": b.ep.counters.retransmissions}}
+        out = {"latency": lat, "arp_turnaround": b.arp_turnaround(),
+               "retransmits": {"target": _req_counter(b, "cnt_retransmits"),
+                               "peer": b.ep.counters.retransmissions}}
+    with _vt(width, log) as vt:
+        b = Bench(vt, 1024, mtus=(1024,), n_init=1, max_blocks=8)
+        b.bring_up()
+        out["slopes"] = latency_slopes(b)
+    return out
+
+
+def latency_slopes(b, lengths=(64, 1024)):
+    """Alone latency (last request octet -> first response octet) of LOAD and STORE_INLINE
+    at two data lengths: the cycles per octet tell the store-and-forward stages (a LOAD's
+    WRITE frame is buffered whole before its preamble; an inline request is buffered whole by
+    the MAC receiver and the ICRC check, then copied)."""
+    h = b.sess[0].handle_base
+    for k, n in enumerate(lengths):
+        _bind_one(b, 0, h + k, n)
+    out = {}
+    for op in ("LOAD", "STORE_INLINE"):
+        pts = []
+        for k, n in enumerate(lengths):
+            hs = {0: h + k}
+            xs = [b.latency([0], op, hs, length=n)[0] for _ in range(2)]
+            pts.append({"length": n, "from_last": min(x["from_last"] for x in xs),
+                        "engine_notify_to_wr": min(x["engine_notify_to_wr"] for x in xs)})
+        d = pts[-1]["from_last"] - pts[0]["from_last"]
+        out[op] = {"points": pts, "cycles_per_octet": round(d / (lengths[-1] - lengths[0]), 3)}
+    return out
 
 
 def _top_counter(b, blk, port):
@@ -775,6 +802,7 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
     wr["latency"] = _latency_summary(lat["latency"])
     wr["latency_samples"] = lat["latency"]
     wr["arp_turnaround"] = lat["arp_turnaround"]
+    wr["latency_slopes"] = lat["slopes"]
     wr["retransmits"].append(dict(lat["retransmits"], size="latency"))
     wr["wall_s"] = round(time.monotonic() - t0, 1)
     return wr
@@ -863,6 +891,11 @@ def format_table(res):
                          f"{wr.get('arp_turnaround')}:")
             lines.append(f"  {'op':<19} {'last->resp':>10} {'first->resp':>11} "
                          f"{'ack':>6} {'engine':>7} {'4QP mean':>9} {'4QP max':>8}")
+        for op, d in wr.get("latency_slopes", {}).items():
+            lines.append(f"  {op} alone latency vs data length: "
+                         + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
+                                     for p in d["points"])
+                         + f" ({d['cycles_per_octet']} cycles/octet)")
         for op, d in lat.items():
             lines.append(
                 f"  {op:<19} {d['alone_from_last']['median']:>10} "
