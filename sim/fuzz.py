@@ -541,6 +541,11 @@ class Fuzzer:
         self.model_mismatch = 0
         self.frames_to_target = 0
         self.restarts = 0
+        self.rearms = 0
+        self.restart_on_hang = True
+        self.rearm_every = 10             # victim QPs back to RTS this often per raw batch
+        self.progress_path = None         # summary so far, written after every batch
+        self.stop_file = None             # stop (and report) when this file appears
         self.skipped_fault = 0
         self.skipped_known = 0
         self.avoid = []                   # predicates: frames of known (reported) bugs
@@ -745,11 +750,12 @@ class Fuzzer:
         return cb
 
     # ---- requests through the clean peer (model-checked) ----------------------------------
-    def request(self, q, raw, max_cycles=PROBE_CYCLES):
+    def request(self, q, raw, max_cycles=None):
         """Send ``raw`` on clean QP ``q``; the target's reply must equal the model's. Returns
         the observed events, or None on a hang."""
         from sim.model import SendMsg, WriteImm
         conn = self.conns[q]
+        max_cycles = max_cycles or PROBE_CYCLES
         exp = []
         for a in self.model.receive(conn, raw, now_ms=self.vt.cycle * PERIOD_NS / 1e6):
             if isinstance(a, SendMsg):
@@ -943,9 +949,40 @@ class Fuzzer:
                        payload=payload)
         return self.mut.no_hello(f)
 
+    def rearm(self):
+        """Victim QPs back to RTS (a NAK puts the target's QP in error, and a QP in error
+        drops everything: the fuzz would stop reaching the responder), PSNs as last seen."""
+        from hw.rtl.iface import QpState
+        pl = self.plan
+        size = 1 << pl["recv_log2"]
+        for q in VICTIM_QPS:
+            psn = self.mut.epsn.get(T_QPN[q], 0)
+            try:
+                _run_sync(self.port.set_qp(
+                    q, state=QpState.RTS, local_qpn=T_QPN[q], remote_qpn=P_QPN[q],
+                    peer_mac=VICTIM[0], peer_ip=VICTIM[1], udp_sport=0xC100 + q,
+                    pmtu=PMTU_CODE, rq_psn=psn, sq_psn=0x1000 + q, timeout=10, retry_cnt=7,
+                    rnr_retry=7, recv_base=pl["recv"] + q * pl["recv_count"] * size,
+                    recv_count=pl["recv_count"], recv_size_log2=pl["recv_log2"]))
+                self.rearms += 1
+            except Exception as e:
+                self.host_errors += 1
+                self.log(f"rearm QP {q}: {e!r}")
+
     def raw_batch(self, n):
         """``n`` mutated frames of the RAW_MIX classes, back to back."""
         classes, weights = zip(*RAW_MIX.items())
+        if self.rearm_every:
+            k = max(1, n // self.rearm_every)
+            for part in range(0, n, k):
+                self.rearm()
+                self._raw(min(k, n - part), classes, weights)
+            self.settle(3 * STEP)
+            return
+        self._raw(n, classes, weights)
+        self.settle(3 * STEP)
+
+    def _raw(self, n, classes, weights):
         for _ in range(n):
             cls = self.rng.choices(classes, weights)[0]
             seed = self.seed_frame() if cls != "pcap" or not self.pcap else \
@@ -961,7 +998,7 @@ class Fuzzer:
             self.to_target(f, fcs_ok=fcs_ok)
             if self.rng.random() < 0.1:
                 self.step(64)
-        self.settle(3 * STEP)
+        self.drain()
 
     def _maybe_keep(self, cls, f, fcs_ok):
         """Corpus: the first frames of each (class, header shape) seen."""
@@ -1059,7 +1096,7 @@ class Fuzzer:
                           f"{self.frames_to_target - self._frames_at_snap} frames sent")
         self.snap_counters, self._frames_at_snap = c, self.frames_to_target
         ok = self.probe()
-        if not ok:
+        if not ok and self.restart_on_hang:
             self.restart()
         self.batch_frames = []
         return ok
@@ -1120,13 +1157,18 @@ class Fuzzer:
             b += 1
             if b % self.mem_every == 0:
                 self.check_memory()
+            if self.progress_path:
+                self.wall = time.monotonic() - t0
+                self.cycles = self.vt.cycle - self._c0 + self.acc_cycles
+                self.last_counters = self.counters()
+                Path(self.progress_path).write_text(json.dumps(self.summary(), indent=1))
+            if self.stop_file and Path(self.stop_file).exists():
+                raise KeyboardInterrupt
             if b % 5 == 0:
                 dt = time.monotonic() - t0
                 self.log(f"fuzz: {self.total_fuzzed()} frames, cycle {self.vt.cycle}, "
                          f"{self.total_fuzzed() / max(dt, 1e-9):.0f} frames/s, probes "
-                         f"{self.probes_ok}, hangs {self.hangs}, findings {len(self.findings)}",
-                         flush=True) if self.log is print else self.log(
-                             f"fuzz: {self.total_fuzzed()} frames, hangs {self.hangs}")
+                         f"{self.probes_ok}, hangs {self.hangs}, findings {len(self.findings)}")
 
     def total_fuzzed(self):
         return sum(self.stats.values())
@@ -1146,7 +1188,8 @@ class Fuzzer:
             "hangs": self.hangs, "model_mismatches": self.model_mismatch,
             "findings": len(self.findings), "restarts_after_hang": self.restarts,
             "skipped_known_bug_frames": self.skipped_known,
-            "kbtp_skipped_initiator_fault": self.skipped_fault, "host_errors": self.host_errors,
+            "kbtp_skipped_initiator_fault": self.skipped_fault,
+            "victim_qp_rearms": self.rearms, "host_errors": self.host_errors,
             "peer_errors": self.peer_errors, "host_handled": hostd,
             "cycles": self.cycles, "wall_s": round(self.wall, 1),
             "frames_per_s": round(self.total_fuzzed() / max(self.wall, 1e-9), 1),
@@ -1243,6 +1286,8 @@ def main(argv=None):
                     help="write the interesting frames (and findings) to this JSON file")
     ap.add_argument("--replay", default=None, help="replay a corpus file/dir instead")
     ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--progress", default=None, help="summary so far, after every batch")
+    ap.add_argument("--stop-file", default=None, help="stop early (and report) when it exists")
     ap.add_argument("--kbtp-share", type=float, default=0.02,
                     help="share of each batch sent as KBTP messages on QP 0")
     ap.add_argument("--keep-known", action="store_true",
@@ -1255,6 +1300,7 @@ def main(argv=None):
         s = fz.summary()
     else:
         fz = Fuzzer(seed=a.seed, mem_every=a.mem_every)
+        fz.progress_path, fz.stop_file = a.progress, a.stop_file
         if not a.keep_known:
             fz.avoid = list(KNOWN_BUGS.values())
         fz.setup()
