@@ -1180,11 +1180,13 @@ class Fuzzer:
         for h in self.handled:
             hostd[h.op] = hostd.get(h.op, 0) + 1
         return {
-            "frames": self.total_fuzzed(), "interrupted": getattr(self, "interrupted", False), "frames_by_class": dict(sorted(self.stats.items())),
+            "frames": self.total_fuzzed(), "interrupted": getattr(self, "interrupted", False),
+            "frames_by_class": dict(sorted(self.stats.items())),
             "frames_to_target_total": self.frames_to_target,
             "counters_moved": {k: v for k, v in sorted(d.items()) if v},
             "completions_by_status": {f"{r}:{s}": n for (r, s), n in sorted(self.status.items())},
-            "probes_ok": self.probes_ok, "memory_checks": self.mem_checks, "unauthorized_writes": self.unauthorized,
+            "probes_ok": self.probes_ok, "memory_checks": self.mem_checks,
+            "unauthorized_writes": self.unauthorized,
             "hangs": self.hangs, "model_mismatches": self.model_mismatch,
             "findings": len(self.findings), "restarts_after_hang": self.restarts,
             "skipped_known_bug_frames": self.skipped_known,
