@@ -19,8 +19,8 @@ any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) othe
 register writes that configure the engine (ring order n, addresses, one session) take the first
 cycles of every trace.
 
-Checked in every cycle of every trace up to the bound (ghost state in the harness, fed only by
-what the environment does and by the counter values the engine itself wrote):
+Checked in every cycle (ghost state in the harness, fed only by what the environment does and by
+the counter values the engine itself wrote):
 
 * counters never carry into each other: each Head/Tail write is the old value with the ticket
   plus one and the Slot Offset 16 * ((ticket + 1) mod N), and the counters always hold
@@ -39,12 +39,25 @@ what the environment does and by the counter values the engine itself wrote):
   ticket's block;
 * nothing else in the engine writes the ring region.
 
-This is bounded model checking, not an unbounded proof: the depth is in the test names
-(cycles after reset, configuration included). Because the start ring image is symbolic, each
-bound covers every sequence of operations that fits in it from every reachable idle ring
-state, not only from the boot image. Two mutants of the engine source (made here by text
-substitution, the file itself is untouched) must fail: the draft's literal free check (slot
-consumed, Sequence not compared) and Sequence written before Block Offset.
+How it is run, and what that is worth (say it plainly):
+
+* Default suite (``-m "not slow"``): the harness in the Amaranth simulator, every check sampled
+  in every cycle, from EVERY idle start image with Head ticket 2**32 - 1 (N = 2: 10 images,
+  wrap included), each driven through the same script of ALLOC_STOREs (length 0, RDMA READ
+  that succeeds, RDMA READ that fails so the block goes back), FREE_BLOCKs arriving while an
+  allocation runs, a host TAIL_FETCHADD written late (allocations stall on it). This is the
+  brief's fallback: exhaustive over start images, NOT over all interleavings or all input
+  timings. Both mutants are caught this way. Slow-marked: Head 0 images, and N = 4.
+* Slow (``-m slow``): bounded model checking of the same harness with every input free in
+  every cycle and a symbolic start image, through Yosys ``sat`` (MiniSAT; yosys-smtbmc + Z3
+  needed 20-50 s per step on this engine). Depth 26 covers any free command from any start
+  image; an ALLOC_STORE needs about 44 cycles to consume. On the shared 2-core machine these
+  runs did not finish within the session (see the report): they are there to be run, not a
+  claimed result.
+
+The two mutants of the engine source (made here by text substitution, the file itself is
+untouched) are the draft's literal free check (slot consumed, Sequence not compared) and
+Sequence written before Block Offset.
 """
 
 import importlib.util
@@ -632,12 +645,14 @@ def _sim_all(n, heads, engine_cls=KbtpEngine):
     return total
 
 
-@pytest.mark.parametrize("n,heads", [(1, (0, 0xFFFFFFFF)),
+@pytest.mark.parametrize("n,heads", [(1, (0xFFFFFFFF,)),
+                                     pytest.param(1, (0,), marks=pytest.mark.slow),
                                      pytest.param(2, (0xFFFFFFFE,), marks=pytest.mark.slow)])
 def test_ring_checks_in_simulation(n, heads):
-    """Every idle start image (Head 0 and just before the 32-bit wrap for N = 2; before the wrap
-    for N = 4), the same script: no ring check fails, and the script really exercises each
-    case (non-vacuity: consumes, publishes, stalls, returns, host writes, wrap all happen)."""
+    """Every idle start image with the given Head ticket (just before the 32-bit wrap by default;
+    Head 0 and N = 4 are slow), the same script: no ring check fails, and the script really
+    exercises each case (non-vacuity: consumes, publishes, stalls, returns, host writes, the
+    wrap all happen)."""
     total = _sim_all(n, heads)
     for k in ("consume", "publish", "stall", "returned", "host_publish", "wrap"):
         assert total[k] > 0, f"{k} never happened: the checks were vacuous"
