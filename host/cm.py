@@ -134,9 +134,13 @@ class CmServer:
 
     def __init__(self, driver, port=None, *, mac, ip, cm_port=18515, qpn_base=0x11, log=None,
                  seed=0, responder_resources=4, initiator_depth=4, target_ack_delay=15,
-                 rnr_retry=7):
+                 rnr_retry=7, max_ack_timeout=31):
         self.driver = driver
         self.port = port or driver.port
+        # Our QP's own ACK timeout (IB code: 4.096 us * 2^t) is the REQ's Local ACK Timeout,
+        # capped here: a simulated target whose timers run on simulated cycles caps it so that
+        # a lost frame is retransmitted within seconds of wall time.
+        self.max_ack_timeout = max_ack_timeout
         self.mac, self.ip = mac_bytes(mac), ip_int(ip)
         self.cm_port, self.qpn_base = cm_port, qpn_base
         self.log = log or (lambda s: None)
@@ -258,8 +262,8 @@ class CmServer:
             peer_mac=int.from_bytes(pkt.eth_src, "big"), peer_ip=src,
             udp_sport=rxe_udp_sport(0, 0, req["primary_flow_label"]), pmtu=req["path_mtu"],
             rq_psn=epsn, sq_psn=req["starting_psn"],
-            timeout=req["primary_local_ack_timeout"], retry_cnt=req["retry_count"],
-            rnr_retry=req["rnr_retry_count"])
+            timeout=min(req["primary_local_ack_timeout"], self.max_ack_timeout),
+            retry_cnt=req["retry_count"], rnr_retry=req["rnr_retry_count"])
         c = CmLink(qp, qpn, src, pkt.eth_src, req["local_qpn"],
                    self.rng.getrandbits(32) | 1, req["local_comm_id"], hdr["tid"],
                    timewait_us=_cm_timeout_us(req["primary_local_ack_timeout"]))

@@ -42,14 +42,18 @@ __all__ = ["HW", "run_gateware", "Served"]
 #: Build parameters of the served gateware: those of the harness (one shared build).
 HW = dict(HW_DEFAULT)
 STEP = 512                  # cycles between two service rounds while frames move
-IDLE_STEP = 8192            # ... while nothing moved in the last round
-IDLE_WAIT_S = 0.002         # wall time to wait for a frame on the socket when idle
+IDLE_STEP = 2048            # ... while nothing moved in the last round
+IDLE_WAIT_S = 0.001         # wall time to wait for a frame on the socket when idle
 PERIOD_NS = 8               # 125 MHz
 # Host-bus polls the driver spends waiting for the completion of its own RDMA operation (each
 # poll also moves frames): the transport always ends a work request, with success or with
 # RETRY_EXCEEDED after its retries, and a TCG guest can take seconds to answer; this bound is
 # only a guard against a stuck target.
 WC_POLLS = 3_000_000
+# Cap of the target QPs' ACK timeout code (4.096 us * 2^12 = 16.8 ms, 1 ms of simulated time at
+# timer_scale 16, about a second of wall time while idle): rdma_cm asks for ~2 s, which the
+# simulator would take minutes to reach after a lost frame.
+ACK_TIMEOUT = 12
 
 # An all-zero memory initialiser cell of the RTLIL text (sim/vltarget.py drops these before
 # Verilator runs: 4 MB of target memory would otherwise be one initial statement per word).
@@ -105,7 +109,8 @@ class Served:
                                  n_qp=HW["n_qp"], mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"],
                                  wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],
-                           log=self.log, seed=opts.get("seed", 1))
+                           log=self.log, seed=opts.get("seed", 1),
+                           max_ack_timeout=ACK_TIMEOUT)
         self.counts = {"bad_fcs": 0, "handled": 0}
         self.pending_dreq = []
         self.moved = 0                   # frames moved either way since the last look

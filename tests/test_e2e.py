@@ -108,7 +108,7 @@ def _run(name, backend, tmp_path_factory, **kw):
 def _mtu1024(backend, tmp_path_factory):
     return _run("mtu1024", backend, tmp_path_factory, script="ops.py",
                 args=[",".join(map(str, SIZES)), "3"], mtu=1500,
-                config={"ticket_timeout_ms": 3000}, timeout_s=900)
+                config={"ticket_timeout_ms": 10000}, timeout_s=900)
 
 
 def _mtu4096_loss(backend, tmp_path_factory):
