@@ -28,5 +28,8 @@ VERSA = BoardSpec(
     # The kbtp core at its defaults (4 QPs, 8-deep send queues) is 46.2k LUT4 cells on the
     # ECPIX-5, more than the 45F's 43.8k; 2 QPs with 4-deep send queues (~32% fewer flops,
     # mostly the requester's per-QP send-queue state) leave room for placement and timing.
+    # Not yet checked for the two-clock width-64 core (boards.cores.KbtpCore): on the ECPIX-5
+    # it packs to 57.5k LUT4 cells at 4 QPs (11k more than width 8), so 2 QPs may not fit the
+    # 45F; check with `python -m boards build --board versa --pack-only` (brief timing.md).
     core_options={"kbtp": {"n_qp": 2, "sq_depth": 4}},
 )

@@ -526,8 +526,9 @@ def test_core_contract_is_checked():
 # ---- synthesis, place and route (slow) -------------------------------------------------------
 
 #: CI's place-and-route check. The full kbtp core takes ~55 min of CPU to place and route on
-#: the ECPIX-5 (yosys 13 min, nextpnr ~40 min: see the board report) and does not meet 125 MHz
-#: yet, so CI places and routes the largest stand-in core with timing checked (~3 min), and
+#: the ECPIX-5 (yosys 13 min, nextpnr ~40 min at width 8; the two-clock width-64 core is 57.5k
+#: LUT4 cells, more), so CI places and routes the largest stand-in core with timing checked
+#: (~3 min), and
 #: checks the full core by synthesis + packing (test_ecpix5_full_core_synthesizes_and_fits,
 #: ~15 min). KBTP_BOARD_FULL_PNR=1 makes the timing check build the full core instead.
 CI_CORE = "kbtp" if os.environ.get("KBTP_BOARD_FULL_PNR") else "mac-arp"
