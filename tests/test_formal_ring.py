@@ -15,7 +15,10 @@ slots, kept as raw 8-octet words with byte strobes, exactly what the bus writes.
 The start state is any ring image the draft's rules can produce with the engine idle
 (sim/ring.py ``initialize`` generalised): any Head ticket H (so 32-bit wrap is included), any
 Tail ticket T with 0 <= T - H <= N, ticket x in [T - N, T) in slot x mod N, published (Sequence x,
-any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) otherwise. The host
+any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) otherwise; optionally
+the host holds one TAIL_FETCHADD ticket hu in [H, T) not yet written (its slot still holds
+ticket hu - N's content). Environment rule: frees only while T - H < N, which is what a shared
+pool of at most N blocks gives (TargetConfig enforces 2**ring_order >= shared blocks). The host
 register writes that configure the engine (ring order n, addresses, one session) take the first
 cycles of every trace.
 
@@ -42,12 +45,13 @@ the counter values the engine itself wrote):
 How it is run, and what that is worth (say it plainly):
 
 * Default suite (``-m "not slow"``): the harness in the Amaranth simulator, every check sampled
-  in every cycle, from EVERY idle start image with Head ticket 2**32 - 1 (N = 2: 10 images,
+  in every cycle, from EVERY idle start image with Head ticket 2**32 - 1 (N = 2: 6 images,
   wrap included), each driven through the same script of ALLOC_STOREs (length 0, RDMA READ
   that succeeds, RDMA READ that fails so the block goes back), FREE_BLOCKs arriving while an
   allocation runs, a host TAIL_FETCHADD written late (allocations stall on it). This is the
   brief's fallback: exhaustive over start images, NOT over all interleavings or all input
-  timings. Both mutants are caught this way. Slow-marked: Head 0 images, and N = 4.
+  timings. Every run must also finish (no hang). Both mutants are caught this way.
+  Slow-marked: Head 0 images, and N = 4.
 * Slow (``-m slow``): bounded model checking of the same harness with every input free in
   every cycle and a symbolic start image, through Yosys ``sat`` (MiniSAT; yosys-smtbmc + Z3
   needed 20-50 s per step on this engine). Depth 26 covers any free command from any start
@@ -264,9 +268,10 @@ class RingHarness(Elaboratable):
             Hs = self.i_head
             Ts = (Hs + self.i_occ)[:32]
             hu0 = (Ts - 1 - self.i_hdist)[:32]
-            m.d.comb += [self._en(m, self.i_occ <= N + self.i_hv), self._en(m, self.i_hdist < N),
-                         self._en(m, ~self.i_hv | (self.i_occ <= N) | (self.i_hdist == 0)),
-                         ]
+            # (occ <= N: the configuration keeps the shared pool within N blocks, see below;
+            # hu >= H: an allocation holding hu would be stalled, not idle.)
+            m.d.comb += [self._en(m, self.i_occ <= N), self._en(m, self.i_hdist < N),
+                         self._en(m, ~self.i_hv | (self.i_hdist < self.i_occ))]
             m.d.sync += [head_w.eq(Cat(Const(0, 4), Hs[:n], Const(0, 28 - n), Hs)),
                          tail_w.eq(Cat(Const(0, 4), Ts[:n], Const(0, 28 - n), Ts)),
                          h_v.eq(self.i_hv), h_ph.eq(0), h_u.eq(hu0), h_blk.eq(self.i_hblk)]
@@ -319,7 +324,12 @@ class RingHarness(Elaboratable):
                     # counter drop out of the cone of the assertions (a much smaller problem).
                     # (The host keeps one late free of its own at a time.)
                     is_free = self.i_bus_op == 3
-                    with m.If(~cmd_out & ~fp_v & (is_free | ~h_v)):
+                    # A free only while Tail - Head < N: every ticket in [Head, Tail) is a
+                    # distinct free block, the freed block is not among them, and the pool
+                    # holds at most N blocks (TargetConfig: 2**ring_order >= shared blocks).
+                    # Without this, a failed ALLOC_STORE's return can wait forever in the
+                    # serial engine for a slot only a later allocation would empty (see report).
+                    with m.If(~cmd_out & ~fp_v & (is_free | ~h_v) & ((T - H)[:32] < N)):
                         m.d.comb += [bus.addr.eq(REG_KBTP + reg["CMD"]), bus.we.eq(1),
                                      bus.wdata.eq(Mux(is_free, Cmd.FREE_BLOCK,
                                                       Cmd.TAIL_FETCHADD))]
@@ -519,14 +529,13 @@ def start_images(N, heads=(0, 0xFFFFFFFF)):
     """Every idle start image of the harness for the given Head tickets."""
     for h in heads:
         for hv in (0, 1):
-            for occ in range(N + 1 + hv):
-                for hd in (range(N) if hv else [0]):
-                    if hv and occ > N and hd != 0:
-                        continue
+            for occ in range(N + 1):
+                for hd in (range(min(N, occ)) if hv else [0]):
                     yield dict(head=h, occ=occ, hv=hv, hdist=hd)
 
 
-def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_at_end=True):
+def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_at_end=True,
+             host_patience=8, max_cycles=2000):
     """Run one script from one start image; returns the event counts. Assert failures raise.
 
     ``overlap``: indices of operations started without waiting for the previous one to finish
@@ -556,7 +565,7 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
         cur, phase, busy_alloc, fail_read, k = None, 0, False, False, 0
         blk = 0x9000
         host_late, stalled, left = False, 0, tail
-        for cyc in range(2000):
+        for cyc in range(max_cycles):
             ctx.set(top.i_notify_valid, 0)
             ctx.set(top.i_bus_op, 0)
             ctx.set(top.i_host_go, 0)
@@ -579,7 +588,9 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
                     if ctx.get(eng.notify.ready):
                         busy_alloc, fail_read, cur = True, cur == "Af", None
             elif cur in ("F", "T"):
-                allowed = cmd_free and not (cur == "T" and ctx.get(g["h_v"]))
+                occ = ((ctx.get(g["tail_w"]) >> 32) - (ctx.get(g["head_w"]) >> 32)) % 2 ** 32
+                allowed = (cmd_free and occ < top.N and
+                           not (cur == "T" and ctx.get(g["h_v"])))
                 if phase == 1 and not allowed:
                     phase = 0
                 if phase == 0 and allowed:
@@ -591,11 +602,11 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
                     ctx.set(top.i_bus_arg, blk)
                     blk += 0x10
                     cur = None
-                elif phase == 0 and cyc > 1500:
+                elif phase == 0 and cyc > max_cycles * 3 // 4:
                     cur = None                         # never allowed: drop it
             elif cur == "H":
                 host_late, cur = True, None
-            if (host_at_end and not ops and cur is None) or host_late or stalled > 8:
+            if (host_at_end and not ops and cur is None) or host_late or stalled > host_patience:
                 ctx.set(top.i_host_go, 1)          # the host's write comes eventually
             stalled = stalled + 1 if busy_alloc else 0
             if ctx.get(eng.wr.valid) and ctx.get(eng.wr.ready):
@@ -618,6 +629,8 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
                 left -= 1
                 if left == 0:
                     break
+        counts["cycles"] = cyc
+        counts["finished"] = int(left == 0)
 
     sim.add_testbench(bench)
     sim.run()
@@ -638,7 +651,8 @@ def _sim_all(n, heads, engine_cls=KbtpEngine):
     images = list(start_images(1 << n, heads))
     t0 = time.time()
     for img in images:
-        c = simulate(n, img, SCRIPT, engine_cls, overlap=OVERLAP)
+        c = simulate(n, img, SCRIPT, engine_cls, overlap=OVERLAP, host_patience=45)
+        assert c["finished"], f"engine still busy after {c['cycles']} cycles from {img}"
         for k in total:
             total[k] += c[k]
     print(f"N={1 << n}: {len(images)} start images, events {total}, {time.time() - t0:.0f} s")
@@ -659,13 +673,15 @@ def test_ring_checks_in_simulation(n, heads):
 
 
 def test_literal_free_check_mutant_caught_in_simulation():
-    """The host holds ticket T - N unwritten; its slot is consumed with Sequence T - 2N. A
-    FREE_BLOCK takes ticket T: the draft's literal rule writes the slot (it is consumed), before
-    ticket T - N's block was ever there."""
-    img = dict(head=0, occ=0, hv=1, hdist=1)
-    simulate(1, img, ["F"], host_at_end=False)            # the engine defers: no failure
+    """The host holds ticket hu = Head unwritten (its slot: consumed, Sequence hu - N). An
+    ALLOC_STORE takes hu and stalls; a FREE_BLOCK served from the stall takes ticket hu + N:
+    the draft's literal rule writes the slot (it is consumed) before ticket hu's block was
+    ever there. The strict engine defers that free."""
+    img = dict(head=0, occ=2, hv=1, hdist=1)
+    kw = dict(overlap=(1,), host_at_end=False, host_patience=10 ** 6, max_cycles=150)
+    simulate(1, img, ["A0", "F"], **kw)
     with pytest.raises(AssertionError, match="ring check failed"):
-        simulate(1, img, ["F"], literal_free_check(), host_at_end=False)
+        simulate(1, img, ["A0", "F"], literal_free_check(), **kw)
 
 
 def test_sequence_first_mutant_caught_in_simulation():
