@@ -891,11 +891,6 @@ def format_table(res):
                          f"{wr.get('arp_turnaround')}:")
             lines.append(f"  {'op':<19} {'last->resp':>10} {'first->resp':>11} "
                          f"{'ack':>6} {'engine':>7} {'4QP mean':>9} {'4QP max':>8}")
-        for op, d in wr.get("latency_slopes", {}).items():
-            lines.append(f"  {op} alone latency vs data length: "
-                         + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
-                                     for p in d["points"])
-                         + f" ({d['cycles_per_octet']} cycles/octet)")
         for op, d in lat.items():
             lines.append(
                 f"  {op:<19} {d['alone_from_last']['median']:>10} "
@@ -903,6 +898,11 @@ def format_table(res):
                 f"{d['alone_ack_from_last']['median']:>6} "
                 f"{d['engine_notify_to_wr']['median']:>7} "
                 f"{d['contention_from_last']['mean']:>9} {d['contention_from_last']['max']:>8}")
+        for op, d in wr.get("latency_slopes", {}).items():
+            lines.append(f"  {op} alone latency vs data length: "
+                         + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
+                                     for p in d["points"])
+                         + f" ({d['cycles_per_octet']} cycles/octet)")
     rs = res.get("resources")
     if isinstance(rs, dict):
         for board, r in rs.items():
