@@ -122,6 +122,9 @@ class KbtpTarget(wiring.Component):
     notify_depth : int
         Depth of the RecvNotify FIFO in front of the engine (default 16 per QP). The host must
         post no more receive buffers in all (sum of the QPs' ``recv_count``) than this.
+    mac_depth : int
+        Octets of each of the MAC's receive and transmit frame buffers (``mac=True``; a power of
+        two): the largest frame is path MTU 4096 + 82 octets of headers, so 8192.
     mac : bool
         ``True`` (default): the GMII MAC is inside and the ports are GMII pins. ``False``: no
         MAC; the frame streams and the MAC's counters are ports instead (for a MAC in another
@@ -148,7 +151,8 @@ class KbtpTarget(wiring.Component):
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
-                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True):
+                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
+                 mac_depth=8192):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -159,6 +163,7 @@ class KbtpTarget(wiring.Component):
         self.engine, self.n_ranges = engine, n_ranges
         #: Receive buffers the host may post in all (sum of recv_count over the QPs).
         self.notify_depth = notify_depth or 16 * n_qp
+        self.mac_depth = mac_depth
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         self.mac = mac
@@ -176,7 +181,7 @@ class KbtpTarget(wiring.Component):
         w, nq = self.width, self.n_qp
         sm = m.submodules
         if self.mac:
-            sm.mac = mac = GmiiMac(w)
+            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_depth, tx_depth=self.mac_depth)
         else:
             # The MAC lives outside: its user-side streams and counters are our ports.
             mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
