@@ -40,8 +40,10 @@ test-fast: $(VENV)/.installed
 test-wide: $(VENV)/.installed
 	KBTP_TARGET_WIDTHS=8,64 $(PY) -m pytest -q tests/test_target_cocotb.py
 
-# The end-to-end demo: kbtp-sim serve --model + the soft-RoCE guest running tests/e2e/demo.py
-# (builds the guest image first if needed). The golden-model-only demo: `make demo-model`.
+# The end-to-end demo: kbtp-sim serve (the Verilated gateware + host driver + CM) and the
+# soft-RoCE guest running tests/e2e/demo.py (builds the guest image and the simulator first if
+# needed; `python -m sim.serve_demo --backend model` serves the golden model instead). The
+# golden model alone on the draft's example flows: `make demo-model`.
 demo: install
 	$(PY) -m sim.serve_demo
 
