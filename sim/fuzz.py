@@ -541,6 +541,7 @@ class Fuzzer:
         self.model_mismatch = 0
         self.frames_to_target = 0
         self.restarts = 0
+        self.frames_prev = 0              # frames sent to targets given up after a hang
         self.rearms = 0
         self.restart_on_hang = True
         self.rearm_every = 10             # victim QPs back to RTS this often per raw batch
@@ -1110,6 +1111,7 @@ class Fuzzer:
         for k, v in c.items():
             self.acc_counters[k] += v - self.first_counters.get(k, 0)
         self.acc_cycles += self.vt.cycle - self._c0
+        self.frames_prev += self.frames_to_target
         self.vt.close()
         self.restarts += 1
         self.log(f"fuzz: restarting the target after a hang (restart {self.restarts})")
@@ -1182,7 +1184,7 @@ class Fuzzer:
         return {
             "frames": self.total_fuzzed(), "interrupted": getattr(self, "interrupted", False),
             "frames_by_class": dict(sorted(self.stats.items())),
-            "frames_to_target_total": self.frames_to_target,
+            "frames_to_target_total": self.frames_prev + self.frames_to_target,
             "counters_moved": {k: v for k, v in sorted(d.items()) if v},
             "completions_by_status": {f"{r}:{s}": n for (r, s), n in sorted(self.status.items())},
             "probes_ok": self.probes_ok, "memory_checks": self.mem_checks,
