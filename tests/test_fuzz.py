@@ -189,15 +189,13 @@ def test_short_fuzz(fz):
     assert st.get("kbtp:MALFORMED", 0) > 20, st
 
 
-@pytest.mark.xfail(reason="known bug (reported): an ACKNOWLEDGE with payload stops the receive "
-                          "path (sim/fuzz.py KNOWN_BUGS['ack_payload'])", strict=True)
 def test_known_bugs(fz):
-    """The corpus frames of reported, unfixed bugs: each must leave the target working. Runs
-    last (a hang restarts the target)."""
+    """The corpus frames of the bugs the fuzzer found (fixed since): each must leave the target
+    working. Runs last (a hang restarts the target)."""
     entries = [e for e in F.load_corpus() if e.get("known_bug")]
     assert entries
     fz.findings.clear()
     fz.restart_on_hang = False              # the first hang is the answer; no restart
     F.PROBE_CYCLES = 200_000                # the healthy probe needs a few thousand cycles
-    fails = fz.replay(entries[-1:])
+    fails = fz.replay(entries)
     assert not fails, [(n, [f["why"][:200] for f in fs]) for n, fs in fails]

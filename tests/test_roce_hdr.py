@@ -23,6 +23,8 @@ BTH_NAMES = {"opcode": "opcode", "solicited": "se", "migreq": "migreq", "padcoun
              "resv6": "resv6", "dqpn": "dest_qp", "ackreq": "ackreq", "resv7": "resv7",
              "psn": "psn"}
 ALL_EXTS = sorted(EXT_NAME.values())
+#: IBA 9.4: opcodes made of headers only (READ request, CmpSwap, FetchAdd, ACK, Atomic ACK).
+HEADERS_ONLY = {0x0C, 0x11, 0x12, 0x13, 0x14}
 
 
 def random_bth(rng):
@@ -37,7 +39,8 @@ def every_opcode_frames(rng, reps=1):
     frames = []
     for _ in range(reps):
         for op in sorted(OPCODE_EXTS):
-            payload = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 2, 3, 4, 13])))
+            n = 0 if op in HEADERS_ONLY else rng.choice([0, 1, 2, 3, 4, 13])
+            payload = bytes(rng.getrandbits(8) for _ in range(n))
             ext = {cls: random_ext_fields(cls, rng) for cls in OPCODE_EXTS[op]}
             frames.append(bytes(roce_frame(op, payload, ext=ext, bth=random_bth(rng))))
     return frames
@@ -97,8 +100,18 @@ def test_rx_parser(width, idle, stall):
     body = bytes([0x0A]) + body[1:]
     items.append([{"data": d, "keep": k, "last": la, "meta": meta}
                   for d, k, la in frame_beats(body, width)])
+    # Malformed: headers-only opcodes (ACKNOWLEDGE, READ request) followed by payload octets:
+    # flagged, their payload not forwarded (nothing downstream would drain it).
+    extra = [bytes(roce_frame(op, bytes(range(64)))) for op in (0x11, 0x0C)]
+    items += [roce_rx_beats(f, width) for f in extra]
+    # ... and the parser goes on: a good packet after them.
+    items.append(roce_rx_beats(frames[0], width))
     hdrs, pays, cnt = _parse(width, items, idle, stall)
     assert len(hdrs) == len(items)
+    for rec, op in zip(hdrs[-3:-1], (0x11, 0x0C)):
+        assert (rec.bth.opcode, rec.malformed, rec.payload_len) == (op, 1, 0)
+    first_pay = _check_record(hdrs[-1], frames[0][42:])
+    hdrs = hdrs[:-3]
     expect_pay = []
     for rec, f in zip(hdrs, frames):
         p = _check_record(rec, f[42:])
@@ -108,8 +121,8 @@ def test_rx_parser(width, idle, stall):
     for rec, op in zip(hdrs[len(frames):], bad_ops):
         assert rec.known_opcode == 0 and rec.bth.opcode == op and rec.payload_len == 0
     assert hdrs[-1].malformed == 1 and hdrs[-1].known_opcode == 1
-    assert pays == expect_pay
-    assert cnt == {"packets": len(items), "bad_opcode": len(bad_ops), "malformed": 1}
+    assert pays == expect_pay + ([first_pay] if first_pay else [])
+    assert cnt == {"packets": len(items), "bad_opcode": len(bad_ops), "malformed": 3}
 
 
 def _tx_jobs(rng, n):

@@ -93,7 +93,8 @@ class RespDemux(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         to_req = Signal()
-        m.d.comb += to_req.eq(is_response_opcode(self.hdr.p.bth.opcode))
+        # Malformed responses go to the responder, which drops and counts them.
+        m.d.comb += to_req.eq(is_response_opcode(self.hdr.p.bth.opcode) & ~self.hdr.p.malformed)
         sel = Signal()
         for o in (self.req_hdr, self.resp_hdr):
             m.d.comb += o.p.eq(self.hdr.p)

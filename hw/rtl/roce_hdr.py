@@ -13,7 +13,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import (BTH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH,
-                        EXT_HEADERS, size_of)
+                        EXT_HEADERS, BthOpcode, size_of)
 from hw.rtl.ip import (HeaderCapture, OctetPacker, RoceRxMeta, RoceTxMeta, lane_region,
                        octets_be, roce_rx_layout, roce_tx_layout, _keep_count)
 from hw.rtl.stream import PacketStream
@@ -57,6 +57,14 @@ RoceTxHeader = data.StructLayout({
 })
 
 
+#: Opcodes made of headers only (IBA 9.4: READ request, atomics, ACKs). A packet of one of them
+#: with octets beyond its headers is malformed: no consumer of its record drains a payload, so
+#: forwarding one stalled the receive path (an ACKNOWLEDGE with 64 octets: found by sim/fuzz.py).
+HEADERS_ONLY = frozenset(op.value for op in (
+    BthOpcode.READ_REQUEST, BthOpcode.ACKNOWLEDGE, BthOpcode.ATOMIC_ACKNOWLEDGE,
+    BthOpcode.CMP_SWAP, BthOpcode.FETCH_ADD))
+
+
 def _ext_placement():
     """``{opcode value: [(field name, layout, octet offset)]}`` from EXT_HEADERS."""
     out = {}
@@ -73,7 +81,8 @@ class RoceRxParser(wiring.Component):
     """Split a received RoCE packet into its header record and its payload.
 
     Opcodes outside EXT_HEADERS are flagged (``known_opcode = 0``) and so are packets whose
-    UDP length cannot hold BTH, extended headers, pad and ICRC (``malformed``); neither sends
+    UDP length cannot hold BTH, extended headers, pad and ICRC, or that carry octets after the
+    headers of a headers-only opcode (:data:`HEADERS_ONLY`) (``malformed``); neither sends
     payload. The record is presented as soon as its last header octet has arrived.
 
     Ports
@@ -111,17 +120,18 @@ class RoceRxParser(wiring.Component):
         placement = _ext_placement()
         hlen = Signal(range(MAX_ROCE_HEADER + 1))
         known = Signal()
+        headers_only = Signal()
         with m.Switch(bth.opcode):
             for op, (_, end) in placement.items():
                 with m.Case(op):
-                    m.d.comb += [hlen.eq(end), known.eq(1)]
+                    m.d.comb += [hlen.eq(end), known.eq(1), headers_only.eq(op in HEADERS_ONLY)]
             with m.Default():
                 m.d.comb += [hlen.eq(BTH_LEN), known.eq(0)]
 
         total = Signal(17)
         m.d.comb += total.eq(meta.udp_length - 8)
         pad = bth.padcnt
-        malformed = total < hlen + pad + 4
+        malformed = (total < hlen + pad + 4) | (headers_only & (total > hlen + pad + 4))
         pay_end = Signal(17)
         m.d.comb += pay_end.eq(total - 4 - pad)
 
