@@ -204,6 +204,18 @@ class HostBusRegister(wiring.Component):
         return m
 
 
+def _pipeline_ram(target, mem_words):
+    """Replace the target's one-cycle ``MemRam`` with :class:`boards.ram.PipelinedRam` (same bus
+    contract; the target elaborates whatever its ``ram`` attribute holds)."""
+    from .ram import PipelinedRam
+
+    replaced = target.ram
+    target.ram = PipelinedRam(mem_words)
+    for obj in (replaced, getattr(replaced, "mem", None)):
+        if obj is not None:     # not an error: it was replaced on purpose
+            obj._MustUse__silence = True
+
+
 def kbtp_mem_words(memory):
     """Target memory of the kbtp core in 8-octet words: the board's pool."""
     return memory.pool_bytes // 8
@@ -245,13 +257,7 @@ class KbtpCore1(wiring.Component):
         # pool size its block-RAM output multiplexer alone takes most of a 125 MHz cycle.
         # Same bus contract; the target elaborates whatever its ``ram`` attribute holds.
         if pipelined_ram and hasattr(self.target, "ram"):
-            from .ram import PipelinedRam
-
-            replaced = self.target.ram
-            self.target.ram = PipelinedRam(kwargs["mem_words"])
-            for obj in (replaced, getattr(replaced, "mem", None)):
-                if obj is not None:     # not an error: it was replaced on purpose
-                    obj._MustUse__silence = True
+            _pipeline_ram(self.target, kwargs["mem_words"])
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 
@@ -302,13 +308,7 @@ class KbtpCore(wiring.Component):
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs)
         if pipelined_ram:
-            from .ram import PipelinedRam
-
-            replaced = self.target.ram
-            self.target.ram = PipelinedRam(kwargs["mem_words"])
-            for obj in (replaced, getattr(replaced, "mem", None)):
-                if obj is not None:     # not an error: it was replaced on purpose
-                    obj._MustUse__silence = True
+            _pipeline_ram(self.target, kwargs["mem_words"])
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 

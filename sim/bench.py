@@ -65,6 +65,7 @@ from pathlib import Path
 
 from hw.headers import (AETH, BTH, RETH, EthernetHeader, IPv4Header, UDPHeader, BthOpcode,
                         CommonHeader, DataDescriptor, CompletionBody, ReqFlags, Status)
+from sim.system import run_sync
 
 __all__ = [
     "PREAMBLE_SFD", "FCS", "IFG", "ICRC", "MIN_FRAME", "ROCE_HEADERS", "PACKET_OVERHEAD",
@@ -179,35 +180,6 @@ PMTU_CODE = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 PEER_VA = 0x1000_0000
 
 
-def _sync(coro):
-    """Run a coroutine that never really suspends (the VlTarget access is synchronous)."""
-    try:
-        coro.send(None)
-    except StopIteration as e:
-        return e.value
-    coro.close()
-    raise RuntimeError("coroutine suspended: the bench's host access is synchronous")
-
-
-class _Access:
-    """``host.port.TargetPort`` access object over a VlTarget; each access lets the network
-    move (the driver may wait for a WorkCompletion that needs the peer's ACK)."""
-
-    def __init__(self, bench):
-        self.b = bench
-
-    async def __call__(self, space, addr, we, wdata):
-        r = self.b.vt.access(space, addr, we, wdata)
-        self.b.net_step()
-        return r
-
-    async def mem_write(self, addr, octets):
-        self.b.vt.mem_write(addr, bytes(octets))
-
-    async def mem_read(self, addr, n):
-        return self.b.vt.mem_read(addr, n)
-
-
 class Bench:
     """One Verilated target with the driver and ``n_init`` initiators (one QP each).
 
@@ -246,7 +218,7 @@ class Bench:
         self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, overcommit_quotas=True,
                                 **base)
         self.num_blocks = nb
-        self.port = TargetPort(_Access(self))
+        self.port = TargetPort(self.vt.port_access(self.net_step))
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr)
         self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=MIN_FRAME)
         self.mtus = [mtus[q % len(mtus)] for q in range(n_init)]
@@ -317,10 +289,10 @@ class Bench:
     # ---- bring-up -------------------------------------------------------------------------
     def bring_up(self):
         from host import codec
-        _sync(self.port.set_own(T_MAC, T_IP))
-        _sync(self.driver.init())
+        run_sync(self.port.set_own(T_MAC, T_IP))
+        run_sync(self.driver.init())
         for q in range(self.n_init):
-            _sync(self.driver.open_qp(
+            run_sync(self.driver.open_qp(
                 q, local_qpn=T_QPN0 + q, remote_qpn=P_QPN0 + q, peer_mac=P_MAC, peer_ip=P_IP,
                 udp_sport=0xC100 + q, pmtu=PMTU_CODE[self.mtus[q]], rq_psn=0x100 * q + 7,
                 sq_psn=0x1000 + q, timeout=20, retry_cnt=7, rnr_retry=7))
@@ -339,7 +311,7 @@ class Bench:
             if self.vt.cycle >= end:
                 raise TimeoutError(f"bench: {what} (slow path) timed out")
             self._deliver(self.vt.run(256, until_tx=True))
-            _sync(self.driver.poll(self.vt.cycle * 1e3 / CLOCK_HZ))
+            run_sync(self.driver.poll(self.vt.cycle * 1e3 / CLOCK_HZ))
 
     def engine_reg(self, name):
         from hw.rtl.hostlink import Space

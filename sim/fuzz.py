@@ -498,27 +498,6 @@ def _run_sync(coro):
         return e.value
 
 
-class _Access:
-    """``access`` for TargetPort on a VlTarget; services the network every few accesses (the
-    driver may wait for a WorkCompletion that needs the peer's ACK)."""
-
-    def __init__(self, fz):
-        self.fz, self.vt, self.n = fz, fz.vt, 0
-
-    async def __call__(self, space, addr, we, wdata):
-        r = self.vt.access(space, addr, we, wdata)
-        self.n += 1
-        if self.n % 16 == 0:
-            self.fz.net()
-        return r
-
-    async def mem_write(self, addr, octets):
-        self.vt.mem_write(addr, octets)
-
-    async def mem_read(self, addr, n):
-        return self.vt.mem_read(addr, n)
-
-
 class Failure(AssertionError):
     pass
 
@@ -682,7 +661,7 @@ class Fuzzer:
         self.frames_to_target = 0
         self.cfg = model_config()
         self.model = TargetModel(self.cfg)
-        self.port = TargetPort(_Access(self))
+        self.port = TargetPort(self.vt.port_access(self.net, every=16))
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=p["n_qp"],
                                  mem_size=p["mem_words"] * 8, n_mr=p["n_mr"])
         self.handled = []

@@ -68,24 +68,6 @@ def _mem_words():
     return (end // 8 + 4095) // 4096 * 4096
 
 
-class _PumpedAccess:
-    """``access`` for :class:`host.port.TargetPort`: the harness's, moving frames first."""
-
-    def __init__(self, served):
-        self.s = served
-        self.a = served.vl.aaccess
-
-    async def __call__(self, space, addr, we, wdata):
-        self.s.pump()
-        return await self.a(space, addr, we, wdata)
-
-    async def mem_write(self, addr, octets):
-        await self.a.mem_write(addr, octets)
-
-    async def mem_read(self, addr, n):
-        return await self.a.mem_read(addr, n)
-
-
 class Served:
     """The served target: a :class:`VlTarget`, its frames and its host software."""
 
@@ -104,7 +86,7 @@ class Served:
                                corrupt=opts.get("corrupt", 0.0), seed=opts.get("seed", 1),
                                log=self.log)
         self.srv.sock.setblocking(False)
-        self.port = TargetPort(_PumpedAccess(self))
+        self.port = TargetPort(self.vl.port_access(self.pump))
         self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})),
                                  n_qp=HW["n_qp"], mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"],
                                  wc_polls=WC_POLLS)

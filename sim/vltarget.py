@@ -143,13 +143,23 @@ def build(params=None, log=print):
 
 
 class _AsyncAccess:
-    """The ``access`` coroutine for :class:`host.port.TargetPort`, with bulk memory."""
+    """The ``access`` coroutine for :class:`host.port.TargetPort`, with bulk memory.
 
-    def __init__(self, t):
-        self.t = t
+    ``on_access`` (optional) is called after every ``every``-th access: host software that
+    waits for a WorkCompletion needs the peer's answer, so the caller's network must keep
+    moving while the host polls.
+    """
+
+    def __init__(self, t, on_access=None, every=1):
+        self.t, self.on_access, self.every, self.n = t, on_access, every, 0
 
     async def __call__(self, space, addr, we, wdata):
-        return self.t.access(space, addr, we, wdata)
+        r = self.t.access(space, addr, we, wdata)
+        if self.on_access is not None:
+            self.n += 1
+            if self.n % self.every == 0:
+                self.on_access()
+        return r
 
     async def mem_write(self, addr, octets):
         self.t.mem_write(addr, octets)
@@ -241,6 +251,11 @@ class VlTarget:
         """:meth:`access` as a coroutine with bulk ``mem_write`` / ``mem_read`` coroutines:
         pass it to :class:`host.port.TargetPort`."""
         return _AsyncAccess(self)
+
+    def port_access(self, on_access, every=1):
+        """:attr:`aaccess` that also calls ``on_access()`` after every ``every``-th access
+        (move the network while the host polls)."""
+        return _AsyncAccess(self, on_access, every)
 
     def _words_write(self, addr, raw):
         n = len(raw) // 4
