@@ -32,6 +32,9 @@ from sim.rc import QPState, RoceEndpoint
 from sim.serve_hw import HW, _mem_words
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tests share one served target (module fixture) and the second needs the first's history:
+# one xdist worker runs them all (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("serve_hw")
 TARGET_IP, INIT_IP = "10.0.0.2", "10.0.0.1"
 BUF_VA, BUF_RKEY, BUF_SIZE = 0x7F0000100000, 0x00ABCD01, 2 * 65536
 
