@@ -30,7 +30,7 @@ import sys
 import pytest
 
 # One worker runs them all (make test: --dist loadgroup): the runs are cached per process.
-pytestmark = pytest.mark.xdist_group("e2e")
+pytestmark = pytest.mark.xdist_group(name="e2e")
 
 needs_guest = pytest.mark.skipif(
     os.geteuid() != 0 or any(shutil.which(t) is None
