@@ -30,7 +30,6 @@ Stopping: ``duration`` seconds, a ``stop_file`` appearing, or the parent process
 
 import asyncio
 import os
-import re
 import select
 import time
 from pathlib import Path
@@ -54,11 +53,6 @@ WC_POLLS = 3_000_000
 # timer_scale 16, about a second of wall time while idle): rdma_cm asks for ~2 s, which the
 # simulator would take minutes to reach after a lost frame.
 ACK_TIMEOUT = 12
-
-# An all-zero memory initialiser cell of the RTLIL text (sim/vltarget.py drops these before
-# Verilator runs: 4 MB of target memory would otherwise be one initial statement per word).
-_ZERO_INIT = re.compile(r"  cell \$meminit_v2 \S+\n(?:    (?!connect .DATA).*\n)*"
-                        r"    connect .DATA \d+'0+\n(?:    .*\n)*?  end\n")
 
 
 def _mem_words():
