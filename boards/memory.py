@@ -37,7 +37,8 @@ class BoardMemoryConfig:
     table_entries : int         block table entries (TableEntry each)
     ring_slots : int            request ring slots (RingSlot each)
     completion_slots : int      completion records (CompletionRecord each)
-    mac_fifo_bytes : int        each of the MAC's receive and transmit frame buffers
+    mac_fifo_bytes : int        each of the MAC's receive and transmit frame buffers: 8192
+                                holds one path-MTU-4096 frame (4096 + 82 octets) and the next
     hostlink_words : int        host-link frame buffer (words of 32 bits)
     demo_mem_words : int        RAM of the stand-in cores' bus target
     """
@@ -48,7 +49,7 @@ class BoardMemoryConfig:
     table_entries: int
     ring_slots: int
     completion_slots: int
-    mac_fifo_bytes: int = 2048
+    mac_fifo_bytes: int = 8192
     hostlink_words: int = 64
     demo_mem_words: int = 1024
 

@@ -57,7 +57,8 @@ Actions (what :meth:`poll` reports, in order; ``Handled.actions``)
 ``("rdma_write", qp, stag, to, length, ok)``, ``("rdma_read", qp, stag, to, length, ok)``,
 ``("invalidate", qp, stag, reason)``, ``("disconnect", qp, reason)``. A ``disconnect`` tells
 the caller (CM) to tear the connection down once the reply has gone; the driver itself only
-forgets the connection and turns its engine session off.
+forgets the connection and turns its engine session off. After GOODBYE the caller waits
+:data:`GOODBYE_GRACE_MS` for the initiator's own DREQ first (see there).
 
 Limits (v1)
 -----------
@@ -94,6 +95,15 @@ from hw.rtl.qp import MR_STRIDE
 
 __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
            "ENGINE_SCRATCH"]
+
+#: How long a server holds its own DREQ after GOODBYE (ms). GOODBYE has no reply (draft
+#: §Operations), so the initiator learns that it arrived only from the RC ACK. If that ACK is
+#: lost, the initiator retransmits the SEND; a target that had already moved the QP to ERROR
+#: (as a target-initiated disconnect does) would never ACK it and the initiator's GOODBYE would
+#: fail. Within the grace the QP stays in RTS and the responder re-ACKs the duplicate; the
+#: initiator normally disconnects itself (DREQ) as soon as the SEND completed. 5 s covers
+#: several retransmissions at the ACK timeouts rdma_cm negotiates here (capped at 12: 16.8 ms).
+GOODBYE_GRACE_MS = 5000.0
 
 M32 = (1 << 32) - 1
 M64 = (1 << 64) - 1

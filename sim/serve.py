@@ -54,6 +54,7 @@ import time
 from hw.headers import ReqFlags
 from host import codec
 from host.codec import KbtpError
+from host.driver import GOODBYE_GRACE_MS
 from sim import model as M
 from sim.rc import QPState, RoceEndpoint, WcStatus
 
@@ -115,6 +116,7 @@ class _Conn:
         self.busy = None              # (payload, descriptor) while its READ is in flight
         self.closing = False
         self.closed = False
+        self.close_at = None          # GOODBYE: close then unless the initiator did first
 
 
 class ModelGlue:
@@ -201,6 +203,8 @@ class ModelGlue:
         self.now_ms = now_ms
         self._apply(None, self.model.tick(now_ms))
         for c in list(self.conns.values()):
+            if c.close_at is not None and now_ms >= c.close_at:
+                c.close_at, c.closing = None, True
             while c.queue and c.busy is None and not c.closed and not c.closing:
                 self._start(c, c.queue.pop(0))
             if c.closing and not c.closed and c.qp.outstanding == 0:
@@ -285,7 +289,11 @@ class ModelGlue:
                 self._registered.discard(a.stag)
                 self.log(f"  invalidate target STag {a.stag:#x}: {a.reason}")
             elif isinstance(a, M.Disconnect):
-                if cc is not None:
+                if cc is not None and a.reason == "GOODBYE":
+                    # As the gateware server: the initiator's DREQ first (GOODBYE_GRACE_MS).
+                    cc.close_at = self.now_ms + GOODBYE_GRACE_MS
+                    self.log(f"  target closes in {GOODBYE_GRACE_MS / 1e3:g} s: {a.reason}")
+                elif cc is not None:
                     cc.closing = True
                     self.log(f"  target closes: {a.reason}")
 

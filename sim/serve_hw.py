@@ -67,11 +67,12 @@ class Served:
 
     def __init__(self, opts, log=print):
         from host.cm import CmServer
-        from host.driver import KbtpDriver
+        from host.driver import GOODBYE_GRACE_MS, KbtpDriver
         from host.port import TargetPort
         from sim.serve import FrameServer, model_config
         from sim.vltarget import VlTarget
         self.o = opts
+        self.goodbye_grace_ms = GOODBYE_GRACE_MS
         self.log = (lambda s: None) if opts.get("quiet") else log
         self.vl = VlTarget(HW, log=self.log)
         self.srv = FrameServer(None, None, listen=tuple(opts["listen"]),
@@ -88,7 +89,7 @@ class Served:
                            log=self.log, seed=opts.get("seed", 1),
                            max_ack_timeout=ACK_TIMEOUT)
         self.counts = {"bad_fcs": 0, "handled": 0}
-        self.pending_dreq = []
+        self.pending_dreq = []           # (when in ms, QP, CmLink): the target's DREQs to send
         self.moved = 0                   # frames moved either way since the last look
 
     # ---- frames ------------------------------------------------------------------------------
@@ -160,11 +161,20 @@ class Served:
             self.cm.established(h.qp)
             self.log(f"qp {h.qp}: {h.op}" + "".join(
                 f"\n  {a[0]} {a[1:]!r:.100}" for a in h.actions))
-            self.pending_dreq += [a[1] for a in h.actions if a[0] == "disconnect"]
-        for qp in self.pending_dreq:
-            # The driver asks for it after its last reply completed (GOODBYE, errors).
-            await self.cm.disconnect(qp)
-        self.pending_dreq.clear()
+            for a in h.actions:
+                link = self.cm.conns.get(a[1])
+                if a[0] == "disconnect" and link is not None:
+                    grace = self.goodbye_grace_ms if a[2] == "GOODBYE" else 0.0
+                    self.pending_dreq.append((now_ms + grace, a[1], link))
+        for item in list(self.pending_dreq):
+            # The driver asks for it after its last reply completed (errors: at once; GOODBYE:
+            # after the grace, unless the initiator disconnected first). Only the connection
+            # it was asked for: the QP may carry a new one by then.
+            due, qp, link = item
+            if now_ms >= due:
+                self.pending_dreq.remove(item)
+                if self.cm.conns.get(qp) is link:
+                    await self.cm.disconnect(qp)
         return bool(n_cm or h is not None)
 
     async def _log_counters(self):

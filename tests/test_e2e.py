@@ -55,12 +55,6 @@ ERROR_CHECKS = {
 }
 SIZES = (64, 1000, 4096, 65536)
 BACKENDS = ("model", "gateware")
-# Known failure (issue 5 note): against the gateware under 2 % loss, every section passes but the
-# guest's GOODBYE SEND can stay without a completion (a lost frame around the target's
-# disconnect after GOODBYE). Not strict: the loss pattern depends on timing.
-GOODBYE_UNDER_LOSS = pytest.mark.xfail(
-    reason="gateware under 2% loss: GOODBYE SEND may not complete (target disconnects at once)",
-    strict=False)
 #: IB path MTU codes (CM REQ) -> octets.
 PMTU_CODE = {3: 1024, 5: 4096}
 
@@ -198,8 +192,7 @@ def test_pcap_tshark(run_mtu1024):
 
 
 @needs_guest
-@pytest.mark.parametrize("backend", ["model",
-                                     pytest.param("gateware", marks=GOODBYE_UNDER_LOSS)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_mtu4096_addr_le_with_loss(backend, tmp_path_factory):
     r = _mtu4096_loss(backend, tmp_path_factory)
     out = r.output
@@ -214,7 +207,7 @@ def test_mtu4096_addr_le_with_loss(backend, tmp_path_factory):
 
 
 @needs_guest
-@pytest.mark.parametrize("run", [_mtu1024, pytest.param(_mtu4096_loss, marks=GOODBYE_UNDER_LOSS)],
+@pytest.mark.parametrize("run", [_mtu1024, _mtu4096_loss],
                          ids=["mtu1024", "mtu4096_loss"])
 def test_backends_agree(run, tmp_path_factory):
     """Every check the guest made has the same outcome against the model and the gateware."""

@@ -9,7 +9,8 @@ CM (REQ/REP/RTU through the raw frame queues), sends HELLO, ALLOC_STORE, LOAD, F
 as SENDs and exposes a registered buffer. Oracle: a golden model (:mod:`sim.model`) fed the same
 requests directly: every COMPLETION payload and the initiator's buffer after each request must
 be equal. Also: a connection beyond the target's QPs is refused with REJ "no QP available", an
-initiator DREQ is answered with DREP, the target's DREQ after GOODBYE reaches the initiator,
+initiator DREQ is answered with DREP, a GOODBYE whose ACK was lost is ACKed again when
+retransmitted, the target's DREQ after GOODBYE reaches the initiator after the grace,
 and every frame in the pcap has a valid ICRC (scapy).
 
 The first run builds the gateware (sim/vltarget.py, minutes); the test waits up to 40 minutes.
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from host import codec
+from host.driver import GOODBYE_GRACE_MS
 from hw.headers import ReqFlags
 from sim import model as M
 from sim.serve import FrameServer, model_config
@@ -160,14 +162,36 @@ def test_cm_and_kbtp_operations(served):
         ini.ep.disconnect(q)                             # initiator DREQ -> DREP
         ini.run_until(lambda: ("disconnect", q.qpn) in ini.events, 300, "DREP")
     # GOODBYE: no reply (the model sends none either); the target tears the connection down
-    # (its DREQ, our DREP).
+    # (its DREQ, our DREP), but only after GOODBYE_GRACE_MS. The ACK of the GOODBYE SEND is lost
+    # here: the target must still be in RTS to ACK the retransmission (else our SEND never
+    # completes, as rxe's did in issue 5's first 2 %-loss runs).
     raw = codec.encode(codec.Goodbye(request_id=40))
     n = len(ini.inbox)
+    lost, deliver = [], ini.ep.receive_frame
+
+    def lose_first_ack(frame, now_us):
+        # Ethernet + IPv4 + UDP 4791, BTH opcode RC ACKNOWLEDGE (0x11) to this QP.
+        if (not lost and frame[36:38] == b"\x12\xb7" and frame[42] == 0x11
+                and int.from_bytes(frame[47:50], "big") == qp.qpn):
+            lost.append(frame)
+            return
+        deliver(frame, now_us)
+
+    ini.ep.receive_frame = lose_first_ack
+    qp.timeout = 16                                      # 268 ms, well inside the grace
+    retrans = ini.ep.counters.retransmissions
+    t_bye = time.monotonic()
     qp.send(raw)
     acts = ref.receive("ref", raw)
     assert not [x for x in acts if isinstance(x, M.SendMsg)]
     assert [type(x).__name__ for x in acts if isinstance(x, M.Disconnect)] == ["Disconnect"]
+    ini.run_until(lambda: qp.outstanding == 0, 120, "ACK of the retransmitted GOODBYE")
+    assert lost and ini.ep.counters.retransmissions > retrans
+    assert ("disconnect", qp.qpn) not in ini.events
     ini.run_until(lambda: ("disconnect", qp.qpn) in ini.events, 300, "target DREQ")
+    ini.ep.receive_frame = deliver
+    # The target's DREQ came after the grace (measured on this side's clock, which is later).
+    assert time.monotonic() - t_bye >= GOODBYE_GRACE_MS / 1e3
     assert len(ini.inbox) == n
     print(f"\nserve (gateware): CM connect {t_connect:.1f} s, whole run "
           f"{time.monotonic() - t0:.1f} s, initiator counters {ini.ep.counters}")
