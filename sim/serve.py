@@ -99,11 +99,15 @@ def model_config(**overrides):
 
     64 blocks of 64 KiB (the largest block the e2e tests move), 2 DIRECT_ALLOC partitions of 8
     blocks, quota 16 per shared-ring initiator, long retention and ticket timeout (a TCG guest
-    is slow).
+    is slow). Request Credits 4: the host driver posts 4 receive buffers per QP
+    (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
+    request credit (§Target Execution Model); with more credits than buffers a pipelining
+    initiator meets RNR NAKs (16 credits did: 19 RNR NAKs in the MTU-1024 e2e run, a SEND
+    retried 16 times).
     """
     kw = dict(block_size=65536, num_blocks=64, num_handles=256, handles_per_initiator=64,
               direct_partitions=2, direct_quota=8, quota_per_initiator=16, masked=False,
-              request_credits=16, max_inline=1024, ticket_timeout_ms=30000,
+              request_credits=4, max_inline=1024, ticket_timeout_ms=30000,
               retention_ms=60000.0)
     kw.update(overrides)
     return M.TargetConfig(**kw)
