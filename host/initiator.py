@@ -492,7 +492,8 @@ class KbtpClient:
         return self.call(codec.Free(handle=handle, generation=generation), check)[0]
 
     def goodbye(self, release=False):
-        """GOODBYE (no completion); the target then disconnects."""
+        """GOODBYE (no completion), then disconnect (DREQ) once its SEND completed (the target
+        would send its own DREQ after host.driver.GOODBYE_GRACE_MS)."""
         flags = GoodbyeFlags.RELEASE.value if release else 0
         self._post_message(codec.Goodbye(flags=flags))
         deadline = time.monotonic() + 30

@@ -116,7 +116,7 @@ step(f"{c.credits} x LOAD handle {h:#x} 16384 octets", batch, 16384 * c.credits,
 verify("every buffer of the batch", b"".join(b.read() for b in bufs),
        blocks[h][0] * c.credits)
 
-step("GOODBYE (RELEASE): the target frees everything and disconnects",
+step("GOODBYE (RELEASE): the target frees everything; we disconnect (DREQ)",
      lambda: c.goodbye(release=True))
 total = time.monotonic() - t_start
 print(f"[demo] summary: {moved['to_target']} octets to the target, {moved['from_target']} "
