@@ -81,6 +81,31 @@ def test_icrc_check_pcap(width, idle, stall):
 
 
 @pytest.mark.parametrize("width", [8, 64])
+@pytest.mark.parametrize("idle,stall", SPEEDS)
+def test_icrc_check_drops_packets_shorter_than_udp_length(width, idle, stall):
+    """A frame cut short whose last four octets are the ICRC of what is left (IPv4 and UDP
+    lengths still those of the whole packet) is dropped, and counted neither ok nor bad (EthIpRx
+    counts it as truncated). Found by sim/fuzz.py: a WRITE First cut inside its RETH stopped
+    the receive path. Cuts inside the BTH, inside the extended headers and inside the payload."""
+    frames = [f for f in pcap_roce_frames() if len(f) - 42 > 40]
+    rng = seeded(9)
+    items, expect = [], []
+    for k, f in enumerate(frames[:6]):
+        meta = rx_meta_of(f)
+        full = f[:42 + meta["udp_length"] - 8]
+        for cut in (42 + 8, 42 + 12 + rng.randrange(1, 12), len(full) - 4 - rng.randrange(1, 9)):
+            short = full[:cut]
+            forged = short + zlib_icrc(short[14:])
+            assert len(forged) - 42 < meta["udp_length"] - 8
+            items.append(roce_rx_beats(forged, width, meta))
+        items.append(roce_rx_beats(f, width, meta))          # the whole packet still passes
+        expect.append(f[42:42 + meta["udp_length"] - 8])
+    got, cnt = _check_run(width, items, idle, stall)
+    assert [p for p, _ in got] == expect
+    assert cnt == {"ok": len(expect), "bad": 0, "overflow": 0}
+
+
+@pytest.mark.parametrize("width", [8, 64])
 def test_icrc_check_random_and_overflow(width):
     """Random scapy-built packets of every opcode; one larger than the buffer is dropped."""
     rng = seeded(77 + width)

@@ -253,11 +253,18 @@ class PacketFifo(wiring.Component):
 class IcrcCheck(wiring.Component):
     """Check the ICRC of received RoCE packets; forward good ones, drop bad ones.
 
-    The input is what :class:`~hw.rtl.ip.EthIpRx` emits: BTH .. ICRC, exactly UDP length − 8
-    octets, with :data:`~hw.rtl.ip.RoceRxMeta` on every beat. The CRC runs over every octet,
-    the ICRC included: a correct packet leaves the register at the CRC's residue, so the ICRC
-    never has to be located. Packets are buffered whole (:class:`PacketFifo`) and released only
-    when good. The output is the input unchanged (ICRC still present).
+    The input is what :class:`~hw.rtl.ip.EthIpRx` emits: BTH .. ICRC, UDP length − 8 octets,
+    with :data:`~hw.rtl.ip.RoceRxMeta` on every beat. The CRC runs over every octet, the ICRC
+    included: a correct packet leaves the register at the CRC's residue, so the ICRC never has
+    to be located. Packets are buffered whole (:class:`PacketFifo`) and released only when good.
+    The output is the input unchanged (ICRC still present).
+
+    A packet is good only if it also has exactly ``meta.udp_length − 8`` octets. EthIpRx
+    forwards a frame that ends before its UDP length (and counts it ``truncated``); if its last
+    four octets are the ICRC of what did arrive (the IPv4 and UDP lengths are covered, so only
+    a forger makes one), the CRC alone would pass it, and the parser would promise the
+    consumers a payload of the UDP length that never comes: one such frame stopped the receive
+    path (found by sim/fuzz.py). Such packets are dropped here and counted only by EthIpRx.
 
     Parameters
     ----------
@@ -307,7 +314,10 @@ class IcrcCheck(wiring.Component):
         start = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), hdr)
         crc = _BeatCrc(self._width).add(m, fire=fire, first=first, pos=pos, beat=self.i.p.data,
                                         keep=self.i.p.keep, start_state=start)
-        good = crc.next == _RESIDUE_REG
+        # Octets of the packet so far, this beat included (pos saturates past 64 KiB).
+        length_ok = (pos + _keep_count(self.i.p.keep, nl)) == (meta.udp_length - 8)
+        crc_ok = crc.next == _RESIDUE_REG
+        good = crc_ok & length_ok
         m.d.comb += [
             pf.i.valid.eq(self.i.valid),
             self.i.ready.eq(pf.i.ready),
@@ -318,7 +328,7 @@ class IcrcCheck(wiring.Component):
         with m.If(fire & self.i.p.last):
             with m.If(good):
                 m.d.sync += self.cnt_ok.eq(self.cnt_ok + 1)
-            with m.Else():
+            with m.Elif(length_ok):
                 m.d.sync += self.cnt_bad.eq(self.cnt_bad + 1)
         return m
 
