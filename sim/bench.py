@@ -16,9 +16,8 @@ goodput
     LOAD, STORE (inline and by RDMA READ) and ALLOC_STORE (inline up to Max Inline, by READ
     above) against block size, at RoCE path MTU 1024 and 4096 (one fresh target per MTU; a
     series that cannot complete is recorded under ``failed`` with the MAC's counters, and that
-    MTU is not run at larger sizes: KbtpTarget's GmiiMac keeps its default 2048-octet receive
-    and transmit buffers, so a frame of a 4096 path MTU is dropped on receive,
-    ``rx_overflows``, and could never be sent). One initiator keeps
+    MTU is not run at larger sizes; KbtpTarget's MAC buffers are 8192 octets, enough for a
+    frame of path MTU 4096). One initiator keeps
     :data:`DEPTH` requests outstanding; the time per operation is the distance between the
     first octets of successive COMPLETION frames in steady state (the first operation is
     warm-up). Reported as a fraction of the theoretical RoCEv2 goodput of the link
