@@ -102,8 +102,7 @@ def model_config(**overrides):
     is slow). Request Credits 4: the host driver posts 4 receive buffers per QP
     (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
     request credit (§Target Execution Model); with more credits than buffers a pipelining
-    initiator meets RNR NAKs (16 credits did: 19 RNR NAKs in the MTU-1024 e2e run, a SEND
-    retried 16 times).
+    initiator meets RNR NAKs.
     """
     kw = dict(block_size=65536, num_blocks=64, num_handles=256, handles_per_initiator=64,
               direct_partitions=2, direct_quota=8, quota_per_initiator=16, masked=False,
