@@ -35,8 +35,10 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import sysconfig
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -282,8 +284,10 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
     Returns
     -------
     pathlib.Path
-        The test directory (the cocotb test's working directory), where the test may have left
-        output files for the caller to read.
+        A directory of this run's own (``sim_build/cocotb_runs/...``) with copies of what the
+        cocotb test left in its working directory (``results.xml`` and the ``*.json`` files),
+        taken while the build directory was locked: parallel runs of the same build overwrite
+        the originals.
 
     Raises
     ------
@@ -354,13 +358,21 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
             failed, total = _failed_tests(results)
             raise AssertionError(f"cocotb {test_module} on {top}: simulator exit {exc.code}; "
                                  f"failed: {failed} of {total}") from None
-    failed, total = _failed_tests(results)
+        # Still under the lock: the next run in this directory (another xdist worker) deletes
+        # results.xml and rewrites the figure files. Keep this run's in a directory of its own.
+        failed, total = _failed_tests(results)
+        runs = build_dir.parent / "cocotb_runs"
+        runs.mkdir(exist_ok=True)
+        out = Path(tempfile.mkdtemp(prefix=f"{top}-{testcase or test_module}-", dir=runs))
+        for f in [results, *build_dir.glob("*.json")]:
+            if f.exists():
+                shutil.copy2(f, out / f.name)
     if failed is None or total == 0:
         raise AssertionError(f"cocotb {test_module} on {top}: no results ({results})")
     if failed:
         raise AssertionError(f"cocotb {test_module} on {top}: {len(failed)} of {total} failed: "
                              + "; ".join(failed))
-    return build_dir
+    return out
 
 
 # --------------------------------------------------------------------------------------------
