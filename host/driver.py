@@ -105,6 +105,12 @@ __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH"
 #: several retransmissions at the ACK timeouts rdma_cm negotiates here (capped at 12: 16.8 ms).
 GOODBYE_GRACE_MS = 5000.0
 
+
+def disconnect_delay_ms(reason):
+    """How long a server waits before carrying out a ``("disconnect", qp, reason)`` action:
+    :data:`GOODBYE_GRACE_MS` after GOODBYE, none after an error."""
+    return GOODBYE_GRACE_MS if reason == "GOODBYE" else 0.0
+
 M32 = (1 << 32) - 1
 M64 = (1 << 64) - 1
 ENTRY = TableEntry.SIZE

@@ -54,7 +54,7 @@ import time
 from hw.headers import ReqFlags
 from host import codec
 from host.codec import KbtpError
-from host.driver import GOODBYE_GRACE_MS
+from host.driver import disconnect_delay_ms
 from sim import model as M
 from sim.rc import QPState, RoceEndpoint, WcStatus
 
@@ -119,7 +119,7 @@ class _Conn:
         self.busy = None              # (payload, descriptor) while its READ is in flight
         self.closing = False
         self.closed = False
-        self.close_at = None          # GOODBYE: close then unless the initiator did first
+        self.close_at = None          # close then (ms) unless the initiator did first
 
 
 class ModelGlue:
@@ -292,10 +292,11 @@ class ModelGlue:
                 self._registered.discard(a.stag)
                 self.log(f"  invalidate target STag {a.stag:#x}: {a.reason}")
             elif isinstance(a, M.Disconnect):
-                if cc is not None and a.reason == "GOODBYE":
-                    # As the gateware server: the initiator's DREQ first (GOODBYE_GRACE_MS).
-                    cc.close_at = self.now_ms + GOODBYE_GRACE_MS
-                    self.log(f"  target closes in {GOODBYE_GRACE_MS / 1e3:g} s: {a.reason}")
+                delay = disconnect_delay_ms(a.reason)
+                if cc is not None and delay:
+                    # As the gateware server: after GOODBYE, the initiator's DREQ first.
+                    cc.close_at = self.now_ms + delay
+                    self.log(f"  target closes in {delay / 1e3:g} s: {a.reason}")
                 elif cc is not None:
                     cc.closing = True
                     self.log(f"  target closes: {a.reason}")

@@ -34,6 +34,7 @@ import select
 import time
 from pathlib import Path
 
+from host.driver import disconnect_delay_ms
 from sim.vltarget import HW_DEFAULT
 
 __all__ = ["HW", "run_gateware", "Served"]
@@ -67,12 +68,11 @@ class Served:
 
     def __init__(self, opts, log=print):
         from host.cm import CmServer
-        from host.driver import GOODBYE_GRACE_MS, KbtpDriver
+        from host.driver import KbtpDriver
         from host.port import TargetPort
         from sim.serve import FrameServer, model_config
         from sim.vltarget import VlTarget
         self.o = opts
-        self.goodbye_grace_ms = GOODBYE_GRACE_MS
         self.log = (lambda s: None) if opts.get("quiet") else log
         self.vl = VlTarget(HW, log=self.log)
         self.srv = FrameServer(None, None, listen=tuple(opts["listen"]),
@@ -162,10 +162,9 @@ class Served:
             self.log(f"qp {h.qp}: {h.op}" + "".join(
                 f"\n  {a[0]} {a[1:]!r:.100}" for a in h.actions))
             for a in h.actions:
-                link = self.cm.conns.get(a[1])
-                if a[0] == "disconnect" and link is not None:
-                    grace = self.goodbye_grace_ms if a[2] == "GOODBYE" else 0.0
-                    self.pending_dreq.append((now_ms + grace, a[1], link))
+                if a[0] == "disconnect" and a[1] in self.cm.conns:
+                    self.pending_dreq.append((now_ms + disconnect_delay_ms(a[2]), a[1],
+                                              self.cm.conns[a[1]]))
         for item in list(self.pending_dreq):
             # The driver asks for it after its last reply completed (errors: at once; GOODBYE:
             # after the grace, unless the initiator disconnected first). Only the connection

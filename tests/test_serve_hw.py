@@ -27,7 +27,8 @@ import pytest
 
 from host import codec
 from host.driver import GOODBYE_GRACE_MS
-from hw.headers import ReqFlags
+from hw.headers import ROCE_UDP_PORT, BthOpcode, ReqFlags
+from hw.rtl.ip import ETH_IP_UDP_LEN
 from sim import model as M
 from sim.serve import FrameServer, model_config
 from sim.rc import QPState, RoceEndpoint
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group(name="serve_hw")
 TARGET_IP, INIT_IP = "10.0.0.2", "10.0.0.1"
 BUF_VA, BUF_RKEY, BUF_SIZE = 0x7F0000100000, 0x00ABCD01, 2 * 65536
+ROCE_PORT = ROCE_UDP_PORT.to_bytes(2, "big")   # UDP destination port octets
 
 
 def _free_port():
@@ -170,9 +172,11 @@ def test_cm_and_kbtp_operations(served):
     lost, deliver = [], ini.ep.receive_frame
 
     def lose_first_ack(frame, now_us):
-        # Ethernet + IPv4 + UDP 4791, BTH opcode RC ACKNOWLEDGE (0x11) to this QP.
-        if (not lost and frame[36:38] == b"\x12\xb7" and frame[42] == 0x11
-                and int.from_bytes(frame[47:50], "big") == qp.qpn):
+        # Ethernet + IPv4 + UDP to the RoCE port, BTH opcode RC ACKNOWLEDGE to this QP.
+        bth = frame[ETH_IP_UDP_LEN:]
+        if (not lost and frame[ETH_IP_UDP_LEN - 6:ETH_IP_UDP_LEN - 4] == ROCE_PORT
+                and bth[0] == BthOpcode.ACKNOWLEDGE.value
+                and int.from_bytes(bth[5:8], "big") == qp.qpn):
             lost.append(frame)
             return
         deliver(frame, now_us)
