@@ -287,7 +287,7 @@ def test_gmii_to_rgmii_tx_wire(tx_clock):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_register_slice_passes_every_beat_in_order(seed):
-    from boards.cores import RegisterSlice
+    from hw.rtl.stream import RegisterSlice
 
     dut = RegisterSlice(8)
     rng = random.Random(seed)
@@ -323,7 +323,7 @@ def test_register_slice_passes_every_beat_in_order(seed):
 
 
 def test_register_slice_full_throughput():
-    from boards.cores import RegisterSlice
+    from hw.rtl.stream import RegisterSlice
 
     dut = RegisterSlice(8)
     got = []

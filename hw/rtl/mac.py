@@ -95,23 +95,27 @@ class GmiiRx(wiring.Component):
         count = Signal(range(MIN_FRAME + 1))     # octets since SFD, saturating at MIN_FRAME
         got_er = Signal()
         overflow = Signal()
+        short = Signal()
 
         # keep is set next to data below, not as a lone constant: Amaranth's Verilog puts a
         # lone constant assignment to part of a signal in an `always @*` with nothing to
         # trigger it, which Icarus and Verilator never run (the bit then stays 0).
         m.d.comb += fcs.data.eq(rxd)
 
+        def await_frame():
+            with m.If(dv & (rxd == PREAMBLE)):
+                m.next = "Preamble"
+            with m.Elif(dv & (rxd == SFD)):
+                # A PHY may shorten the preamble; the SFD alone starts a frame.
+                m.d.comb += fcs.start.eq(1)
+                m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
+                m.next = "Frame Data"
+            with m.Elif(dv):
+                m.next = "Drop"
+
         with m.FSM(name="rx"):
             with m.State("Idle"):
-                with m.If(dv & (rxd == PREAMBLE)):
-                    m.next = "Preamble"
-                with m.Elif(dv & (rxd == SFD)):
-                    # A PHY may shorten the preamble; the SFD alone starts a frame.
-                    m.d.comb += fcs.start.eq(1)
-                    m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
-                    m.next = "Frame Data"
-                with m.Elif(dv):
-                    m.next = "Drop"
+                await_frame()
 
             with m.State("Preamble"):
                 with m.If(~dv):
@@ -144,8 +148,11 @@ class GmiiRx(wiring.Component):
                             m.d.sync += overflow.eq(1)
                 with m.Else():
                     # End of frame: delay[4] is the last data octet, delay[0..3] the FCS, and
-                    # the CRC register has taken every octet (match_detected valid now).
-                    short = count < MIN_FRAME
+                    # the CRC register has taken every octet (match_detected valid now and
+                    # held: the CRC takes no octet until the next SFD). The verdict is given
+                    # in the next cycle ("Frame End") from registered flags, so the CRC
+                    # compare and the checks do not chain into the FIFO's pointer update
+                    # (the 125 MHz critical path on ECPIX-5).
                     with m.If(count >= 5):
                         m.d.comb += [
                             fifo.w.valid.eq(1),
@@ -153,22 +160,32 @@ class GmiiRx(wiring.Component):
                             fifo.w.payload.keep.eq(1),
                             fifo.w.payload.last.eq(1),
                         ]
-                    with m.If(got_er):
-                        m.d.comb += fifo.w_discard.eq(1)
-                        m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
-                    with m.Elif(short):
-                        m.d.comb += fifo.w_discard.eq(1)
-                        m.d.sync += self.runts.eq(self.runts + 1)
-                    with m.Elif(~fcs.match_detected):
-                        m.d.comb += fifo.w_discard.eq(1)
-                        m.d.sync += self.fcs_errors.eq(self.fcs_errors + 1)
-                    with m.Elif(overflow | ~fifo.w.ready):
-                        m.d.comb += fifo.w_discard.eq(1)
-                        m.d.sync += self.overflows.eq(self.overflows + 1)
-                    with m.Else():
-                        m.d.comb += fifo.w_commit.eq(1)
-                        m.d.sync += self.frames_ok.eq(self.frames_ok + 1)
-                    m.next = "Idle"
+                        with m.If(~fifo.w.ready):
+                            m.d.sync += overflow.eq(1)
+                    m.d.sync += short.eq(count < MIN_FRAME)
+                    m.next = "Frame End"
+
+            with m.State("Frame End"):
+                with m.If(got_er):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
+                with m.Elif(short):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.runts.eq(self.runts + 1)
+                with m.Elif(~fcs.match_detected):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.fcs_errors.eq(self.fcs_errors + 1)
+                with m.Elif(overflow):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.overflows.eq(self.overflows + 1)
+                with m.Else():
+                    m.d.comb += fifo.w_commit.eq(1)
+                    m.d.sync += self.frames_ok.eq(self.frames_ok + 1)
+                # As in Idle: a PHY that shrinks the gap to one octet may start the next
+                # frame (even with its SFD) right now. The verdict above reads the flags
+                # before the SFD clears them.
+                m.next = "Idle"
+                await_frame()
 
             with m.State("Drop"):
                 # Carrier without a valid preamble/SFD: ignore until it ends.

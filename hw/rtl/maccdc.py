@@ -5,8 +5,9 @@
 
 ::
 
-    GMII (mac domain, 125 MHz) -> GmiiMac(8).rx -> StreamUpsizer(8, w) -> AsyncFIFO -> rx (core)
-    GMII <- GmiiMac(8).tx <- StreamDownsizer(w, 8) <- AsyncFIFO <-------------------- tx (core)
+    GMII (mac domain, 125 MHz) -> GmiiMac(8).rx -> StreamUpsizer(8, w) -> slice -> AsyncFIFO -> rx (core)
+    GMII <- GmiiMac(8).tx <- slice <- StreamDownsizer(w, 8) <- slice <- AsyncFIFO <- tx (core)
+    (slice: RegisterSlice, a skid buffer that cuts the valid/data and ready paths)
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
 
 The MAC keeps its own frame buffers (bad frames are dropped there, and transmission starts
@@ -20,7 +21,7 @@ from amaranth.lib import cdc, data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from .mac import GmiiMac
-from .stream import PacketStream
+from .stream import PacketStream, RegisterSlice
 from .width import StreamDownsizer, StreamUpsizer
 
 __all__ = ["MacCdc", "MAC_COUNTER_NAMES"]
@@ -85,18 +86,29 @@ class MacCdc(wiring.Component):
         m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
                      self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
 
-        # Receive: MAC -> upsizer -> async FIFO -> rx.
+        # Register slices (skid buffers) on each side of the sizers, in the MAC domain: without
+        # them the transmit path chains the MAC FIFO's full check, the downsizer's ready, the
+        # async FIFO's read enable, pointer and storage read into one 125 MHz path (9 levels,
+        # 9.0 ns placed on ECPIX-5, board core ``mac-cdc``).
+        m.submodules.rx_slice = rx_slice = rename(RegisterSlice(w))
+        m.submodules.tx_slice = tx_slice = rename(RegisterSlice(w))
+        m.submodules.tx_slice8 = tx_slice8 = rename(RegisterSlice(8))
+
+        # Receive: MAC -> upsizer -> slice -> async FIFO -> rx.
         wiring.connect(m, mac.rx, up.i)
-        m.d.comb += [rxf.w_data.eq(up.o.payload.as_value()), rxf.w_en.eq(up.o.valid),
-                     up.o.ready.eq(rxf.w_rdy),
+        wiring.connect(m, up.o, rx_slice.i)
+        m.d.comb += [rxf.w_data.eq(rx_slice.o.payload.as_value()), rxf.w_en.eq(rx_slice.o.valid),
+                     rx_slice.o.ready.eq(rxf.w_rdy),
                      self.rx.payload.eq(rxf.r_data), self.rx.valid.eq(rxf.r_rdy),
                      rxf.r_en.eq(self.rx.ready)]
-        # Transmit: tx -> async FIFO -> downsizer -> MAC.
+        # Transmit: tx -> async FIFO -> slice -> downsizer -> slice -> MAC.
         m.d.comb += [txf.w_data.eq(self.tx.payload.as_value()), txf.w_en.eq(self.tx.valid),
                      self.tx.ready.eq(txf.w_rdy),
-                     down.i.payload.eq(txf.r_data), down.i.valid.eq(txf.r_rdy),
-                     txf.r_en.eq(down.i.ready)]
-        wiring.connect(m, down.o, mac.tx)
+                     tx_slice.i.payload.eq(txf.r_data), tx_slice.i.valid.eq(txf.r_rdy),
+                     txf.r_en.eq(tx_slice.i.ready)]
+        wiring.connect(m, tx_slice.o, down.i)
+        wiring.connect(m, down.o, tx_slice8.i)
+        wiring.connect(m, tx_slice8.o, mac.tx)
 
         # Counters: the MAC's counters step by one, so a toggle of bit 0 is an event; events
         # cross as pulses.

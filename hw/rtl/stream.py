@@ -17,7 +17,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["packet_layout", "PacketStream", "RecordMerge"]
+__all__ = ["packet_layout", "PacketStream", "RecordMerge", "RegisterSlice"]
 
 
 def packet_layout(width):
@@ -76,4 +76,35 @@ class RecordMerge(wiring.Component):
                 if self.tag is not None:
                     field = getattr(self.o.payload, self.tag)
                     m.d.sync += field[-1].eq(j)
+        return m
+
+
+class RegisterSlice(wiring.Component):
+    """A full-throughput register stage (skid buffer) for a :func:`PacketStream`.
+
+    Every output and ``i.ready`` come straight from flops, so a long combinational path on one
+    side (e.g. a FIFO's block-RAM read data decoded by a header parser) no longer adds up with
+    the other side's. Latency one cycle; one beat per cycle sustained.
+
+    Ports
+    -----
+    i : In(PacketStream(width)), o : Out(PacketStream(width))
+    """
+
+    def __init__(self, width):
+        super().__init__({"i": In(PacketStream(width)), "o": Out(PacketStream(width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        skid = Signal.like(self.i.payload)
+        skid_valid = Signal()
+        m.d.comb += self.i.ready.eq(~skid_valid)
+        with m.If(self.o.ready | ~self.o.valid):
+            with m.If(skid_valid):
+                m.d.sync += [self.o.payload.eq(skid), self.o.valid.eq(1), skid_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & ~skid_valid):
+            # Output stalled: park the beat the input offered (ready was high) in the skid.
+            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
         return m
