@@ -646,7 +646,7 @@ def test_board_core_options_reach_the_core():
     assert eco.target.clk_hz == eco.core_freq        # requester timers count core cycles
     assert eco.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
     ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
-    assert (ver.target.n_qp, ver.target.sq_depth) == (2, 4)
+    assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore
 
 
