@@ -12,6 +12,10 @@
     uart rx/tx <--> HostLinkUart (bus master) <--> core.bus
     eth_rgmii <--> Rgmii <--GMII (sync)--> core.gmii
 
+Resets: each domain's reset is asserted asynchronously (PLL not locked, or the board's reset
+button) and released synchronously, then driven onto a global network through a ``DCCA``
+(:meth:`BoardTop._global_reset`).
+
 Clock constraints sit on pins: the oscillator (from the board resource) and the PHY's
 ``rx_clk`` (125 MHz); nextpnr derives the PLL outputs' constraints (CLKOS2's too, from the
 FREQUENCY_PIN attributes boards/clocks.py writes).
