@@ -77,9 +77,11 @@ def build(board, core=None, *, build_root=None, seed=1, pack_only=False):
     # which the wall time of a build on a shared one is not.
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     plan = platform.prepare(top, name="top",
-                            # router2: router1 had 185k of 234k arcs left after 28 min on
-                            # the width-64 core (ECPIX-5, 2 cores shared); router2 routes it.
-                            nextpnr_opts=f"--timing-allow-fail --seed {seed} --router router2 "
+                            # The board's router (BoardSpec.nextpnr_router): router2 on the
+                            # ECPIX-5, where router1 had 185k of 234k arcs left after 28 min
+                            # on the width-64 core (2 cores shared).
+                            nextpnr_opts=f"--timing-allow-fail --seed {seed} "
+                                         f"--router {spec.nextpnr_router} "
                                          f"--report nextpnr-report.json"
                                          + (" --pack-only" if pack_only else ""))
     error = None

@@ -26,6 +26,7 @@ class BoardSpec:
     phy : str                   PHY part, for the documentation
     core_options : dict         core name -> extra keyword arguments of its factory, for a
                                 device too small for the core's defaults
+    nextpnr_router : str        nextpnr's ``--router`` for this board's builds
     """
 
     name: str
@@ -41,6 +42,7 @@ class BoardSpec:
     sys_freq: float = 125e6
     memory: BoardMemoryConfig = field(default=None)
     core_options: dict = field(default_factory=dict)
+    nextpnr_router: str = "router2"
 
     def __post_init__(self):
         if self.memory is None:

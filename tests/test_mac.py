@@ -127,10 +127,11 @@ def test_sizer_full_throughput(kind, iw, ow):
 # Packet FIFO
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("registered_ready", [False, True])
 @pytest.mark.parametrize("bp", [0.0, 0.5])
-def test_packet_fifo_commit_discard(bp):
+def test_packet_fifo_commit_discard(bp, registered_ready):
     rng = random.Random(11 + int(bp * 10))
-    dut = PacketFifo(8, 64)
+    dut = PacketFifo(8, 64, registered_ready=registered_ready)
     pkts = random_packets(rng, 40, 1, 40)
     keep = [rng.random() < 0.6 for _ in pkts]
     got = []
@@ -160,9 +161,11 @@ def test_packet_fifo_commit_discard(bp):
     assert got == [p for p, k in zip(pkts, keep) if k]
 
 
-def test_packet_fifo_hides_uncommitted_and_fills():
-    """Nothing uncommitted is visible; ready falls exactly at depth; discard frees the space."""
-    dut = PacketFifo(8, 16)
+@pytest.mark.parametrize("registered_ready", [False, True])
+def test_packet_fifo_hides_uncommitted_and_fills(registered_ready):
+    """Nothing uncommitted is visible; ready falls exactly at depth; discard frees the space
+    (with ``registered_ready`` one cycle later)."""
+    dut = PacketFifo(8, 16, registered_ready=registered_ready)
 
     async def bench(ctx):
         ctx.set(dut.r.ready, 0)
@@ -179,6 +182,9 @@ def test_packet_fifo_hides_uncommitted_and_fills():
         ctx.set(dut.w_discard, 1)
         await ctx.tick()
         ctx.set(dut.w_discard, 0)
+        if registered_ready:
+            assert not ctx.get(dut.w.ready)         # the flop still holds "full"
+            await ctx.tick()
         assert ctx.get(dut.w.ready)
         await packet_put(ctx, dut.w, b"\xaa\xbb", 8)
         await ctx.tick().repeat(3)

@@ -180,6 +180,12 @@ class PacketFifo(wiring.Component):
         Data width of the packet streams.
     depth : int
         Capacity in beats, a power of two.
+    registered_ready : bool
+        ``w.ready`` from a flop: low from the cycle after the FIFO held ``depth - 1`` beats or
+        more (a writer adds at most one beat per cycle, so that is never too late; a writer
+        that keeps writing still fills all ``depth`` beats). ``w.ready`` may then rise one cycle
+        after a read makes room. Cuts the path from the pointers through ``w.ready`` and the
+        writer's decision back into the write pointer (the GMII receiver's, at 125 MHz).
 
     Ports
     -----
@@ -190,10 +196,11 @@ class PacketFifo(wiring.Component):
         Beats held (committed or not, including the one in the output register).
     """
 
-    def __init__(self, width, depth):
+    def __init__(self, width, depth, *, registered_ready=False):
         if depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth {depth} is not a power of two >= 2")
         self._width, self._depth = width, depth
+        self._registered_ready = registered_ready
         super().__init__({
             "w": In(PacketStream(width)),
             "w_commit": In(1),
@@ -225,7 +232,10 @@ class PacketFifo(wiring.Component):
         # bit: a few LUT levels, where the subtraction's carry chain plus the pointer increment
         # made the GMII receiver's 125 MHz critical path (24 levels, 7.1 ns on ECPIX-5).
         full = Signal()
-        m.d.comb += full.eq((wp[:abits] == rp[:abits]) & (wp[abits] != rp[abits]))
+        if self._registered_ready:
+            m.d.sync += full.eq(used >= depth - 1)
+        else:
+            m.d.comb += full.eq((wp[:abits] == rp[:abits]) & (wp[abits] != rp[abits]))
         write = Signal()
         m.d.comb += [
             self.w.ready.eq(~full),
