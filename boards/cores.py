@@ -27,9 +27,9 @@ from hw.rtl.hostlink import HostBusDemoTarget, HostBusSignature
 from hw.rtl.rgmii import GmiiSignature
 from hw.rtl.stream import RegisterSlice
 
-__all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore",
-           "MacArpCore", "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP", "DEFAULT_MAC", "default_core_name",
-           "kbtp_mem_words"]
+__all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
+           "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
+           "DEFAULT_MAC", "default_core_name", "kbtp_mem_words"]
 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
 #: divided by 30. At width 64 that is 1.33 Gb/s of datapath for the 1 Gb/s line.
@@ -243,6 +243,14 @@ class KbtpCore1(wiring.Component):
         return m
 
 
+def _gmii_flopped(m, gmii, mac, leds):
+    """GMII between the board and a :class:`~hw.rtl.maccdc.MacCdc`, one flop each way on the
+    pins' side (the RGMII converter's flops are in another corner); LEDs show rx_dv / tx_en."""
+    m.d.sync += [mac.rxd.eq(gmii.rxd), mac.rx_dv.eq(gmii.rx_dv), mac.rx_er.eq(gmii.rx_er),
+                 gmii.txd.eq(mac.txd), gmii.tx_en.eq(mac.tx_en), gmii.tx_er.eq(mac.tx_er)]
+    m.d.comb += leds.eq(Cat(gmii.rx_dv, gmii.tx_en))
+
+
 class KbtpCore(wiring.Component):
     """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
 
@@ -302,11 +310,7 @@ class KbtpCore(wiring.Component):
         wiring.connect(m, t.tx, cdc.tx)
         for k in range(len(cdc.counters)):
             m.d.comb += t.mac_counters[k].eq(cdc.counters[k])
-        # Flops on the GMII pins' side (the RGMII converter's flops are in another corner).
-        g = self.gmii
-        m.d.sync += [cdc.rxd.eq(g.rxd), cdc.rx_dv.eq(g.rx_dv), cdc.rx_er.eq(g.rx_er),
-                     g.txd.eq(cdc.txd), g.tx_en.eq(cdc.tx_en), g.tx_er.eq(cdc.tx_er)]
-        m.d.comb += self.leds.eq(Cat(g.rx_dv, g.tx_en))
+        _gmii_flopped(m, self.gmii, cdc, self.leds)
         return m
 
 
@@ -353,10 +357,7 @@ class MacCdcLoopbackCore(wiring.Component):
         wiring.connect(m, wiring.flipped(self.bus), target.bus)
         for sig, value in zip(target.counters, counters):
             m.d.comb += sig.eq(value)
-        g = self.gmii
-        m.d.sync += [cdc.rxd.eq(g.rxd), cdc.rx_dv.eq(g.rx_dv), cdc.rx_er.eq(g.rx_er),
-                     g.txd.eq(cdc.txd), g.tx_en.eq(cdc.tx_en), g.tx_er.eq(cdc.tx_er)]
-        m.d.comb += self.leds.eq(Cat(g.rx_dv, g.tx_en))
+        _gmii_flopped(m, self.gmii, cdc, self.leds)
         return m
 
 
