@@ -718,7 +718,8 @@ class Fuzzer:
         for q in VICTIM_QPS:
             self.qps[q].send(bytes(24))            # header-only request before HELLO
         self.settle(20_000)
-        self.snap_counters = self.counters()
+        # The watchdog's baseline (counters and frames sent), so that any test may run first.
+        self.snap_counters, self._frames_at_snap = self.counters(), self.frames_to_target
         self.mem_checks = 0
         self.plan = self.driver.plan
         self.lay = self.model.lay
