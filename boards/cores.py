@@ -338,7 +338,7 @@ class MacCdcLoopbackCore(wiring.Component):
     def elaborate(self, platform):
         from amaranth import DomainRenamer
 
-        from hw.rtl.maccdc import MacCdc
+        from hw.rtl.maccdc import MAC_COUNTER_NAMES, MacCdc
 
         m = Module()
         mem = self.memory
@@ -350,7 +350,8 @@ class MacCdcLoopbackCore(wiring.Component):
         m.submodules.loop = loop = core(RegisterSlice(self.width))
         wiring.connect(m, cdc.rx, loop.i)
         wiring.connect(m, loop.o, cdc.tx)
-        counters = [cdc.counters[0], cdc.counters[1], cdc.counters[5], cdc.counters[4]]
+        counters = [cdc.counters[MAC_COUNTER_NAMES.index(name)] for name in
+                    ("rx_frames_ok", "rx_fcs_errors", "tx_frames", "rx_overflows")]
         m.submodules.target = target = core(HostBusDemoTarget(
             mem_words=mem.demo_mem_words, n_counters=len(counters),
             scratch_init=(DEFAULT_IP, DEFAULT_MAC >> 16, DEFAULT_MAC & 0xFFFF, 0)))

@@ -5,7 +5,8 @@
 
 ::
 
-    GMII (mac domain, 125 MHz) -> GmiiMac(8).rx -> slice -> StreamUpsizer(8, w) -> slice -> AsyncFIFO -> rx (core)
+    GMII (mac, 125 MHz) -> GmiiMac(8).rx -> slice -> StreamUpsizer(8, w) -> slice -> AsyncFIFO
+                                                                              -> rx (core)
     GMII <- GmiiMac(8).tx <- slice <- StreamDownsizer(w, 8) <- slice <- AsyncFIFO <- tx (core)
     (slice: RegisterSlice, a skid buffer that cuts the valid/data and ready paths)
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
@@ -88,9 +89,9 @@ class MacCdc(wiring.Component):
 
         # Register slices (skid buffers) on each side of the sizers, in the MAC domain: without
         # them the receive path starts the upsizer from the MAC buffer's block-RAM read data
-        # (7.2 ns on the Versa's 45F), and the transmit path chains the MAC FIFO's full check, the downsizer's ready, the
-        # async FIFO's read enable, pointer and storage read into one 125 MHz path (9 levels,
-        # 9.0 ns placed on ECPIX-5, board core ``mac-cdc``).
+        # (7.2 ns on the Versa's 45F), and the transmit path chains the MAC FIFO's full check,
+        # the downsizer's ready, the async FIFO's read enable, pointer and storage read into
+        # one 125 MHz path (9 levels, 9.0 ns placed on ECPIX-5, board core ``mac-cdc``).
         m.submodules.rx_slice8 = rx_slice8 = rename(RegisterSlice(8))
         m.submodules.rx_slice = rx_slice = rename(RegisterSlice(w))
         m.submodules.tx_slice = tx_slice = rename(RegisterSlice(w))
