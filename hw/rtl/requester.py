@@ -32,11 +32,15 @@ Simplifications (documented, checked by tests where they matter):
 - an ACK never completes a READ (only its responses do); an ACK that jumps over an unanswered
   READ is left for the retransmission timer (rxe retries at once);
 - ATOMIC ACKNOWLEDGE is processed as an ACK of its PSN (this requester issues no atomics);
-- the send queue lives in registers (n_qp × depth entries), not in block RAM.
+- the send queue is one memory of n_qp × depth entries with two asynchronous read ports (the
+  head and txp entries of the FSM's QP) and one write port: LUT RAM on the ECP5
+  (TRELLIS_DPR16X4, one copy per read port). It was registers until 2026-11-30: 10.9k
+  flip-flops and two 32-to-1 multiplexers of 280 bits at 4 QPs x 8 entries, the largest
+  single block of the ECPIX-5 build and the densest routing.
 """
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
@@ -317,7 +321,8 @@ class Requester(wiring.Component):
                      wcq.r_en.eq(self.wc.ready)]
 
         qs = [Signal(QState, name=f"qs{i}") for i in range(nq)]
-        sq = [[Signal(SqEntry, name=f"sq{i}_{k}") for k in range(depth)] for i in range(nq)]
+        # Entry k of QP i at address (i << ib) | k.
+        m.submodules.sq = sq = memory.Memory(shape=SqEntry, depth=nq << ib, init=[])
         for i in range(nq):
             m.d.comb += self.qp_error[i].eq(qs[i].st == QSt.ERR)
 
@@ -334,12 +339,9 @@ class Requester(wiring.Component):
         cfg = select_cfg(m, self.cfg, cqp, "ccfg")
 
         def entry_at(ptr, name):
+            port = sq.read_port(domain="comb")
             e = Signal(SqEntry, name=name)
-            with m.Switch(Cat(ptr[:ib], cqp)):
-                for i in range(nq):
-                    for k in range(depth):
-                        with m.Case(k + (i << ib)):
-                            m.d.comb += e.eq(sq[i][k])
+            m.d.comb += [port.addr.eq(Cat(ptr[:ib], cqp)), e.eq(port.data)]
             return e
         h = entry_at(cur.head, "h_ent")
         t = entry_at(cur.txp, "t_ent")
@@ -496,10 +498,9 @@ class Requester(wiring.Component):
         sq_index = Signal(ib)
         sq_write = Signal()
         sq_data = Signal(SqEntry)
-        for i in range(nq):
-            for kk in range(depth):
-                with m.If(sq_write & (cqp == i) & (sq_index == kk)):
-                    m.d.sync += sq[i][kk].eq(sq_data)
+        sq_wp = sq.write_port()
+        m.d.comb += [sq_wp.addr.eq(Cat(sq_index, cqp)), sq_wp.data.eq(sq_data),
+                     sq_wp.en.eq(sq_write)]
 
         with m.FSM(name="req"):
             with m.State("Idle"):
