@@ -739,15 +739,22 @@ def resources(root=None):
             r = json.loads(rep.read_text())
         except (OSError, ValueError):
             continue
-        sync = [c for c in r.get("clocks", []) if c.get("domain") == "sync"]
+        clocks = r.get("clocks", [])
+        sync = [c for c in clocks if c.get("domain") == "sync"]
         out[rep.parent.name] = {
-            "device": r.get("device"), "stage": r.get("stage"),
+            "device": r.get("device"), "stage": r.get("stage"), "core": r.get("core"),
             "core_params": r.get("core_params"),
             "resources": {k: f"{v['used']}/{v['available']}" for k, v in
                           r.get("resources", {}).items()},
             "fmax_mhz": sync[0]["achieved_mhz"] if sync else None,
             "constraint_mhz": sync[0]["constraint_mhz"] if sync else None,
+            # Every clock of the build (the full core has four: MAC, core, RGMII rx and tx).
+            "clocks": {c.get("domain") or c.get("name"):
+                       {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
+                                              "met")} for c in clocks},
             "timing_met": r.get("timing_met"),
+            "bitstream": r.get("bitstream"),
+            "build_time_s": r.get("build_time_s"),
             "note": r.get("error") or r.get("note") or r.get("timing_note"),
         }
     return out or "not built"
@@ -877,10 +884,14 @@ def format_table(res):
     rs = res.get("resources")
     if isinstance(rs, dict):
         for board, r in rs.items():
-            lines.append(f"resources {board} ({r['device']}, stage {r['stage']}): "
+            lines.append(f"resources {board} (core {r['core']}, {r['device']}, stage "
+                         f"{r['stage']}): "
                          + ", ".join(f"{k} {v}" for k, v in r["resources"].items())
-                         + f"; Fmax {r['fmax_mhz']} MHz (constraint {r['constraint_mhz']}, "
-                           f"met {r['timing_met']})")
+                         + "; Fmax " + ", ".join(
+                             f"{d} {c['achieved_mhz']} MHz (constraint {c['constraint_mhz']})"
+                             for d, c in r["clocks"].items())
+                         + f"; timing met {r['timing_met']}; bitstream {r['bitstream']}; "
+                           f"build {r['build_time_s']} s")
     else:
         lines.append(f"resources: {rs}")
     return "\n".join(lines)
