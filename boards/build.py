@@ -82,7 +82,8 @@ def build(board, core=None, *, build_root=None, seed=1, pack_only=False):
                             # on the width-64 core (2 cores shared).
                             nextpnr_opts=f"--timing-allow-fail --seed {seed} "
                                          f"--router {spec.nextpnr_router} "
-                                         f"--report nextpnr-report.json"
+                                         f"--report nextpnr-report.json "
+                                         + " ".join(spec.nextpnr_opts)
                                          + (" --pack-only" if pack_only else ""))
     error = None
     try:

@@ -5,6 +5,7 @@
 
 from amaranth_boards.ecpix5 import ECPIX585Platform
 
+from .memory import BoardMemoryConfig
 from .spec import BoardSpec
 
 __all__ = ["ECPIX5"]
@@ -24,4 +25,11 @@ ECPIX5 = BoardSpec(
                    ("rgb_led", 3, "g")),
     program_args=("-b", "ecpix5"),
     phy="Realtek RTL8211E",
+    # Routing, not the EBR count, limits this device: with the 256 KiB pool the EBR would
+    # hold (155 of 208 DP16KD in all) nextpnr's router2 stopped converging on the width-64
+    # core (overuse 16.9k -> 16.2k at its 9th iteration, 2026-11-30). 128 KiB (32 blocks of
+    # 4 KiB) halves the pool's banks and their 64-bit buses, and the placer keeps the logic
+    # at most 75 % dense (nextpnr's default HeAP density is 90 %).
+    memory=BoardMemoryConfig.for_ebr(208, max_pool_bytes=128 * 1024),
+    nextpnr_opts=("--placer-heap-beta", "0.75"),
 )

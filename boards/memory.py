@@ -76,7 +76,7 @@ class BoardMemoryConfig:
                 "ebr_used": self.ebr_used()}
 
     @classmethod
-    def for_ebr(cls, ebr_total, *, spare_fraction=0.2, block_size=4096):
+    def for_ebr(cls, ebr_total, *, spare_fraction=0.2, block_size=4096, max_pool_bytes=None):
         """Largest power-of-two pool that leaves ``spare_fraction`` of the EBR for the rest.
 
         The spare covers what the full core will add (packet FIFOs of the RoCE path,
@@ -84,6 +84,9 @@ class BoardMemoryConfig:
         25 % halved the ECPIX-5 pool to 128 KiB, and that full width-64 core then used 85
         DP16KD where :meth:`ebr_used` estimated 99, so the 256 KiB pool (estimate 163 of 208)
         still leaves room.
+
+        ``max_pool_bytes`` caps the pool below what the EBR would hold (a board whose routing,
+        not its EBR count, limits the pool: see boards/ecpix5.py).
         """
         if ebr_total < 16:
             raise ValueError(f"{ebr_total} EBR is too few for the core")
@@ -95,7 +98,8 @@ class BoardMemoryConfig:
         budget = int(ebr_total * (1 - spare_fraction)) - (fixed.ebr_used()
                                                           - fixed.ebr_by_use()["pool"])
         pool = block_size
-        while ebr_blocks((2 * pool) // 4, 32) <= budget:
+        while ebr_blocks((2 * pool) // 4, 32) <= budget and (max_pool_bytes is None
+                                                             or 2 * pool <= max_pool_bytes):
             pool *= 2
         cfg = cls(**{**asdict(fixed), "pool_bytes": pool})
         assert cfg.ebr_used() <= ebr_total

@@ -27,6 +27,7 @@ class BoardSpec:
     core_options : dict         core name -> extra keyword arguments of its factory, for a
                                 device too small for the core's defaults
     nextpnr_router : str        nextpnr's ``--router`` for this board's builds
+    nextpnr_opts : tuple        further nextpnr options for this board's builds
     """
 
     name: str
@@ -43,6 +44,7 @@ class BoardSpec:
     memory: BoardMemoryConfig = field(default=None)
     core_options: dict = field(default_factory=dict)
     nextpnr_router: str = "router2"
+    nextpnr_opts: tuple = ()
 
     def __post_init__(self):
         if self.memory is None:
