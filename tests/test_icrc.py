@@ -106,6 +106,28 @@ def test_icrc_check_drops_packets_shorter_than_udp_length(width, idle, stall):
 
 
 @pytest.mark.parametrize("width", [8, 64])
+def test_icrc_check_every_last_beat_length(width):
+    """Packets of every length mod 8 (PadCnt 0, so not a multiple of 4: the last beat at width
+    64 holds 1..8 octets), each with scapy's ICRC, and a copy with one octet flipped. A RoCE
+    packet is always a multiple of 4 octets, so the pcap and random tests above only give the
+    CRC unit last beats of 4 or 8 octets; these give it the others."""
+    rng = seeded(5 + width)
+    items, expect = [], []
+    for size in range(0, 24):
+        payload = bytes(rng.getrandbits(8) for _ in range(size))
+        f = bytes(roce_frame(0x04, payload, pad=0, ip_id=rng.getrandbits(16)))
+        assert zlib_icrc(f[14:-4]) == f[-4:]
+        items.append(roce_rx_beats(f, width))
+        expect.append(f[42:])
+        bad = bytearray(f)
+        bad[rng.randrange(54, len(f))] ^= 1 << rng.randrange(8)
+        items.append(roce_rx_beats(bytes(bad), width))
+    got, cnt = _check_run(width, items, 0.2, 0.2)
+    assert [p for p, _ in got] == expect
+    assert cnt == {"ok": len(expect), "bad": len(expect), "overflow": 0}
+
+
+@pytest.mark.parametrize("width", [8, 64])
 def test_icrc_check_random_and_overflow(width):
     """Random scapy-built packets of every opcode; one larger than the buffer is dropped."""
     rng = seeded(77 + width)
