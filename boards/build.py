@@ -80,11 +80,11 @@ def build(board, core=None, *, build_root=None, seed=1, pack_only=False):
                             # The board's router (BoardSpec.nextpnr_router): router2 on the
                             # ECPIX-5, where router1 had 185k of 234k arcs left after 28 min
                             # on the width-64 core (2 cores shared).
-                            nextpnr_opts=f"--timing-allow-fail --seed {seed} "
-                                         f"--router {spec.nextpnr_router} "
-                                         f"--report nextpnr-report.json "
-                                         + " ".join(spec.nextpnr_opts)
-                                         + (" --pack-only" if pack_only else ""))
+                            nextpnr_opts=" ".join([
+                                "--timing-allow-fail", "--seed", str(seed),
+                                "--router", spec.nextpnr_router,
+                                "--report", "nextpnr-report.json", *spec.nextpnr_opts,
+                                *(["--pack-only"] if pack_only else [])]))
     error = None
     try:
         plan.execute_local(str(out))
