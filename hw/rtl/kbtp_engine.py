@@ -86,7 +86,7 @@ offset       acc   meaning
 """
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import (CommonHeader, CompletionBody, CompletionDescriptor, CompletionRecord,
@@ -221,7 +221,17 @@ class KbtpEngine(wiring.Component):
         s_scratch = Array(Signal(ADDR_BITS, name=f"s_scratch{q}") for q in range(nq))
 
         # ---------------------------------------------------------------- statistics
-        counts = Array(Signal(32, name=f"count{k}") for k in range(48))
+        # COUNT[k] in a memory (LUT RAM on the ECP5: 48 x 32 flip-flops behind a 48-to-1
+        # multiplexer were some of the most congested logic of the ECPIX-5 build). Reset clears
+        # it as it cleared the registers: ``cnt_clear`` sweeps every entry before DONE counts.
+        m.submodules.counts = counts = memory.Memory(shape=32, depth=64, init=[])
+        cnt_clear = Signal(range(65), init=64)     # entries still to clear after reset
+        cnt_wp = counts.write_port()
+        cnt_rp = counts.read_port(domain="comb")    # DONE's read-modify-write
+        cnt_bus = counts.read_port(domain="comb")   # host reads of COUNT[k]
+        with m.If(cnt_clear != 0):
+            m.d.comb += [cnt_wp.en.eq(1), cnt_wp.addr.eq(cnt_clear - 1), cnt_wp.data.eq(0)]
+            m.d.sync += cnt_clear.eq(cnt_clear - 1)
         stall_cycles = Signal(32)
         last_latency = Signal(32)
         last_cycles = Signal(32)
@@ -281,8 +291,6 @@ class KbtpEngine(wiring.Component):
         ro(0x0A8, last_cycles)
         ro(0x0AC, occupancy)
         ro(0x0B0, hostq_count)
-        for k in range(48):
-            ro(0x100 + 4 * k, counts[k])
         for q in range(nq):
             b = 0x200 + 0x40 * q
             regs[b + 0x00] = (Cat(s_valid[q], s_record[q], Const(0, 6), s_domain[q]), None)
@@ -305,6 +313,9 @@ class KbtpEngine(wiring.Component):
                         if wsig is not None:
                             with m.If(bus.we):
                                 m.d.sync += wsig.eq(bus.wdata)
+                with m.Case(*range(0x100, 0x100 + 4 * 48, 4)):
+                    m.d.comb += [bus.err.eq(0), cnt_bus.addr.eq(rel[2:8]),
+                                 bus.rdata.eq(cnt_bus.data)]
                 with m.Case(0x080):
                     m.d.comb += [bus.err.eq(0),
                                  bus.rdata.eq(Cat(cmd_pending | deferred, deferred))]
@@ -894,9 +905,12 @@ class KbtpEngine(wiring.Component):
             with m.State("DONE"):
                 k = Signal(6)
                 m.d.comb += k.eq(Cat(st[:4], op_idx))
-                m.d.comb += [self.repost.valid.eq(1), self.repost.payload.qp.eq(qp)]
-                with m.If(self.repost.ready):
-                    m.d.sync += [counts[k].eq(counts[k] + 1), last_cycles.eq(lat),
+                m.d.comb += [self.repost.valid.eq(cnt_clear == 0),
+                             self.repost.payload.qp.eq(qp), cnt_rp.addr.eq(k)]
+                with m.If(self.repost.valid & self.repost.ready):
+                    m.d.comb += [cnt_wp.en.eq(1), cnt_wp.addr.eq(k),
+                                 cnt_wp.data.eq(cnt_rp.data + 1)]
+                    m.d.sync += [last_cycles.eq(lat),
                                  lat.eq(0), lat_open.eq(0)]
                     m.next = "IDLE"
 

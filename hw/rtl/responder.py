@@ -42,7 +42,7 @@ The atomic read and write are two separate bus requests: another master of the s
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import AETH, AtomicAckETH, AethSyndrome, BthOpcode
@@ -248,41 +248,71 @@ class Responder(wiring.Component):
         pay_done = Signal()                 # payload of this packet consumed (or none)
 
         # ---- per-QP state ---------------------------------------------------------------
-        slots = [Signal(QpCtx, name=f"ctx{i}") for i in range(nq)]
+        # The contexts and the replay cache are memories (LUT RAM on the ECP5: one write port,
+        # asynchronous reads) rather than n_qp x (185 + K x 242) flip-flops behind n_qp-to-1
+        # multiplexers: as registers they were the most congested logic of the ECPIX-5 build.
+        kb = max(1, (K - 1).bit_length())
+        m.submodules.ctxmem = ctxmem = memory.Memory(shape=QpCtx, depth=nq, init=[])
+        m.submodules.cachemem = cachemem = memory.Memory(shape=CacheEntry, depth=nq << kb,
+                                                         init=[])
         credits = [Signal(9, name=f"credits{i}") for i in range(nq)]
-        cache = [[Signal(CacheEntry, name=f"cache{i}_{k}") for k in range(K)] for i in range(nq)]
+        cvalid = [Signal(K, name=f"cvalid{i}") for i in range(nq)]   # replay-cache valid bits
         consume = Signal()                  # take one receive buffer of QP qi
-        commit = Signal()                   # write ctx back into slot qi
+        commit = Signal()                   # write ctx back into QP qi's context
         cache_we = Signal()
         cache_new = Signal(CacheEntry)
+        # A load (the host rewrote the QP) resets the context through the memory's one write
+        # port: it waits in ``reload`` for a cycle without a commit; CTX waits for it.
+        reload = Signal(nq)
 
         m.d.comb += self.repost.ready.eq(1)
         for i in range(nq):
             rp = self.repost.valid & (self.repost.p.qp == i)
             cn = consume & (qi == i)
             with m.If(self.load[i]):
-                m.d.sync += [credits[i].eq(self.cfg[i].recv_count),
-                             slots[i].eq(0), slots[i].epsn.eq(self.cfg[i].rq_psn),
-                             slots[i].nak_armed.eq(1)]
-                for k in range(K):
-                    m.d.sync += cache[i][k].valid.eq(0)
+                m.d.sync += [credits[i].eq(self.cfg[i].recv_count), cvalid[i].eq(0)]
             with m.Else():
                 m.d.sync += credits[i].eq(credits[i] + rp - cn)
-                with m.If(commit & (qi == i)):
-                    m.d.sync += slots[i].eq(ctx)
-                for k in range(K):
-                    with m.If(cache_we & (qi == i) & (ctx.cache_ptr == k)):
-                        m.d.sync += cache[i][k].eq(cache_new)
+                with m.If(cache_we & (qi == i)):
+                    m.d.sync += cvalid[i].eq(cvalid[i] | (1 << ctx.cache_ptr))
+
+        ctx_wp = ctxmem.write_port()
+        reload_i = Signal(range(nq))
+        for i in reversed(range(nq)):
+            with m.If(reload[i]):
+                m.d.comb += reload_i.eq(i)
+        init_ctx = Signal(QpCtx)
+        with m.Switch(reload_i):
+            for i in range(nq):
+                with m.Case(i):
+                    m.d.comb += init_ctx.epsn.eq(self.cfg[i].rq_psn)
+        m.d.comb += init_ctx.nak_armed.eq(1)
+        done_reload = Signal(nq)
+        with m.If(commit):
+            m.d.comb += [ctx_wp.en.eq(1), ctx_wp.addr.eq(qi), ctx_wp.data.eq(ctx)]
+        with m.Elif(reload != 0):
+            m.d.comb += [ctx_wp.en.eq(1), ctx_wp.addr.eq(reload_i), ctx_wp.data.eq(init_ctx),
+                         done_reload.eq(1 << reload_i)]
+        m.d.sync += reload.eq((reload & ~done_reload) | self.load)
+
+        cache_wp = cachemem.write_port()
+        m.d.comb += [cache_wp.en.eq(cache_we), cache_wp.addr.eq(Cat(ctx.cache_ptr[:kb], qi)),
+                     cache_wp.data.eq(cache_new)]
 
         cur_credits = Signal(9)
-        cur_cache = [Signal(CacheEntry, name=f"cur_cache{k}") for k in range(K)]
-        cur_slot = Signal(QpCtx)
+        cur_cvalid = Signal(K)
         with m.Switch(qi):
             for i in range(nq):
                 with m.Case(i):
-                    m.d.comb += [cur_credits.eq(credits[i]), cur_slot.eq(slots[i])]
-                    for k in range(K):
-                        m.d.comb += cur_cache[k].eq(cache[i][k])
+                    m.d.comb += [cur_credits.eq(credits[i]), cur_cvalid.eq(cvalid[i])]
+        ctx_rp = ctxmem.read_port(domain="comb")
+        cur_slot = Signal(QpCtx)
+        m.d.comb += [ctx_rp.addr.eq(qi), cur_slot.eq(ctx_rp.data)]
+        srch_k = Signal(kb)                 # replay-cache entry being compared (DUP_SEARCH)
+        cache_rp = cachemem.read_port(domain="comb")
+        cur_entry = Signal(CacheEntry)
+        m.d.comb += [cache_rp.addr.eq(Cat(srch_k, qi)), cur_entry.eq(cache_rp.data),
+                     cur_entry.valid.eq(cur_cvalid.bit_select(srch_k, 1))]
 
         # ---- packet classification (from the latched header) ----------------------------
         is_send = _op_in(op, _SEND)
@@ -409,8 +439,9 @@ class Responder(wiring.Component):
                     m.next = "CTX"
 
             with m.State("CTX"):
-                m.d.sync += ctx.eq(cur_slot)
-                m.next = "DECIDE"
+                with m.If(~reload.bit_select(qi, 1)):
+                    m.d.sync += ctx.eq(cur_slot)
+                    m.next = "DECIDE"
 
             with m.State("DECIDE"):
                 with m.If(ctx.err):
@@ -424,6 +455,7 @@ class Responder(wiring.Component):
                                      count("cnt_acks")]
                         m.next = "EMIT"
                     with m.Else():
+                        m.d.sync += srch_k.eq(0)
                         m.next = "DUP_SEARCH"
                 with m.Elif(d != 0):
                     m.d.sync += count("cnt_psn_ahead")
@@ -611,20 +643,18 @@ class Responder(wiring.Component):
 
             # ---- duplicates of READ / atomic -------------------------------------------------
             with m.State("DUP_SEARCH"):
-                found = Signal()
-                for k in reversed(range(K)):
-                    c = cur_cache[k]
-                    dk = Signal(24, name=f"dup_dk{k}")
-                    m.d.comb += dk.eq(psn - c.psn)
-                    match = c.valid & Mux(c.atomic, is_atomic & (dk == 0),
-                                          is_read & (dk < c.npsn))
-                    with m.If(match):
-                        m.d.comb += found.eq(1)
-                        m.d.sync += [dup.eq(c), dup_k.eq(dk)]
-                with m.If(found):
+                # One entry per cycle, lowest index first (the first match is the answer).
+                c = cur_entry
+                dk = Signal(24)
+                m.d.comb += dk.eq(psn - c.psn)
+                match = c.valid & Mux(c.atomic, is_atomic & (dk == 0), is_read & (dk < c.npsn))
+                with m.If(match):
+                    m.d.sync += [dup.eq(c), dup_k.eq(dk)]
                     m.next = "DUP_CHECK"
-                with m.Else():
+                with m.Elif(srch_k == K - 1):
                     m.next = "DRAIN"
+                with m.Else():
+                    m.d.sync += srch_k.eq(srch_k + 1)
             with m.State("DUP_CHECK"):
                 off = Signal(64)
                 m.d.comb += off.eq(dup_k << pmtu_log2)
