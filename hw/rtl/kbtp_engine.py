@@ -214,11 +214,20 @@ class KbtpEngine(wiring.Component):
         s_valid = Array(Signal(name=f"s_valid{q}") for q in range(nq))
         s_record = Array(Signal(name=f"s_record{q}") for q in range(nq))
         s_domain = Array(Signal(8, name=f"s_domain{q}") for q in range(nq))
-        s_hbase = Array(Signal(64, name=f"s_hbase{q}") for q in range(nq))
-        s_hcount = Array(Signal(32, name=f"s_hcount{q}") for q in range(nq))
-        s_quota = Array(Signal(32, name=f"s_quota{q}") for q in range(nq))
+        # The session words HBASE low/high, HCOUNT, QUOTA and SCRATCH live in a memory (LUT RAM
+        # on the ECP5, one row per QP) read at the request's QP, instead of n_qp x 160
+        # flip-flops behind QP multiplexers; USAGE, which the FSM also writes, stays registers.
+        # Reset does not clear them (the host writes a session before it sets its VALID bit).
+        S_OFF = (0x04, 0x08, 0x0C, 0x10, 0x18)
+        m.submodules.sessions = sessions = memory.Memory(shape=32 * len(S_OFF), depth=nq,
+                                                         init=[])
+        sess_rp = sessions.read_port(domain="comb")    # the request's QP (addressed below)
+        sess_bus = sessions.read_port(domain="comb")   # host reads
+        sess_wp = sessions.write_port(granularity=32)  # host writes, one word at a time
+        s_word = [sess_rp.data[32 * w:32 * (w + 1)] for w in range(len(S_OFF))]
+        s_hbase, s_hcount, s_quota = Cat(s_word[0], s_word[1]), s_word[2], s_word[3]
         s_usage = Array(Signal(32, name=f"s_usage{q}") for q in range(nq))
-        s_scratch = Array(Signal(ADDR_BITS, name=f"s_scratch{q}") for q in range(nq))
+        s_scratch = s_word[4][:ADDR_BITS]
 
         # ---------------------------------------------------------------- statistics
         # COUNT[k] in a memory (LUT RAM on the ECP5: 48 x 32 flip-flops behind a 48-to-1
@@ -294,12 +303,7 @@ class KbtpEngine(wiring.Component):
         for q in range(nq):
             b = 0x200 + 0x40 * q
             regs[b + 0x00] = (Cat(s_valid[q], s_record[q], Const(0, 6), s_domain[q]), None)
-            rw(b + 0x04, s_hbase[q][:32])
-            rw(b + 0x08, s_hbase[q][32:])
-            rw(b + 0x0C, s_hcount[q])
-            rw(b + 0x10, s_quota[q])
             rw(b + 0x14, s_usage[q])
-            rw(b + 0x18, s_scratch[q])
 
         # The FSM also writes s_usage; a host write wins in the same cycle (sync order below).
         with m.If(in_win & (bus.re | bus.we)):
@@ -313,6 +317,14 @@ class KbtpEngine(wiring.Component):
                         if wsig is not None:
                             with m.If(bus.we):
                                 m.d.sync += wsig.eq(bus.wdata)
+                for w, o in enumerate(S_OFF):
+                    with m.Case(*(0x200 + 0x40 * q + o for q in range(nq))):
+                        sq = rel[6:12] - 0x200 // 0x40
+                        m.d.comb += [bus.err.eq(0), sess_bus.addr.eq(sq),
+                                     bus.rdata.eq(sess_bus.data[32 * w:32 * (w + 1)])]
+                        with m.If(bus.we):
+                            m.d.comb += [sess_wp.en.eq(1 << w), sess_wp.addr.eq(sq),
+                                         sess_wp.data.eq(bus.wdata.replicate(len(S_OFF)))]
                 with m.Case(*range(0x100, 0x100 + 4 * 48, 4)):
                     m.d.comb += [bus.err.eq(0), cnt_bus.addr.eq(rel[2:8]),
                                  bus.rdata.eq(cnt_bus.data)]
@@ -354,6 +366,7 @@ class KbtpEngine(wiring.Component):
         cd_res = mf(CompletionDescriptor, "reserved", CD)
 
         qp = cur.qp
+        m.d.comb += sess_rp.addr.eq(qp)
         ln = cur.length
         f_inline = (flags & ReqFlags.INLINE.value) != 0
         f_seal = (flags & ReqFlags.SEAL.value) != 0
@@ -400,8 +413,8 @@ class KbtpEngine(wiring.Component):
         rng_ok = (hidx >> range_log2) < self.n_ranges
         readable = in_table & rng_ok & (~rng[8] | (rng[:8] == s_domain[qp]))
         hrel = Signal(64)
-        m.d.comb += hrel.eq(handle - s_hbase[qp])
-        owns = (handle >= s_hbase[qp]) & (hrel < s_hcount[qp])
+        m.d.comb += hrel.eq(handle - s_hbase)
+        owns = (handle >= s_hbase) & (hrel < s_hcount)
         entry_addr = Signal(ADDR_BITS)
         m.d.comb += entry_addr.eq(table_base + (hidx << 4)[:ADDR_BITS])
 
@@ -629,7 +642,7 @@ class KbtpEngine(wiring.Component):
                     with m.Elif(e_valid):
                         m.d.sync += finish(Status.ALREADY_BOUND.value, g)
                         m.next = "COMPLETE"
-                    with m.Elif(s_usage[qp] >= s_quota[qp]):
+                    with m.Elif(s_usage[qp] >= s_quota):
                         m.d.sync += finish(Status.NO_SPACE.value, g)
                         m.next = "COMPLETE"
                     with m.Else():
@@ -843,7 +856,7 @@ class KbtpEngine(wiring.Component):
                                  _be(rec, R.SIZE, R, "data_length").eq(out_dlen),
                                  _be(rec, R.SIZE, R, "block_offset").eq(out_boff)]
                     m.d.sync += [wbuf.eq(Cat(Const(0, 320 - 8 * R.SIZE), rec)),
-                                 w_addr.eq(s_scratch[qp]), w_left.eq(R.SIZE // 8),
+                                 w_addr.eq(s_scratch), w_left.eq(R.SIZE // 8),
                                  w_ret.eq(WRET.index("WR_REC"))]
                     m.next = "WRITE_WORDS"
                 with m.Else():
@@ -861,7 +874,7 @@ class KbtpEngine(wiring.Component):
                              _be(cm, T, H, "status").eq(st),
                              _be(cm, T, B, "data_length", H.SIZE).eq(out_dlen),
                              _be(cm, T, B, "block_offset", H.SIZE).eq(out_boff)]
-                m.d.sync += [wbuf.eq(cm), w_addr.eq(s_scratch[qp]), w_left.eq(T // 8),
+                m.d.sync += [wbuf.eq(cm), w_addr.eq(s_scratch), w_left.eq(T // 8),
                              w_ret.eq(WRET.index("WR_SEND"))]
                 m.next = "WRITE_WORDS"
 
@@ -881,7 +894,7 @@ class KbtpEngine(wiring.Component):
             with m.State("WR_REC"):
                 m.d.sync += [wrq.op.eq(WrOp.WRITE_IMM), wrq.rkey.eq(cd_stag), wrq.va.eq(cd_to),
                              wrq.length.eq(CompletionRecord.SIZE),
-                             wrq.laddr.eq(s_scratch[qp]), wrq.imm.eq(request_id[:32]),
+                             wrq.laddr.eq(s_scratch), wrq.imm.eq(request_id[:32]),
                              c_ret.eq(CRET.index("REC_DONE"))]
                 m.next = "WR_ISSUE"
 
@@ -896,7 +909,7 @@ class KbtpEngine(wiring.Component):
                 m.d.sync += [wrq.op.eq(Mux(inv, WrOp.SEND_INV, WrOp.SEND)),
                              wrq.inv_rkey.eq(Mux(inv, dd_stag, 0)), wrq.rkey.eq(0), wrq.va.eq(0),
                              wrq.length.eq(CommonHeader.SIZE + CompletionBody.SIZE),
-                             wrq.laddr.eq(s_scratch[qp]), c_ret.eq(CRET.index("SEND_DONE"))]
+                             wrq.laddr.eq(s_scratch), c_ret.eq(CRET.index("SEND_DONE"))]
                 m.next = "WR_ISSUE"
 
             with m.State("SEND_DONE"):
