@@ -281,12 +281,15 @@ class Responder(wiring.Component):
         for i in reversed(range(nq)):
             with m.If(reload[i]):
                 m.d.comb += reload_i.eq(i)
-        init_ctx = Signal(QpCtx)
+        init_epsn = Signal(24)
         with m.Switch(reload_i):
             for i in range(nq):
                 with m.Case(i):
-                    m.d.comb += init_ctx.epsn.eq(self.cfg[i].rq_psn)
-        m.d.comb += init_ctx.nak_armed.eq(1)
+                    m.d.comb += init_epsn.eq(self.cfg[i].rq_psn)
+        # All zero but ePSN (the QP's RQ PSN) and nak_armed; built as one value (a partly
+        # assigned comb Signal leaves the other bits undriven in Icarus/Verilator).
+        init_ctx = QpCtx.const({"nak_armed": 1}).as_value() | \
+            (init_epsn << QpCtx["epsn"].offset)
         done_reload = Signal(nq)
         with m.If(commit):
             m.d.comb += [ctx_wp.en.eq(1), ctx_wp.addr.eq(qi), ctx_wp.data.eq(ctx)]
