@@ -28,10 +28,8 @@ ECPIX5 = BoardSpec(
     # Routing, not the EBR count, limits this device: with the 256 KiB pool the EBR would
     # hold (155 of 208 DP16KD in all) nextpnr's router2 stopped converging on the width-64
     # core (overuse 16.9k -> 16.2k at its 9th iteration, 2026-11-30). 128 KiB (32 blocks of
-    # 4 KiB) halves the pool's banks and their 64-bit buses, and the placer keeps the logic
-    # at most 75 % dense (nextpnr's default HeAP density is 90 %). With both, router2 gets to
-    # ~4k overused wires and no further (2026-11-30): the congestion is in the control logic
-    # (engine, responder; see the issue-6 note), which these do not change.
+    # 4 KiB) halves the pool's banks and their 64-bit buses. (`--placer-heap-beta` does not
+    # spread the placement in nextpnr 0.11.1's ECP5 flow: 0.6 and 0.75 gave the same HeAP
+    # placement, iteration for iteration, on the same netlist, 2026-11-30.)
     memory=BoardMemoryConfig.for_ebr(208, max_pool_bytes=128 * 1024),
-    nextpnr_opts=("--placer-heap-beta", "0.75"),
 )
