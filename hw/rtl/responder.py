@@ -26,7 +26,7 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
   found in the replay cache (same R_Key, VA/length consistent with the original at that PSN),
   re-read and re-sent from the duplicate's PSN; atomic -> ATOMIC ACKNOWLEDGE with the cached
   original value. Not in the cache: dropped. The cache (``cache_depth`` entries per QP, in a
-  memory) is searched one entry per cycle, oldest slot index first.
+  memory) is searched one entry per cycle, lowest entry index first.
 - No receive buffer for a packet that needs one: RNR NAK (0x20 | ``rnr_timer``), PSN of the
   request, nothing changes.
 - R_Key / range / rights failure: NAK 0x62; opcode sequence, length, misaligned atomic,
