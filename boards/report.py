@@ -120,10 +120,15 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
     rep_json = build_dir / "nextpnr-report.json"
     log = build_dir / "top.tim"
     clocks, util = [], {}
+    log_text = log.read_text(errors="replace") if log.exists() else ""
+    # nextpnr writes its --report file, and "Program finished normally", only at the end of
+    # the flow: without either, the Fmax figures are post-placement estimates (a run stopped
+    # while routing), not timing.
+    routed = rep_json.exists() or "Program finished normally" in log_text
     if rep_json.exists():
         clocks, util = parse_nextpnr_report(rep_json)
     if (not clocks or not util) and log.exists():
-        lclocks, lutil = parse_nextpnr_log(log.read_text(errors="replace"))
+        lclocks, lutil = parse_nextpnr_log(log_text)
         clocks = clocks or lclocks
         util = util or lutil
     paths = critical_paths(rep_json) if rep_json.exists() else []
@@ -139,7 +144,8 @@ def make_report(build_dir, *, board, core, device, build_time_s, memory=None):
         "memory": memory,
         "critical_paths": paths,
     }
-    report["timing_met"] = bool(clocks) and all(c["met"] for c in clocks)
+    report["routed"] = routed
+    report["timing_met"] = routed and bool(clocks) and all(c["met"] for c in clocks)
     return report
 
 
@@ -180,6 +186,8 @@ def format_report(rep):
     lines.append(f"  bitstream: {rep['bitstream'] or '(none)'}")
     if rep.get("stage") == "pack":
         lines.append("  timing: not analysed (synthesis + pack only)")
+    elif not rep.get("routed", True):
+        lines.append("  timing: NOT ROUTED (the Fmax above are post-placement estimates)")
     else:
         lines.append(f"  timing: {'MET on every clock' if rep['timing_met'] else 'NOT MET'}")
     return "\n".join(lines)

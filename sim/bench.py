@@ -752,7 +752,10 @@ def resources(root=None):
             "clocks": {c.get("domain") or c.get("name"):
                        {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
                                               "met")} for c in clocks},
-            "timing_met": r.get("timing_met"),
+            # Reports from before the "routed" key: a bitstream means the run routed.
+            "routed": r.get("routed", r.get("bitstream") is not None),
+            "timing_met": bool(r.get("timing_met")) and
+            r.get("routed", r.get("bitstream") is not None),
             "bitstream": r.get("bitstream"),
             "build_time_s": r.get("build_time_s"),
             "note": r.get("error") or r.get("note") or r.get("timing_note"),
@@ -890,7 +893,8 @@ def format_table(res):
                          + "; Fmax " + ", ".join(
                              f"{d} {c['achieved_mhz']} MHz (constraint {c['constraint_mhz']})"
                              for d, c in r["clocks"].items())
-                         + f"; timing met {r['timing_met']}; bitstream {r['bitstream']}; "
+                         + f"; routed {r['routed']}; timing met {r['timing_met']}; "
+                           f"bitstream {r['bitstream']}; "
                            f"build {r['build_time_s']} s")
     else:
         lines.append(f"resources: {rs}")

@@ -613,7 +613,7 @@ Info: Max frequency for clock                '$glbnet$clk': 131.20 MHz (PASS at 
 def test_report_log_parser_and_verdict(tmp_path):
     # Lines in the shape nextpnr-ecp5 0.7 prints them (utilisation, then timing summaries; the
     # last summary is the final one).
-    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT)
+    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT + "Info: Program finished normally.\n")
     rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
     assert [c["name"] for c in rep["clocks"]] == ["$glbnet$clk", "$glbnet$rgmii.eth_rx_clk"]
     clk, rx = rep["clocks"]
@@ -627,10 +627,16 @@ def test_report_log_parser_and_verdict(tmp_path):
     assert rep["resources"]["LUT4"] == {"used": 3425, "available": 83640}
     assert rep["resources"]["EBR"]["used"] == 7 and rep["resources"]["DSP"]["used"] == 0
     assert rep["timing_met"]
-    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT.rsplit("Info: Max", 1)[0])
+    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT.rsplit("Info: Max", 1)[0]
+                                      + "Info: Program finished normally.\n")
     rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
     assert not rep["timing_met"] and rep["clocks"][0]["slack_ns"] < 0
     assert "FAIL" in format_report(rep) and "NOT MET" in format_report(rep)
+    # A run stopped while routing: passing post-placement figures are not timing met.
+    (tmp_path / "top.tim").write_text(NEXTPNR_LOG_EXCERPT)
+    rep = make_report(tmp_path, board="b", core="c", device="d", build_time_s=1.0)
+    assert rep["clocks"][0]["met"] and not rep["routed"] and not rep["timing_met"]
+    assert "NOT ROUTED" in format_report(rep)
 
 
 def test_board_core_options_reach_the_core():
