@@ -71,7 +71,7 @@ guest: install
 # ECP5 board flow (boards/): YoWASP yosys + nextpnr-ecp5 + ecppack, report in build/<board>/.
 # `make bitstream BOARD=versa`, `make program` (openFPGALoader), `make synth-check` (CI: ECPIX-5
 # synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core,
-# SEED= the nextpnr placement seed (default 1).
+# SEED= the nextpnr placement seed (default: BoardSpec.nextpnr_seed, 2 on the ECPIX-5).
 BOARD ?= ecpix5
 CORE  ?=
 SEED  ?=

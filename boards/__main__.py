@@ -25,7 +25,8 @@ def main(argv=None):
                        help=f"default: the most complete available ({default_core_name()})")
         if name != "elaborate":
             p.add_argument("--build-root", default=None, help="default: <repo>/build")
-            p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+            p.add_argument("--seed", type=int, default=None,
+                           help="nextpnr placement seed (default: BoardSpec.nextpnr_seed)")
             p.add_argument("--pack-only", action="store_true",
                            help="synthesise and pack only: utilisation, no timing, no bitstream")
     p = sub.add_parser("program", help="load build/<board>/top.bit with openFPGALoader")

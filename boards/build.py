@@ -56,13 +56,15 @@ def elaborate(board, core=None):
     return spec.platform().prepare(top, name="top")
 
 
-def build(board, core=None, *, build_root=None, seed=1, pack_only=False):
+def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     """Synthesise, place and route, pack; return the report dict (also in report.json).
 
     ``pack_only``: synthesise and let nextpnr pack only (``--pack-only``: utilisation, no
     placement, timing or bitstream), for a quick check that a design fits the device.
     """
     spec, core, top = _top(board, core)
+    if seed is None:
+        seed = spec.nextpnr_seed
     tool_env()
     saved_ecppack = os.environ["ECPPACK"]
     if pack_only:

@@ -28,6 +28,7 @@ class BoardSpec:
                                 device too small for the core's defaults
     nextpnr_router : str        nextpnr's ``--router`` for this board's builds
     nextpnr_opts : tuple        further nextpnr options for this board's builds
+    nextpnr_seed : int          nextpnr's ``--seed`` when the build is not given one
     """
 
     name: str
@@ -45,6 +46,7 @@ class BoardSpec:
     core_options: dict = field(default_factory=dict)
     nextpnr_router: str = "router2"
     nextpnr_opts: tuple = ()
+    nextpnr_seed: int = 1
 
     def __post_init__(self):
         if self.memory is None:
