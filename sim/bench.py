@@ -741,6 +741,8 @@ def resources(root=None):
             continue
         clocks = r.get("clocks", [])
         sync = [c for c in clocks if c.get("domain") == "sync"]
+        # Reports from before the "routed" key: a bitstream means the run routed.
+        routed = r.get("routed", r.get("bitstream") is not None)
         out[rep.parent.name] = {
             "device": r.get("device"), "stage": r.get("stage"), "core": r.get("core"),
             "core_params": r.get("core_params"),
@@ -752,10 +754,8 @@ def resources(root=None):
             "clocks": {c.get("domain") or c.get("name"):
                        {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
                                               "met")} for c in clocks},
-            # Reports from before the "routed" key: a bitstream means the run routed.
-            "routed": r.get("routed", r.get("bitstream") is not None),
-            "timing_met": bool(r.get("timing_met")) and
-            r.get("routed", r.get("bitstream") is not None),
+            "routed": routed,
+            "timing_met": bool(r.get("timing_met")) and routed,
             "bitstream": r.get("bitstream"),
             "build_time_s": r.get("build_time_s"),
             "note": r.get("error") or r.get("note") or r.get("timing_note"),
