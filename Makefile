@@ -31,7 +31,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 venv: $(VENV)/.installed
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscopereorder --durations=40 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=40 tests
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests

@@ -1,5 +1,5 @@
 # Ref: pytest `pytest_collection_modifyitems`; pytest-xdist `--dist loadgroup` with
-#      `--no-loadscopereorder` (work units handed out in collection order, two queued per worker;
+#      `--no-loadscope-reorder` (work units handed out in collection order, two queued per worker;
 #      without that option the xdist_group units, largest first, would go ahead of it).
 """Test ordering for `make test` (pytest -n 2 --dist loadgroup).
 
