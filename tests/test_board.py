@@ -533,13 +533,13 @@ def test_core_contract_is_checked():
 #: 4 QPs, see boards/ecpix5.py) synthesised, placed and routed for the ECPIX-5 85F with the
 #: board's default nextpnr seed, exactly what `make bitstream` builds; the test fails on any
 #: clock without positive slack after routing, or on a build that did not finish routing.
-#: ~35 min of one core (yosys ~5 min, nextpnr the rest); tests/conftest.py starts it first so
-#: that it runs beside the rest of `make test` on CI's two cores.
+#: ~12 min of one core on the development machine (728 s inside `make test`; yosys ~3 min,
+#: nextpnr the rest); tests/conftest.py starts it first so that it runs beside the rest of
+#: `make test` on CI's two cores.
 #: KBTP_BOARD_CI_CORE=mac-cdc builds the stand-in core instead (~2.5 min): the full core's
 #: 125 MHz side gate for gate (GMII MAC, 8 <-> 64 sizers, async FIFOs, global resets, PLL) with
 #: a loopback where the target is, for a quick local check of the board layer.
 CI_CORE = os.environ.get("KBTP_BOARD_CI_CORE", "kbtp")
-FULL_TIMING_TEST = "test_ecpix5_synthesis_meets_timing"
 
 
 def _have_yowasp():
