@@ -17,8 +17,10 @@ The start state is any ring image the draft's rules can produce with the engine 
 Tail ticket T with 0 <= T - H <= N, ticket x in [T - N, T) in slot x mod N, published (Sequence x,
 any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) otherwise; optionally
 the host holds one TAIL_FETCHADD ticket hu in [H, T) not yet written (its slot still holds
-ticket hu - N's content). Environment rule: frees only while T - H < N, which is what a shared
-pool of at most N blocks gives (TargetConfig enforces 2**ring_order >= shared blocks). The host
+ticket hu - N's content). Environment rule: frees only while T - H < N, which a shared pool of
+at most N blocks implies (TargetConfig enforces 2**ring_order >= shared blocks) and which is
+weaker than it (it does not count the block an ALLOC_STORE in flight holds: the checks are
+proven for a host that may free one block more than the pool holds). The host
 register writes that configure the engine (ring order n, addresses, one session) take the first
 cycles of every trace.
 
