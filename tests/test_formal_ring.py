@@ -799,7 +799,8 @@ def _bmc(tmp_path, n, depth, engine_cls=KbtpEngine, probe=None):
     return log
 
 
-@pytest.mark.parametrize("n,depth", [pytest.param(1, 26, marks=SLOW), pytest.param(1, 30, marks=SLOW)])
+@pytest.mark.parametrize("n,depth", [pytest.param(1, 26, marks=SLOW),
+                                     pytest.param(1, 30, marks=SLOW)])
 def test_ring_bmc(tmp_path, n, depth):
     """Depth 26 = 10 configuration cycles + any free command (Tail FetchAdd, slot check, Block
     Offset, Sequence) from any start image; an ALLOC_STORE needs about 30 more cycles to
