@@ -721,6 +721,16 @@ def _run_short(img, script, overlap, engine_cls=KbtpEngine):
     return c
 
 
+def _run_part(part, engine_cls=KbtpEngine):
+    """Every 4th of the runs of _short_runs, from ``part``; returns the summed event counts."""
+    total = {k: 0 for k in RingHarness.PROBES}
+    for img, script, overlap in list(_short_runs())[part::4]:
+        c = _run_short(img, script, overlap, engine_cls)
+        for k in total:
+            total[k] += c[k]
+    return total
+
+
 def test_ring_checks_sampled_short_scripts():
     """40 of the runs of test_ring_checks_all_short_scripts, drawn with a fixed seed."""
     runs = list(_short_runs())
@@ -733,13 +743,8 @@ def test_ring_checks_all_short_scripts(part):
     """Every 3-operation script (with and without overlap) from every N = 2 start image (in 4
     parts, ~3 min each): exhaustive over operation orders of that length, not over cycle
     timings; the bounded model check covers those for 26 cycles."""
-    runs = list(_short_runs())[part::4]
-    total = {k: 0 for k in RingHarness.PROBES}
-    for img, script, overlap in runs:
-        c = _run_short(img, script, overlap)
-        for k in total:
-            total[k] += c[k]
-    print(f"part {part}: {len(runs)} runs, events {total}")
+    total = _run_part(part)
+    print(f"part {part}: events {total}")
     for k in ("consume", "publish", "stall", "returned", "host_publish", "wrap"):
         assert total[k] > 0, k
 
@@ -749,9 +754,7 @@ def test_literal_check_within_the_pool_bound(part):
     """The draft's literal free check (slot consumed, Sequence not compared) passes every ring
     check on every 3-operation script when the host frees only blocks of a pool of N: in this
     serial engine its failure needs an (N+1)-th block (see the mutant test above)."""
-    cls = literal_free_check()
-    for img, script, overlap in list(_short_runs())[part::4]:
-        _run_short(img, script, overlap, cls)
+    _run_part(part, literal_free_check())
 
 
 def test_literal_free_check_mutant_caught_in_simulation():
