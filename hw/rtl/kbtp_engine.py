@@ -21,18 +21,20 @@ Fast path, in the golden model's order (sim/model.py Readings 6-10)::
     -> RecvRepost
 
 v1 is serial: one request at a time, all QPs. Why: the draft requires in-order processing per
-connection, and a single FSM makes the ring counters atomic for free (every counter update, the
-host's included, goes through this FSM, so Head FetchAdds and Tail FetchAdds serialise without
-locking the memory arbiter). The cost is that a request waiting for a WorkCompletion (an RDMA
-round trip) blocks every QP; tests/test_kbtp_engine.py prints the per-request cycle counts.
+connection, and one ring allocator (hw/rtl/ring_alloc.py, started by this FSM) makes the ring
+counters atomic for free (every counter update, the host's included, goes through it, so Head
+FetchAdds and Tail FetchAdds serialise without locking the memory arbiter). The cost is that a
+request waiting for a WorkCompletion (an RDMA round trip) blocks every QP;
+tests/test_kbtp_engine.py prints the per-request cycle counts.
 
-Ring rules (sim/ring.py): an allocation re-reads its slot until Sequence == ticket and Block
-Offset != all ones, then writes all ones into the Block Offset. A free (host command FREE_BLOCK,
-or the engine returning a block after a failed RDMA READ) takes a Tail ticket u and writes the slot
-only when it is consumed AND its Sequence == u - N (sim/ring.py ``slot_free_for``: the draft's
-"consumed" alone loses blocks under concurrent frees), Block Offset first, then Sequence. A free
-that cannot write yet is deferred (one deferred free at a time; the command register reads busy)
-and retried whenever the engine is idle or polling a slot.
+Ring rules (sim/ring.py; all in the ring allocator): an allocation re-reads its slot until
+Sequence == ticket and Block Offset != all ones, then writes all ones into the Block Offset. A
+free (host command FREE_BLOCK, or the engine returning a block after a failed RDMA READ) takes a
+Tail ticket u and writes the slot only when it is consumed AND its Sequence == u - N
+(sim/ring.py ``slot_free_for``: the draft's "consumed" alone loses blocks under concurrent
+frees), Block Offset first, then Sequence. A free that cannot write yet is deferred (one
+deferred free at a time; the command register reads busy) and retried whenever the engine is
+idle or polling a slot. The allocator owns the memory bus while this FSM is idle or waits for it.
 
 Assumptions (v1): receive buffers, scratch buffers, table, ring and pool blocks are 8-octet
 aligned; Block Size is a multiple of 8; no ADDR_LE (sessions negotiating it must stay on the slow
@@ -90,15 +92,14 @@ from amaranth.lib import fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import (CommonHeader, CompletionBody, CompletionDescriptor, CompletionRecord,
-                        DataDescriptor, EntryFlags, Opcode, RING_ADD_DATA,
-                        RING_ADD_DATA_UNMASKED, ReqFlags, RingSlot, Status, TableEntry,
+                        DataDescriptor, EntryFlags, Opcode, ReqFlags, Status, TableEntry,
                         KBTP_VERSION, wire_fields)
 from host.codec import ALLOWED_FLAGS
 
-from .fetchadd import masked_add_value
 from .hostlink import HostBusSignature, Space
 from .iface import (ADDR_BITS, QP_INDEX_BITS, REG_KBTP, MemBusSignature, RecvNotify,
                     RecvRepost, WcStatus, WorkCompletion, WorkRequest, WrOp)
+from .ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg"]
 
@@ -106,11 +107,6 @@ ENGINE_ID = 0x4B425445
 #: Fast-path opcodes, in counter order (op index 0, 1, 2).
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
 MSG_WORDS = 7           # header 24 + Data Descriptor 16 + Completion Descriptor 16 = 56 octets
-
-
-class Cmd:
-    TAIL_FETCHADD = 1
-    FREE_BLOCK = 2
 
 
 #: Register offsets (relative to the window base), for drivers and tests.
@@ -174,6 +170,9 @@ class KbtpEngine(wiring.Component):
     connection can never run in the other order, and the host's USAGE update after a FREE
     cannot race an allocation of the same QP. Other QPs wait too (the engine is serial).
     """
+
+    #: The ring allocator's class (a mutant's, for tests/test_formal_ring.py's negative tests).
+    ring_cls = RingAllocator
 
     def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=16, base=REG_KBTP):
         self.n_qp = n_qp
@@ -244,7 +243,7 @@ class KbtpEngine(wiring.Component):
         stall_cycles = Signal(32)
         last_latency = Signal(32)
         last_cycles = Signal(32)
-        occupancy = Signal(32)
+        occupancy = Signal(32)      # (the ring allocator's, at its last ALLOC)
         hostq_count = Signal(32)
         lat = Signal(32)            # running cycle count of the current request
         lat_open = Signal()         # no WorkRequest out yet for this request
@@ -253,11 +252,11 @@ class KbtpEngine(wiring.Component):
         cmd_pending = Signal()
         cmd_kind = Signal(2)
         cmd_arg = Signal(64)
-        cmd_result = Signal(64)
-        deferred = Signal()         # a free holds its Tail ticket and waits for its slot
-        fr_block = Signal(64)       # block being freed
-        fr_u = Signal(32)           # its Tail ticket
-        fr_o = Signal(32)           # its slot offset
+        # The ring allocator (hw/rtl/ring_alloc.py) does every ring access: ALLOC, RETURN and
+        # the host commands; it owns the memory bus while this FSM waits for it or is idle.
+        m.submodules.ring = ring = self.ring_cls()
+        cmd_result = ring.cmd_result
+        deferred = ring.deferred
 
         # ---------------------------------------------------------------- register bus
         bus = self.bus
@@ -440,33 +439,22 @@ class KbtpEngine(wiring.Component):
         baddr = Signal(ADDR_BITS)
         m.d.comb += baddr.eq(pool_base + (boff - pool_to)[:ADDR_BITS])
 
-        # Ring.
-        n_slots = Signal(33)
-        m.d.comb += n_slots.eq(1 << ring_order)
-        masked = ctrl[1]
-        add_data = Mux(masked, RING_ADD_DATA, RING_ADD_DATA_UNMASKED)
-        add_mask = Mux(masked, (1 << 63) | (1 << 31) | (Const(1, 64) << (ring_order + 3)), 0)
-        ctr = Signal(64)            # counter value read (little-endian memory = value)
-        ctr_new = Signal(64)
-        m.d.comb += ctr_new.eq(masked_add_value(ctr, add_data, add_mask, 64))
-        ctr_ticket = ctr[32:]
-        ctr_off = Signal(32)
-        m.d.comb += ctr_off.eq(Mux(masked, ctr[:32] & ((n_slots << 4) - 1),
-                                   (ctr_ticket & (n_slots - 1)) << 4))
-        tail_ticket = Signal(32)
-        ticket = Signal(32)
-        slot_off = Signal(32)
-        slot = rbuf[:128]
-        sl_seq = _be(slot, 16, RingSlot, "sequence")
-        sl_boff = _be(slot, 16, RingSlot, "block_offset")
-        EMPTY = (1 << 64) - 1
+        # Ring (configuration and host commands go to the ring allocator).
+        m.d.comb += [ring.ring_base.eq(ring_base), ring.ring_order.eq(ring_order),
+                     ring.head_addr.eq(head_addr), ring.tail_addr.eq(tail_addr),
+                     ring.masked.eq(ctrl[1]), ring.cmd_valid.eq(cmd_pending),
+                     ring.cmd_kind.eq(cmd_kind), ring.cmd_arg.eq(cmd_arg),
+                     ring.block_in.eq(boff), occupancy.eq(ring.occupancy)]
+        with m.If(ring.cmd_ack):
+            m.d.sync += cmd_pending.eq(0)
+        with m.If(ring.stall):
+            m.d.sync += stall_cycles.eq(stall_cycles + 1)
 
         # ---------------------------------------------------------------- read routine
         rd_addr = Signal(ADDR_BITS)
         rd_issue = Signal(4)        # words still to request
         rd_wait = Signal(4)         # responses still to come
-        RET = ["DECODE", "ENTRY_CHK", "TAIL_GOT", "HEAD_GOT", "SLOT_CHK", "FR_TAIL_GOT",
-               "FR_SLOT_CHK"]
+        RET = ["DECODE", "ENTRY_CHK"]
         rd_ret = Signal(range(len(RET)))
 
         def read(addr, words, ret):
@@ -498,10 +486,6 @@ class KbtpEngine(wiring.Component):
         PRET = ["STORE_ENTRY", "ALLOC_ENTRY"]
         p_ret = Signal(range(len(PRET)))
 
-        # ---------------------------------------------------------------- free routine
-        FRET = ["IDLE", "SLOT_RD", "ALLOC_FAIL", "ALLOC_GOT"]
-        f_ret = Signal(range(len(FRET)))
-
         # The latency counters run for every request.
         with m.If(lat_open | (lat != 0)):
             m.d.sync += lat.eq(lat + 1)
@@ -530,18 +514,16 @@ class KbtpEngine(wiring.Component):
         notify_free = Signal()
         m.d.comb += notify_free.eq(at_host_a[self.notify.payload.qp[:n_qp_bits]] == 0)
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
-                with m.If(cmd_pending):
-                    m.d.sync += f_ret.eq(FRET.index("IDLE"))
-                    m.next = "FR_TAIL"
-                with m.Elif(self.notify.valid & notify_free):
+                # Host commands first, then a message, then a deferred free's retry (the ring
+                # allocator takes the commands and the retry when granted).
+                with m.If(~cmd_pending & ring.idle & self.notify.valid & notify_free):
                     m.d.comb += self.notify.ready.eq(1)
                     m.d.sync += [cur.eq(self.notify.payload), lat.eq(0), lat_open.eq(1)]
                     m.next = "NOTIFIED"
-                with m.Elif(deferred):
-                    m.d.sync += f_ret.eq(FRET.index("IDLE"))
-                    m.next = "FR_SLOT_RD"
+                with m.Else():
+                    m.d.comb += ring.grant.eq(1)
 
             with m.State("NOTIFIED"):
                 with m.If(~ctrl[0] | ~s_valid[qp] | (ln < CommonHeader.SIZE)):
@@ -646,58 +628,23 @@ class KbtpEngine(wiring.Component):
                         m.d.sync += finish(Status.NO_SPACE.value, g)
                         m.next = "COMPLETE"
                     with m.Else():
-                        m.d.sync += read(tail_addr, 1, "TAIL_GOT")
-                        m.next = "READ"
+                        m.next = "RING_ALLOC"
 
-            # -------- ALLOC_STORE: ring-empty check and masked FetchAdd on Head
-            with m.State("TAIL_GOT"):
-                m.d.sync += [tail_ticket.eq(_bswap64(rbuf[:64])[32:])]
-                m.d.sync += read(head_addr, 1, "HEAD_GOT")
-                m.next = "READ"
+            # -------- ALLOC_STORE: the ring allocator takes a block (or finds the ring empty)
+            with m.State("RING_ALLOC"):
+                m.d.comb += [ring.start.eq(1), ring.op.eq(RingOp.ALLOC), ring.grant.eq(1)]
+                with m.If(ring.ack):
+                    m.next = "RING_ALLOC_WAIT"
 
-            with m.State("HEAD_GOT"):
-                m.d.sync += ctr.eq(_bswap64(rbuf[:64]))
-                m.next = "HEAD_CHK"
-
-            with m.State("HEAD_CHK"):
-                m.d.sync += occupancy.eq(tail_ticket - ctr_ticket)
-                with m.If(tail_ticket == ctr_ticket):
-                    m.d.sync += finish(Status.NO_SPACE.value, e_gen)
-                    m.next = "COMPLETE"
-                with m.Else():
-                    m.d.comb += [req.valid.eq(1), req.payload.addr.eq(head_addr),
-                                 req.payload.we.eq(1), req.payload.wdata.eq(ctr_new),
-                                 req.payload.wstrb.eq(0xFF)]
-                    with m.If(req.ready):
-                        m.d.sync += [ticket.eq(ctr_ticket), slot_off.eq(ctr_off),
-                                     s_usage[qp].eq(s_usage[qp] + 1)]
-                        m.next = "SLOT_RD"
-
-            with m.State("SLOT_RD"):
-                m.d.sync += read(ring_base + slot_off, 2, "SLOT_CHK")
-                m.next = "READ"
-
-            with m.State("SLOT_CHK"):
-                with m.If((sl_seq == ticket) & (sl_boff != EMPTY)):
-                    m.d.sync += boff.eq(sl_boff)
-                    m.next = "SLOT_CONSUME"
-                with m.Else():
-                    # The slot still awaits the free of this ticket: poll, serving host frees.
-                    m.d.sync += [stall_cycles.eq(stall_cycles + 1),
-                                 f_ret.eq(FRET.index("SLOT_RD"))]
-                    with m.If(cmd_pending):
-                        m.next = "FR_TAIL"
-                    with m.Elif(deferred):
-                        m.next = "FR_SLOT_RD"
+            with m.State("RING_ALLOC_WAIT"):
+                m.d.comb += ring.grant.eq(1)
+                with m.If(ring.done):
+                    with m.If(ring.empty):
+                        m.d.sync += finish(Status.NO_SPACE.value, e_gen)
+                        m.next = "COMPLETE"
                     with m.Else():
-                        m.next = "SLOT_RD"
-
-            with m.State("SLOT_CONSUME"):
-                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(ring_base + slot_off + 8),
-                             req.payload.we.eq(1), req.payload.wdata.eq(EMPTY),
-                             req.payload.wstrb.eq(0xFF)]
-                with m.If(req.ready):
-                    m.next = "OBTAIN"
+                        m.d.sync += [boff.eq(ring.block), s_usage[qp].eq(s_usage[qp] + 1)]
+                        m.next = "OBTAIN"
 
             # -------- STORE / ALLOC_STORE: get the data into the block
             with m.State("OBTAIN"):
@@ -826,21 +773,19 @@ class KbtpEngine(wiring.Component):
             with m.State("ALLOC_GOT"):
                 with m.If(wc_ok):
                     m.next = "ALLOC_ENTRY"
-                with m.Elif(deferred):
-                    # A host free is deferred: finish it first (one deferred free at a time).
-                    m.d.sync += f_ret.eq(FRET.index("ALLOC_GOT"))
-                    m.next = "FR_SLOT_RD"
                 with m.Else():
-                    # The model returns the block to the ring (Readings 10).
-                    m.d.sync += [fr_block.eq(boff), f_ret.eq(FRET.index("ALLOC_FAIL"))]
-                    m.next = "FR_TAIL"
+                    # The model returns the block to the ring (Readings 10): the ring allocator
+                    # writes it into its slot before we complete.
+                    m.next = "RING_RETURN"
 
-            with m.State("ALLOC_FAIL"):
-                with m.If(deferred):
-                    # Write the returned block before completing (see module docstring).
-                    m.d.sync += f_ret.eq(FRET.index("ALLOC_FAIL"))
-                    m.next = "FR_SLOT_RD"
-                with m.Else():
+            with m.State("RING_RETURN"):
+                m.d.comb += [ring.start.eq(1), ring.op.eq(RingOp.RETURN), ring.grant.eq(1)]
+                with m.If(ring.ack):
+                    m.next = "RING_RETURN_WAIT"
+
+            with m.State("RING_RETURN_WAIT"):
+                m.d.comb += ring.grant.eq(1)
+                with m.If(ring.done):
                     m.d.sync += [s_usage[qp].eq(s_usage[qp] - 1),
                                  finish(Status.INTERNAL.value, e_gen)]
                     m.next = "COMPLETE"
@@ -927,63 +872,17 @@ class KbtpEngine(wiring.Component):
                                  lat.eq(0), lat_open.eq(0)]
                     m.next = "IDLE"
 
-            # -------- frees: Tail FetchAdd, then the strict slot check (sim/ring.py)
-            with m.State("FR_TAIL"):
-                m.d.sync += read(tail_addr, 1, "FR_TAIL_GOT")
-                with m.If(f_ret != FRET.index("ALLOC_FAIL")):
-                    m.d.sync += fr_block.eq(cmd_arg)
-                m.next = "READ"
-
-            with m.State("FR_TAIL_GOT"):
-                m.d.sync += ctr.eq(_bswap64(rbuf[:64]))
-                m.next = "FR_TAIL_W"
-
-            with m.State("FR_TAIL_W"):
-                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(tail_addr),
-                             req.payload.we.eq(1), req.payload.wdata.eq(ctr_new),
-                             req.payload.wstrb.eq(0xFF)]
-                with m.If(req.ready):
-                    m.d.sync += [fr_u.eq(ctr_ticket), fr_o.eq(ctr_off)]
-                    with m.If(f_ret != FRET.index("ALLOC_FAIL")):
-                        m.d.sync += [cmd_result.eq(ctr), cmd_pending.eq(0)]
-                    with m.If((f_ret != FRET.index("ALLOC_FAIL")) &
-                              (cmd_kind == Cmd.TAIL_FETCHADD)):
-                        m.next = "FR_RET"
-                    with m.Else():
-                        m.d.sync += deferred.eq(1)
-                        m.next = "FR_SLOT_RD"
-
-            with m.State("FR_SLOT_RD"):
-                m.d.sync += read(ring_base + fr_o, 2, "FR_SLOT_CHK")
-                m.next = "READ"
-
-            with m.State("FR_SLOT_CHK"):
-                with m.If((sl_boff == EMPTY) & (sl_seq == (fr_u - n_slots[:32])[:32])):
-                    m.next = "FR_W_BO"
-                with m.Else():
-                    m.next = "FR_RET"
-
-            with m.State("FR_W_BO"):
-                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(ring_base + fr_o + 8),
-                             req.payload.we.eq(1), req.payload.wdata.eq(_bswap64(fr_block)),
-                             req.payload.wstrb.eq(0xFF)]
-                with m.If(req.ready):
-                    m.next = "FR_W_SEQ"
-
-            with m.State("FR_W_SEQ"):
-                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(ring_base + fr_o),
-                             req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(Cat(Const(0, 32), fr_u))),
-                             req.payload.wstrb.eq(0x0F)]
-                with m.If(req.ready):
-                    m.d.sync += deferred.eq(0)
-                    m.next = "FR_RET"
-
-            with m.State("FR_RET"):
-                with m.Switch(f_ret):
-                    for i, name in enumerate(FRET):
-                        with m.Case(i):
-                            m.next = name
+        # The memory bus belongs to the ring allocator while this FSM is idle or waits for it
+        # (no access of either is in flight when it changes hands: both finish their reads
+        # before leaving those states, and the FSM leaves IDLE only when the allocator is idle).
+        ring_owns = (fsm.ongoing("IDLE") | fsm.ongoing("RING_ALLOC") |
+                     fsm.ongoing("RING_ALLOC_WAIT") | fsm.ongoing("RING_RETURN") |
+                     fsm.ongoing("RING_RETURN_WAIT"))
+        m.d.comb += ring.mem.rsp.payload.eq(rsp.payload)
+        with m.If(ring_owns):
+            m.d.comb += [req.valid.eq(ring.mem.req.valid), req.payload.eq(ring.mem.req.payload),
+                         ring.mem.req.ready.eq(req.ready), ring.mem.rsp.valid.eq(rsp.valid),
+                         rsp.ready.eq(ring.mem.rsp.ready)]
 
         # Host register writes take precedence over the FSM's usage updates (written last).
         for q in range(nq):
