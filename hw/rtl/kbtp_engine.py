@@ -99,6 +99,7 @@ from host.codec import ALLOWED_FLAGS
 from .hostlink import HostBusSignature, Space
 from .iface import (ADDR_BITS, QP_INDEX_BITS, REG_KBTP, MemBusSignature, RecvNotify,
                     RecvRepost, WcStatus, WorkCompletion, WorkRequest, WrOp)
+from .membus import bswap64, read_words
 from .ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg"]
@@ -119,11 +120,6 @@ reg = dict(ID=0x000, CTRL=0x004, TABLE_BASE=0x008, TABLE_BASE_HANDLE_LO=0x00C,
            RING_OCCUPANCY=0x0AC, HOSTQ_COUNT=0x0B0, COUNT=0x100, QP=0x200, QP_STRIDE=0x40,
            QP_SESSION=0x00, QP_HANDLE_BASE_LO=0x04, QP_HANDLE_BASE_HI=0x08,
            QP_HANDLE_COUNT=0x0C, QP_QUOTA=0x10, QP_USAGE=0x14, QP_SCRATCH=0x18)
-
-
-def _bswap64(x):
-    """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
-    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
 
 
 def _off(struct, name, base=0):
@@ -514,6 +510,14 @@ class KbtpEngine(wiring.Component):
         notify_free = Signal()
         m.d.comb += notify_free.eq(at_host_a[self.notify.payload.qp[:n_qp_bits]] == 0)
 
+        def ring_start(state, op, then):
+            """A state that starts a ring allocator operation (ALLOC, RETURN) and waits for
+            the allocator to take it (it may still be serving a host command)."""
+            with m.State(state):
+                m.d.comb += [ring.start.eq(1), ring.op.eq(op), ring.grant.eq(1)]
+                with m.If(ring.ack):
+                    m.next = then
+
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 # Host commands first, then a message, then a deferred free's retry (the ring
@@ -539,20 +543,8 @@ class KbtpEngine(wiring.Component):
                     m.d.sync += [hostq_count.eq(hostq_count + 1), lat_open.eq(0), lat.eq(0)]
                     m.next = "IDLE"
 
-            # -------- generic read: rd_issue words from rd_addr, shifted into rbuf
             with m.State("READ"):
-                m.d.comb += [req.valid.eq(rd_issue != 0), req.payload.addr.eq(rd_addr),
-                             req.payload.we.eq(0), rsp.ready.eq(1)]
-                with m.If(req.valid & req.ready):
-                    m.d.sync += [rd_issue.eq(rd_issue - 1), rd_addr.eq(rd_addr + 8)]
-                with m.If(rsp.valid):
-                    m.d.sync += [rbuf.eq(Cat(_bswap64(rsp.payload.rdata), rbuf[:-64])),
-                                 rd_wait.eq(rd_wait - 1)]
-                    with m.If(rd_wait == 1):
-                        with m.Switch(rd_ret):
-                            for i, name in enumerate(RET):
-                                with m.Case(i):
-                                    m.next = name
+                read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET)
 
             with m.State("DECODE"):
                 m.d.sync += msg.eq(rbuf)
@@ -631,10 +623,7 @@ class KbtpEngine(wiring.Component):
                         m.next = "RING_ALLOC"
 
             # -------- ALLOC_STORE: the ring allocator takes a block (or finds the ring empty)
-            with m.State("RING_ALLOC"):
-                m.d.comb += [ring.start.eq(1), ring.op.eq(RingOp.ALLOC), ring.grant.eq(1)]
-                with m.If(ring.ack):
-                    m.next = "RING_ALLOC_WAIT"
+            ring_start("RING_ALLOC", RingOp.ALLOC, "RING_ALLOC_WAIT")
 
             with m.State("RING_ALLOC_WAIT"):
                 m.d.comb += ring.grant.eq(1)
@@ -693,7 +682,7 @@ class KbtpEngine(wiring.Component):
                 # Data Length (entry octets 4..7), then SEALED if asked (octets 0..1).
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr),
                              req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(Cat(dd_len, Const(0, 32)))),
+                             req.payload.wdata.eq(bswap64(Cat(dd_len, Const(0, 32)))),
                              req.payload.wstrb.eq(0xF0)]
                 with m.If(req.ready):
                     m.next = "STORE_SEAL"
@@ -704,7 +693,7 @@ class KbtpEngine(wiring.Component):
             with m.State("STORE_SEAL"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr),
                              req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(
+                             req.payload.wdata.eq(bswap64(
                                  Cat(Const(0, 48), e_flags | EntryFlags.SEALED.value))),
                              req.payload.wstrb.eq(0x03)]
                 with m.If(req.ready):
@@ -715,14 +704,14 @@ class KbtpEngine(wiring.Component):
             with m.State("ALLOC_ENTRY"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr),
                              req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(Cat(dd_len, Const(0, 32)))),
+                             req.payload.wdata.eq(bswap64(Cat(dd_len, Const(0, 32)))),
                              req.payload.wstrb.eq(0xF0)]
                 with m.If(req.ready):
                     m.next = "ALLOC_ENTRY_BO"
 
             with m.State("ALLOC_ENTRY_BO"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr + 8),
-                             req.payload.we.eq(1), req.payload.wdata.eq(_bswap64(boff)),
+                             req.payload.we.eq(1), req.payload.wdata.eq(bswap64(boff)),
                              req.payload.wstrb.eq(0xFF)]
                 with m.If(req.ready):
                     m.next = "ALLOC_ENTRY_FG"
@@ -733,7 +722,7 @@ class KbtpEngine(wiring.Component):
                                           EntryFlags.VALID.value))
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(entry_addr),
                              req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(Cat(Const(0, 32), next_gen,
+                             req.payload.wdata.eq(bswap64(Cat(Const(0, 32), next_gen,
                                                                nflags))),
                              req.payload.wstrb.eq(0x0F)]
                 with m.If(req.ready):
@@ -778,10 +767,7 @@ class KbtpEngine(wiring.Component):
                     # writes it into its slot before we complete.
                     m.next = "RING_RETURN"
 
-            with m.State("RING_RETURN"):
-                m.d.comb += [ring.start.eq(1), ring.op.eq(RingOp.RETURN), ring.grant.eq(1)]
-                with m.If(ring.ack):
-                    m.next = "RING_RETURN_WAIT"
+            ring_start("RING_RETURN", RingOp.RETURN, "RING_RETURN_WAIT")
 
             with m.State("RING_RETURN_WAIT"):
                 m.d.comb += ring.grant.eq(1)
@@ -825,7 +811,7 @@ class KbtpEngine(wiring.Component):
 
             with m.State("WRITE_WORDS"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(w_addr), req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(wbuf[-64:])),
+                             req.payload.wdata.eq(bswap64(wbuf[-64:])),
                              req.payload.wstrb.eq(0xFF)]
                 with m.If(req.ready):
                     m.d.sync += [wbuf.eq(Cat(Const(0, 64), wbuf[:-64])), w_addr.eq(w_addr + 8),

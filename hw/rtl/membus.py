@@ -9,14 +9,38 @@ stream keep each master a small FSM and make the order of writes (which the draf
 depend on) the order in which the arbiter accepts them.
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .iface import MEM_DATA_BITS, MemBusSignature
 
-__all__ = ["MemRam", "MemArbiter"]
+__all__ = ["MemRam", "MemArbiter", "bswap64", "read_words"]
+
+
+def bswap64(x):
+    """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
+    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
+
+
+def read_words(m, mem, addr, issue, wait, buf, ret, states):
+    """The body of a master's word-read FSM state, shared by the KBTP engine and the ring
+    allocator: request ``issue`` words from ``addr`` on, shift each response into ``buf``
+    (big-endian octets, the newest word in the low 64 bits); with the last response (``wait``
+    counts the responses still to come) go to state ``states[ret]``."""
+    req, rsp = mem.req, mem.rsp
+    m.d.comb += [req.valid.eq(issue != 0), req.payload.addr.eq(addr), req.payload.we.eq(0),
+                 rsp.ready.eq(1)]
+    with m.If(req.valid & req.ready):
+        m.d.sync += [issue.eq(issue - 1), addr.eq(addr + 8)]
+    with m.If(rsp.valid):
+        m.d.sync += [buf.eq(Cat(bswap64(rsp.payload.rdata), buf[:-64])), wait.eq(wait - 1)]
+        with m.If(wait == 1):
+            with m.Switch(ret):
+                for i, name in enumerate(states):
+                    with m.Case(i):
+                        m.next = name
 
 
 class MemRam(wiring.Component):

@@ -69,6 +69,7 @@ from hw.headers import RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSl
 
 from .fetchadd import masked_add_value
 from .iface import ADDR_BITS, MemBusSignature
+from .membus import bswap64, read_words
 
 __all__ = ["RingAllocator", "RingOp", "Cmd"]
 
@@ -82,11 +83,6 @@ class Cmd:
     """Host command codes (the engine's CMD register)."""
     TAIL_FETCHADD = 1
     FREE_BLOCK = 2
-
-
-def _bswap64(x):
-    """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
-    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
 
 
 def _slot_field(slot, name):
@@ -132,7 +128,7 @@ class RingAllocator(wiring.Component):
         ctr = Signal(64)            # counter value read (little-endian memory = value)
         ctr_new = Signal(64)
         rbuf = Signal(128)          # the read routine's buffer (big-endian octets)
-        m.d.comb += ctr.eq(_bswap64(rbuf[:64]))     # the last counter read
+        m.d.comb += ctr.eq(bswap64(rbuf[:64]))     # the last counter read
         m.d.comb += ctr_new.eq(masked_add_value(ctr, add_data, add_mask, 64))
         ctr_ticket = ctr[32:]
         ctr_off = Signal(32)
@@ -199,24 +195,12 @@ class RingAllocator(wiring.Component):
                     m.d.sync += retry("IDLE")
                     m.next = "READ"
 
-            # -------- generic read: rd_issue words from rd_addr, shifted into rbuf
             with m.State("READ"):
-                m.d.comb += [req.valid.eq(rd_issue != 0), req.payload.addr.eq(rd_addr),
-                             req.payload.we.eq(0), rsp.ready.eq(1)]
-                with m.If(req.valid & req.ready):
-                    m.d.sync += [rd_issue.eq(rd_issue - 1), rd_addr.eq(rd_addr + 8)]
-                with m.If(rsp.valid):
-                    m.d.sync += [rbuf.eq(Cat(_bswap64(rsp.payload.rdata), rbuf[:64])),
-                                 rd_wait.eq(rd_wait - 1)]
-                    with m.If(rd_wait == 1):
-                        with m.Switch(rd_ret):
-                            for i, name in enumerate(RET):
-                                with m.Case(i):
-                                    m.next = name
+                read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET)
 
             # -------- ALLOC: ring-empty check, masked FetchAdd on Head, slot poll, consume
             with m.State("A_TAIL_GOT"):
-                m.d.sync += tail_ticket.eq(_bswap64(rbuf[:64])[32:])
+                m.d.sync += tail_ticket.eq(bswap64(rbuf[:64])[32:])
                 m.d.sync += read(self.head_addr, 1, "A_HEAD_CHK")
                 m.next = "READ"
 
@@ -307,7 +291,7 @@ class RingAllocator(wiring.Component):
 
             with m.State("FR_W_BO"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + fr_o + 8),
-                             req.payload.we.eq(1), req.payload.wdata.eq(_bswap64(fr_block)),
+                             req.payload.we.eq(1), req.payload.wdata.eq(bswap64(fr_block)),
                              req.payload.wstrb.eq(0xFF)]
                 with m.If(req.ready):
                     m.next = "FR_W_SEQ"
@@ -315,7 +299,7 @@ class RingAllocator(wiring.Component):
             with m.State("FR_W_SEQ"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + fr_o),
                              req.payload.we.eq(1),
-                             req.payload.wdata.eq(_bswap64(Cat(Const(0, 32), fr_u))),
+                             req.payload.wdata.eq(bswap64(Cat(Const(0, 32), fr_u))),
                              req.payload.wstrb.eq(0x0F)]
                 with m.If(req.ready):
                     m.d.sync += deferred.eq(0)
