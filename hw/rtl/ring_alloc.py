@@ -116,10 +116,8 @@ class RingAllocator(wiring.Component):
 
         n_slots = Signal(33)
         m.d.comb += n_slots.eq(1 << self.ring_order)
-        # Add Data / Add Mask as 64-bit signals. Why not plain expressions: the mask expression
-        # is 127 bits wide (a 64-bit constant shifted by up to 35), and with the ring order a
-        # constant (tests/test_formal_ring.py's UnitHarness) Yosys's SMT2 lowering of it gave
-        # a sum the Amaranth simulator does not (bit 63 of the mask lost on one side).
+        # Add Data / Add Mask as 64-bit signals (as a plain expression the mask is 127 bits
+        # wide: a 64-bit constant shifted by up to 35).
         add_data = Signal(64)
         add_mask = Signal(64)
         m.d.comb += [add_data.eq(Mux(self.masked, RING_ADD_DATA, RING_ADD_DATA_UNMASKED)),
