@@ -32,10 +32,10 @@ ECPIX5 = BoardSpec(
     # spread the placement in nextpnr 0.11.1's ECP5 flow: 0.6 and 0.75 gave the same HeAP
     # placement, iteration for iteration, on the same netlist, 2026-11-30.)
     memory=BoardMemoryConfig.for_ebr(208, max_pool_bytes=128 * 1024),
-    # On the full core (width 64, 4 QPs, 43.5k of 83.6k LUT4, 2026-11-30) router2 converges
-    # from placement seed 2 (overuse 0 at its 112th iteration, every clock met) and not from
-    # seed 1 (its floor: ~230 overused wires near iteration 30, then rising). nextpnr is
-    # deterministic for one netlist, seed and option set; a change of the gateware can need
-    # another seed (`make bitstream SEED=n`).
-    nextpnr_seed=2,
+    # Full core (width 64, 4 QPs, 43.7k of 83.6k LUT4) with the ring allocator unit, 2026-12-01:
+    # router2 converges from seeds 1 (overuse 0 at iteration 98, sync +1.086 ns) and 3 (115,
+    # +0.629 ns), not from 2 (floor 72 overused wires at iteration ~51, then rising; it was
+    # seed 2 before the unit). nextpnr is deterministic for one netlist, seed and option set;
+    # a change of the gateware can need another seed (`make bitstream SEED=n`).
+    nextpnr_seed=1,
 )
