@@ -917,13 +917,15 @@ def _bmc(tmp_path, n, depth, engine_cls=KbtpEngine, probe=None, unit=False):
 UNIT_DEPTH = 16
 
 
-def test_unit_bmc(tmp_path):
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=SLOW)])
+def test_unit_bmc(tmp_path, n):
     """Every check holds on every trace of UNIT_DEPTH steps of the ring allocator unit from any
-    idle start image of a 2-slot ring (any Head ticket: the 32-bit wrap included; any
-    occupancy; a host-held ticket or not) with every input free in every step: a whole
-    allocation (Tail and Head read, Head FetchAdd, slot read, consume), frees, returns, host
-    commands and the host's late writes, in any order and timing the environment allows."""
-    _bmc(tmp_path, 1, UNIT_DEPTH, RingAllocator, unit=True)
+    idle start image of a 2-slot ring (and of a 4-slot ring: slow, 458 s): any Head ticket (the
+    32-bit wrap included), any occupancy, a host-held ticket or not, every input free in every
+    step: a whole allocation (Tail and Head read, Head FetchAdd, slot read, consume), frees,
+    returns, host commands and the host's late writes, in any order and timing the environment
+    allows."""
+    _bmc(tmp_path, n, UNIT_DEPTH, RingAllocator, unit=True)
 
 
 @pytest.mark.parametrize("probe", ["consume", "publish", "stall"])
