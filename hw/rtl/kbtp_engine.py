@@ -93,13 +93,13 @@ from amaranth.lib.wiring import In, Out
 
 from hw.headers import (CommonHeader, CompletionBody, CompletionDescriptor, CompletionRecord,
                         DataDescriptor, EntryFlags, Opcode, ReqFlags, Status, TableEntry,
-                        KBTP_VERSION, wire_fields)
+                        KBTP_VERSION)
 from host.codec import ALLOWED_FLAGS
 
 from .hostlink import HostBusSignature, Space
 from .iface import (ADDR_BITS, QP_INDEX_BITS, REG_KBTP, MemBusSignature, RecvNotify,
                     RecvRepost, WcStatus, WorkCompletion, WorkRequest, WrOp)
-from .membus import bswap64, read_words
+from .membus import be_field as _be, bswap64, read_words
 from .ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg"]
@@ -120,20 +120,6 @@ reg = dict(ID=0x000, CTRL=0x004, TABLE_BASE=0x008, TABLE_BASE_HANDLE_LO=0x00C,
            RING_OCCUPANCY=0x0AC, HOSTQ_COUNT=0x0B0, COUNT=0x100, QP=0x200, QP_STRIDE=0x40,
            QP_SESSION=0x00, QP_HANDLE_BASE_LO=0x04, QP_HANDLE_BASE_HI=0x08,
            QP_HANDLE_COUNT=0x0C, QP_QUOTA=0x10, QP_USAGE=0x14, QP_SCRATCH=0x18)
-
-
-def _off(struct, name, base=0):
-    """(byte offset, size in octets) of a field, from the one layout in hw.headers."""
-    for fname, off, bits, _ in wire_fields(struct):
-        if fname == name:
-            return base + off, bits // 8
-    raise KeyError(name)
-
-
-def _be(buf, total, struct, name, base=0):
-    """Slice of a big-endian buffer of ``total`` octets (octet 0 = most significant)."""
-    off, size = _off(struct, name, base)
-    return buf[8 * (total - off - size):8 * (total - off)]
 
 
 class KbtpEngine(wiring.Component):

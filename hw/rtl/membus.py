@@ -14,14 +14,27 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw.headers import wire_fields
+
 from .iface import MEM_DATA_BITS, MemBusSignature
 
-__all__ = ["MemRam", "MemArbiter", "bswap64", "read_words"]
+__all__ = ["MemRam", "MemArbiter", "be_field", "bswap64", "read_words"]
 
 
 def bswap64(x):
     """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
     return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
+
+
+def be_field(buf, total, struct, name, base=0):
+    """The slice of a big-endian buffer of ``total`` octets (octet 0 = most significant, as
+    :func:`bswap64` and :func:`read_words` leave words) holding field ``name`` of a hw.headers
+    layout placed at octet ``base``."""
+    for fname, off, bits, _ in wire_fields(struct):
+        if fname == name:
+            off += base
+            return buf[8 * (total - off - bits // 8):8 * (total - off)]
+    raise KeyError(name)
 
 
 def read_words(m, mem, addr, issue, wait, buf, ret, states):

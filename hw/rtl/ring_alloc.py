@@ -65,11 +65,11 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.headers import RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSlot, wire_fields
+from hw.headers import RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSlot
 
 from .fetchadd import masked_add_value
 from .iface import ADDR_BITS, MemBusSignature
-from .membus import bswap64, read_words
+from .membus import be_field, bswap64, read_words
 
 __all__ = ["RingAllocator", "RingOp", "Cmd"]
 
@@ -83,14 +83,6 @@ class Cmd:
     """Host command codes (the engine's CMD register)."""
     TAIL_FETCHADD = 1
     FREE_BLOCK = 2
-
-
-def _slot_field(slot, name):
-    """A Ring Slot field of a 16-octet big-endian buffer, from the one layout in hw.headers."""
-    for fname, off, bits, _ in wire_fields(RingSlot):
-        if fname == name:
-            return slot[8 * (16 - off - bits // 8):8 * (16 - off)]
-    raise KeyError(name)
 
 
 class RingAllocator(wiring.Component):
@@ -147,8 +139,8 @@ class RingAllocator(wiring.Component):
             return [rd_addr.eq(addr), rd_issue.eq(words), rd_wait.eq(words),
                     rd_ret.eq(RET.index(ret))]
 
-        sl_seq = _slot_field(rbuf, "sequence")
-        sl_boff = _slot_field(rbuf, "block_offset")
+        sl_seq = be_field(rbuf, 16, RingSlot, "sequence")
+        sl_boff = be_field(rbuf, 16, RingSlot, "block_offset")
 
         # Free routine state.
         fr_cmd = Signal()           # the free is a host command (else a RETURN)
