@@ -1,4 +1,4 @@
-# Ref: brief board.md; see boards/top.py for the structure of a board build.
+# Ref: see boards/top.py for the structure of a board build.
 """ECP5 board layer: board specs, the board top, build + timing report (``python -m boards``)."""
 
 from .ecpix5 import ECPIX5

@@ -1,4 +1,4 @@
-# Ref: brief board.md §2 (CLI: build / program / synth-check, exit status on timing).
+# Ref: boards/build.py, boards/report.py (build / program / synth-check; exit status on timing).
 """``python -m boards {build,synth-check,program,elaborate,list} ...``
 
 Exit status: 0 when every clock meets its constraint (build, synth-check), 1 when one misses

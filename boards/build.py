@@ -1,5 +1,5 @@
-# Ref: notes/toolchain.md (YoWASP: YOSYS / NEXTPNR_ECP5 / ECPPACK variables, OPENFPGALOADER=true
-#      to pass the tool check when only building); brief board.md §2.
+# Ref: docs/toolchain.md (YoWASP: YOSYS / NEXTPNR_ECP5 / ECPPACK variables, OPENFPGALOADER=true
+#      to pass the tool check when only building).
 """Build a board bitstream with the YoWASP tools and write build/<board>/report.json."""
 
 import json

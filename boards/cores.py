@@ -1,5 +1,4 @@
-# Ref: brief board.md (core as a parameter of the board layer); brief board_full.md (the kbtp
-#      core); hw/rtl/rgmii.py GmiiSignature; hw/rtl/hostlink.py HostBusSignature;
+# Ref: hw/rtl/rgmii.py GmiiSignature; hw/rtl/hostlink.py HostBusSignature;
 #      hw/rtl/target.py KbtpTarget; hw/rtl/mac.py GmiiMac; hw/rtl/arp.py ArpResponder.
 """The contract between the board layer and the core it hosts, plus stand-in cores.
 

@@ -1,6 +1,6 @@
 # Ref: Lattice FPGA-DS-02012 (ECP5 family: EBR = sysMEM DP16KD, 18 Kbit, 1024x18 / 512x36);
 #      draft KBTP §Target Memory Structures (table entry, ring slot, completion record sizes
-#      via hw/headers.py); brief board.md §2.
+#      via hw/headers.py).
 """Memory sizes of the target core chosen from the device's block RAM (EBR) count."""
 
 from dataclasses import asdict, dataclass

@@ -1,6 +1,6 @@
 # Ref: nextpnr --report JSON ("utilization": {bel type: {used, available}}, "fmax": {clock net:
 #      {achieved, constraint}} in MHz) and its log lines "Max frequency for clock '...': X MHz
-#      (PASS|FAIL at Y MHz)"; brief board.md §2 (report fields, exit status).
+#      (PASS|FAIL at Y MHz)".
 """Timing / utilisation report of an ECP5 build, from nextpnr's JSON report or its log."""
 
 import json

@@ -1,4 +1,4 @@
-# Ref: brief board.md §1-§2; amaranth-boards 0.0.21 resources (eth_rgmii, uart, clk100, rst).
+# Ref: amaranth-boards 0.0.21 resources (eth_rgmii, uart, clk100, rst).
 """What the board layer needs to know about one board."""
 
 import functools

@@ -1,5 +1,5 @@
-# Ref: brief board.md §1-§3; hw/rtl/rgmii.py (clock domains); boards/cores.py (core contract);
-#      notes/toolchain.md (constrain clocks on the pin: add_clock_constraint(port.io, f)).
+# Ref: hw/rtl/rgmii.py (clock domains); boards/cores.py (core contract);
+#      docs/toolchain.md (constrain clocks on the pin: add_clock_constraint(port.io, f)).
 """The board top: clocks, RGMII, host link over the USB-serial port, LEDs, and the core.
 
 ::

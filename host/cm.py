@@ -1,4 +1,4 @@
-# Ref: shared/spec/roce-layouts.md §7 (CM on QP1: REQ/REP/RTU/DREQ/DREP/REJ, IP CM service §7.6,
+# Ref: docs/roce-layouts.md §7 (CM on QP1: REQ/REP/RTU/DREQ/DREP/REJ, IP CM service §7.6,
 #      field use §7.7, Starting PSN direction §7.8, timers §7.9, minimal behaviour §7.10);
 #      hw/rtl/rawq.py (raw frame queues: word formats); host/driver.py (open_qp, disconnect).
 """The target side of the InfiniBand Communication Manager, over the raw frame queues.

@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Messages (Common Header, Descriptors, KBTP Opcodes), §Session Establishment
 #      (HELLO, HELLO_ACK, ADDR_LE, GOODBYE), §Target Memory Structures, §Completion,
-#      §Status Codes; shared/spec/layouts.md (all offsets come from hw/headers.py)
+#      §Status Codes; docs/layouts.md (all offsets come from hw/headers.py)
 """KBTP message and memory-structure codec (host side, plain Python).
 
 Every message of the draft encodes to and strictly decodes from its wire bytes with the layouts of

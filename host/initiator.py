@@ -1,5 +1,5 @@
 # Ref: draft KBTP §Session Establishment, §Operations, §Completion, §Direct Modes,
-#      §InfiniBand and RoCEv2; shared/notes/softroce-vm.md (pyverbs 44, rdma_cm, own QP)
+#      §InfiniBand and RoCEv2; docs/softroce-vm.md (pyverbs 44, rdma_cm, own QP)
 """A KBTP initiator on RDMA verbs (pyverbs): :class:`KbtpClient`.
 
 Runs where pyverbs runs (the soft-RoCE guest: Debian python3-pyverbs 44, Python 3.11). It imports

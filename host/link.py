@@ -1,4 +1,4 @@
-# Ref: brief board.md §3; wire protocol documented in hw/rtl/hostlink.py (module docstring).
+# Ref: wire protocol documented in hw/rtl/hostlink.py (module docstring).
 """Host side of the UART host link: :class:`UartLink`.
 
 Frames requests for :class:`hw.rtl.hostlink.HostLinkUart` and checks its responses. The

@@ -1,5 +1,5 @@
-# Ref: draft KBTP §Messages, §Target Memory Structures, §Status Codes (shared/spec/layouts.md);
-#      IBTA Vol. 1 §9.2-9.5 and RoCEv2 Annex A17 (shared/spec/roce-layouts.md §1-§4); RFC 826 (ARP).
+# Ref: draft KBTP §Messages, §Target Memory Structures, §Status Codes (docs/layouts.md);
+#      IBTA Vol. 1 §9.2-9.5 and RoCEv2 Annex A17 (docs/roce-layouts.md §1-§4); RFC 826 (ARP).
 """The one headers module: every wire header and memory structure of the project.
 
 Gateware, golden model, host codec and testbenches all import their layouts from here, so a

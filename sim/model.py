@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Target Memory Structures, §Allocation Quotas, §Session Establishment,
 #      §Operations, §Completion, §Direct Modes, §Status Codes, §Operational Considerations,
-#      §Security Considerations, §Examples; shared/spec/layouts.md
+#      §Security Considerations, §Examples; docs/layouts.md
 """The golden model of a KBTP target.
 
 One target memory image :attr:`TargetModel.mem` holds the Head/Tail counters, the block table,

@@ -1,15 +1,14 @@
-# Ref: DEVELOPERS.md (CI runs a clone with a copy of shared/ beside it).
-"""Where the project's shared material (spec, notes, captures) lives.
+# Ref: issue 18 item 1 (a self-contained repository: captures under tests/data).
+"""Where the project's recorded traffic lives: ``tests/data`` inside the checkout.
 
-``shared/`` sits beside the checkout (``<checkout>/../shared``) on developers' machines and in CI;
-``KBTP_SHARED`` overrides it.
+The captures are real Linux soft-RoCE (rdma_rxe) traffic: RC SEND / WRITE / READ / atomics,
+NAKs, a retransmission after a drop, and an rdma_cm connect / disconnect between two guests.
+Nothing outside the checkout is read.
 """
 
-import os
 from pathlib import Path
 
-__all__ = ["SHARED_DIR", "DATA_DIR"]
+__all__ = ["ROOT", "DATA_DIR"]
 
-_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = Path(os.environ.get("KBTP_SHARED", _ROOT.parent / "shared"))
-DATA_DIR = SHARED_DIR / "data"
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = ROOT / "tests" / "data"

@@ -1,5 +1,5 @@
-# Ref: shared/spec/roce-layouts.md §1-§6 (framing, opcodes, ICRC, PSN rules, ACK/NAK, duplicates,
-#      retransmission), §7 (CM, in sim/rc_cm.py), §8 (ARP); shared/notes/softroce-vm.md.
+# Ref: docs/roce-layouts.md §1-§6 (framing, opcodes, ICRC, PSN rules, ACK/NAK, duplicates,
+#      retransmission), §7 (CM, in sim/rc_cm.py), §8 (ARP); docs/softroce-vm.md.
 """A Python RoCEv2 reliable-connected endpoint: requester, responder, ARP and CM on QP1.
 
 Written from the wire rules of roce-layouts.md, independently of the gateware. Plain,

@@ -1,6 +1,6 @@
-# Ref: shared/spec/roce-layouts.md §7 (CM on QP1: MAD header, REQ/REP/RTU/DREQ/DREP/REJ, IP CM
+# Ref: docs/roce-layouts.md §7 (CM on QP1: MAD header, REQ/REP/RTU/DREQ/DREP/REJ, IP CM
 #      service §7.6, field use §7.7, Starting PSN direction §7.8, timers and TID §7.9,
-#      minimal behaviour §7.10), §9 (C1 worked examples); shared/notes/softroce-vm.md.
+#      minimal behaviour §7.10), §9 (C1 worked examples); docs/softroce-vm.md.
 """InfiniBand Communication Manager over RoCEv2 QP1 for :class:`sim.rc.RoceEndpoint`.
 
 Speaks the subset rdma_cm uses: REQ -> REP -> RTU to connect, DREQ -> DREP to disconnect,

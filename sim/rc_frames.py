@@ -1,4 +1,4 @@
-# Ref: shared/spec/roce-layouts.md §1 (Ethernet/IPv4/UDP framing), §2-§4 (BTH and extended
+# Ref: docs/roce-layouts.md §1 (Ethernet/IPv4/UDP framing), §2-§4 (BTH and extended
 #      headers), §5 (ICRC), §8 (ARP); RFC 791/768 (checksums), RFC 826 (ARP).
 """RoCEv2 framing for the Python RC endpoint: build and parse whole Ethernet frames.
 

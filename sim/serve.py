@@ -1,5 +1,5 @@
-# Ref: brief e2e.md (issue 5); shared/notes/softroce-vm.md (QEMU -netdev dgram, rdma_cm);
-#      draft KBTP §Operations, §Direct Modes; shared/spec/roce-layouts.md §7 (CM)
+# Ref: issue 5; docs/softroce-vm.md (QEMU -netdev dgram, rdma_cm).
+#      draft KBTP §Operations, §Direct Modes; docs/roce-layouts.md §7 (CM)
 """``kbtp-sim serve``: a KBTP target on Ethernet frames carried as UDP datagrams.
 
 One UDP datagram is one Ethernet frame without FCS, as QEMU's ``-netdev dgram`` sends and

@@ -1,4 +1,4 @@
-# Ref: brief e2e.md (make demo); shared/notes/softroce-vm.md
+# Ref: make demo; docs/softroce-vm.md
 """``make demo``: ``kbtp-sim serve`` + the soft-RoCE guest running ``tests/e2e/demo.py``.
 
 Prints the guest's log (what moved, where, how long) as it runs, then the target's side: the

@@ -1,4 +1,4 @@
-# Ref: brief e2e.md (issue 5); shared/notes/softroce-vm.md (9p share, guest runner)
+# Ref: issue 5; docs/softroce-vm.md (9p share, guest runner)
 """Run a guest initiator script against ``serve --model``: share preparation and one-call runs.
 
 The guest has Python 3.11 and pyverbs but not the project's venv. :func:`make_share` builds the

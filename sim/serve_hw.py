@@ -1,4 +1,4 @@
-# Ref: brief rawq.md (issue 5: the gateware backend of ``kbtp-sim serve``); sim/serve.py (options,
+# Ref: issue 5: the gateware backend of ``kbtp-sim serve``; sim/serve.py (options,
 #      FrameServer: UDP socket, pcap, impairments); sim/vltarget.py (the Verilated target driven
 #      by a C++ main); hw/rtl/target.py; host/driver.py; host/cm.py.
 """``kbtp-sim serve`` without ``--model``: the Verilated :class:`~hw.rtl.target.KbtpTarget`.

@@ -1,4 +1,4 @@
-# Ref: brief H2 (issue 7 item 2: the soak); draft KBTP §Operations, §Free-Block Ring (every block
+# Ref: issue 7 item 2: the soak; draft KBTP §Operations, §Free-Block Ring (every block
 #      in exactly one place), §Direct Modes; sim/system.py (bench, rounds vs the model);
 #      sim/vltarget.py (Verilated target); sim/channel.py (LossyLink).
 """Soak: the Verilated target serving 4 initiators for thousands of mixed KBTP operations

@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Operations, §Free-Block Ring, §Completion, §Target Execution Model;
 #      hw/rtl/target.py; host/driver.py (slow path); sim/model.py (oracle); sim/rc.py (initiators'
-#      RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6; brief H2 (issue 7 item 2).
+#      RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6; issue 7 item 2.
 """The system bench without a simulator: target + host driver + initiators vs the golden model.
 
 :class:`SystemBench` holds everything that does not depend on how the gateware is simulated:

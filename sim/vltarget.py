@@ -1,4 +1,4 @@
-# Ref: brief H2 (issue 7 item 2: fast Verilator harness); sim/vl/harness.cpp (pipe protocol);
+# Ref: issue 7 item 2: fast Verilator harness; sim/vl/harness.cpp (pipe protocol).
 #      sim/serve_hw.py (export without zero memory initialisers, HostBus handshake, LightGmii);
 #      sim/hdl.py (verilator_env, build cache + flock pattern); host/port.py (access coroutine).
 """The whole :class:`hw.rtl.target.KbtpTarget` Verilated with a C++ main, driven over pipes.

@@ -1,4 +1,4 @@
-# Ref: brief bench.md (a quick bench checked against independent arithmetic); issue 7 item 1
+# Ref: a quick bench checked against independent arithmetic; issue 7 item 1
 #      (theoretical goodput 1024 / (1024 + 82) at MTU 1024); roce-layouts.md §1-§3 (framing);
 #      sim/bench.py; scapy (frames built independently of hw/headers.py); sim/rc.py (frames the
 #      RC endpoint really sends).

@@ -1,4 +1,4 @@
-# Ref: brief board.md §1, §2, §4; RGMII v2.0 §3 (rising edge: TXD[3:0] + TX_EN, falling edge:
+# Ref: RGMII v2.0 §3 (rising edge: TXD[3:0] + TX_EN, falling edge:
 #      TXD[7:4] + TX_EN xor TX_ER); oracles: Project Trellis' ecppll (PLL settings), a
 #      behavioural DDR register model and RGMII wire codec written here from the RGMII text,
 #      nextpnr's own timing report (the synthesis check).
@@ -633,7 +633,7 @@ def test_report_log_parser_and_verdict(tmp_path):
 
 
 def test_board_core_options_reach_the_core():
-    # ECPIX-5 builds the kbtp core at the brief's size; the Versa's 45F gets the smaller one
+    # ECPIX-5 builds the kbtp core at its default size; the Versa's 45F gets the smaller one
     # its BoardSpec asks for (see boards/versa.py); the stand-in cores take no options.
     from boards.cores import MacLoopbackCore
 

@@ -1,4 +1,4 @@
-# Ref: draft KBTP §Examples, §Messages; shared/spec/layouts.md ("The draft's worked examples")
+# Ref: draft KBTP §Examples, §Messages; docs/layouts.md ("The draft's worked examples")
 """Tests of the ``kbtp`` console script, run as a subprocess with the venv's entry point.
 
 The expected values come from the draft's example byte strings and from struct.pack

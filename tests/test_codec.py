@@ -1,5 +1,5 @@
 # Ref: draft KBTP §Messages, §Session Establishment (ADDR_LE), §Target Memory Structures,
-#      §Completion, §Examples; shared/spec/layouts.md ("The draft's worked examples")
+#      §Completion, §Examples; docs/layouts.md ("The draft's worked examples")
 """Tests of host.codec.
 
 Oracles that cannot share a bug with hw/headers.py or host/codec.py: the draft's two example byte

@@ -1,5 +1,5 @@
-# Ref: brief e2e.md (issue 5); draft KBTP §Operations, §Direct Modes, §Status Codes;
-#      shared/notes/softroce-vm.md (guest, tshark --disable-protocol rpcordma)
+# Ref: issue 5; draft KBTP §Operations, §Direct Modes, §Status Codes.
+#      docs/softroce-vm.md (guest, tshark --disable-protocol rpcordma)
 """End to end: Linux soft-RoCE (rxe + pyverbs in the QEMU guest) against ``kbtp-sim serve``,
 once with ``--model`` (the golden model behind the Python RC endpoint) and once with the gateware
 (the Verilated KbtpTarget with the host driver and the CM over its raw-frame queues).

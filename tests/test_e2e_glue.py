@@ -1,4 +1,4 @@
-# Ref: brief e2e.md (issue 5); draft KBTP §Operations, §Direct Modes; sim/serve.py (glue)
+# Ref: issue 5; draft KBTP §Operations, §Direct Modes; sim/serve.py (glue)
 """``serve --model`` without QEMU: the KBTP-over-RC glue against a Python RC initiator.
 
 The initiator is a second :class:`sim.rc.RoceEndpoint` that connects through CM, sends KBTP

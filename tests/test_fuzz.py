@@ -1,4 +1,4 @@
-# Ref: issue 7 item 3 (fuzzing); brief H4; roce-layouts.md §1, §5 (IPv4 checksum, ICRC);
+# Ref: issue 7 item 3 (fuzzing); roce-layouts.md §1, §5 (IPv4 checksum, ICRC).
 #      draft KBTP §Messages, §Status Codes; sim/fuzz.py.
 """The fuzzer's parts against independent oracles (scapy's checksums and ICRC, the draft's
 rules written out by hand), the corpus format, then on the Verilated target: the corpus replayed

@@ -1,4 +1,4 @@
-# Ref: shared/notes/softroce-vm.md; RFC 826 (ARP); RFC 792 (ICMP echo); RFC 4291 §2.5.5.2
+# Ref: docs/softroce-vm.md; RFC 826 (ARP); RFC 792 (ICMP echo); RFC 4291 §2.5.5.2
 #      (IPv4-mapped) and App. A (modified EUI-64); IBTA Vol. 1 §9.2 BTH, RoCEv2 Annex A17 (ICRC)
 """The soft-RoCE guest end to end: pyverbs sees rxe0, and frames cross -netdev dgram both ways.
 

@@ -1,4 +1,4 @@
-# Ref: shared/spec/layouts.md (KBTP offsets); shared/spec/roce-layouts.md §1-§4 (RoCEv2 headers).
+# Ref: docs/layouts.md (KBTP offsets); docs/roce-layouts.md §1-§4 (RoCEv2 headers).
 """Every layout of hw/headers.py against an oracle that does not share its code: scapy's packet bytes
 for the network headers, struct.pack of the offsets in layouts.md for the KBTP structures, and the
 draft's own example bytes."""

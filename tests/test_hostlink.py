@@ -1,4 +1,4 @@
-# Ref: brief board.md §3; protocol in hw/rtl/hostlink.py. Oracles: amaranth.lib.crc's software
+# Ref: protocol in hw/rtl/hostlink.py. Oracles: amaranth.lib.crc's software
 #      CRC-8/SMBUS model and its published check value; a bit-level UART line model written here
 #      from the 8N1 definition; the demo target's documented map; plain Python lists/bytes.
 """Host link: the host-side UartLink drives the gateware bridge through a simulated UART line."""

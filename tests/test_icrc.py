@@ -1,4 +1,4 @@
-# Ref: roce-layouts.md §5 (ICRC coverage, masks, byte order); shared/data C2 capture (17 RoCEv2
+# Ref: roce-layouts.md §5 (ICRC coverage, masks, byte order); tests/data C2 capture (17 RoCEv2
 #      frames sent by Linux rxe and by the hand-written peer).
 """IcrcCheck / IcrcInsert against scapy's ICRC (BTH.compute_icrc) and zlib, widths 8 and 64."""
 

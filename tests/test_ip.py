@@ -1,4 +1,4 @@
-# Ref: roce-layouts.md §1 (Ethernet/IPv4/UDP for RoCEv2), §8 (ARP); brief net.md (drop reasons).
+# Ref: roce-layouts.md §1 (Ethernet/IPv4/UDP for RoCEv2), §8 (ARP); drop reasons.
 """EthIpRx / EthIpTx against scapy-built and scapy-parsed frames, widths 8 and 64."""
 
 import pytest
@@ -26,7 +26,7 @@ def _ip(s):
 
 
 def reference_class(frame):
-    """Where a frame must go, decided with scapy from the brief's rules (first failure wins)."""
+    """Where a frame must go, decided with scapy from the drop rules of hw/rtl/ip.py (first failure wins)."""
     if len(frame) < 42:
         return "short"
     eth = Ether(frame)

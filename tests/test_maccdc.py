@@ -1,4 +1,4 @@
-# Ref: brief timing.md (MAC at 125 MHz, core on its own clock); IEEE 802.3 §3.1.1, §4.2.3.3
+# Ref: MAC at 125 MHz, core on its own clock; IEEE 802.3 §3.1.1, §4.2.3.3
 #      (frame, FCS, 60-octet minimum); hw/rtl/maccdc.py; hw/rtl/target.py (mac=False).
 """MacCdc: GMII at 125 MHz on one side, 64-bit frame streams on a 20.83 MHz clock on the other.
 

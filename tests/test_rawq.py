@@ -1,4 +1,4 @@
-# Ref: hw/rtl/rawq.py (queue word formats); roce-layouts.md §7 (CM on QP1); brief rawq.md.
+# Ref: hw/rtl/rawq.py (queue word formats); roce-layouts.md §7 (CM on QP1).
 """Raw frame queues, QP1 filter and transmit mux in the Amaranth simulator.
 
 Oracles: the frames themselves (scapy-built, or the rdma_cm CM REQ of the rping capture) and

@@ -1,4 +1,4 @@
-# Ref: shared/spec/roce-layouts.md §7 (CM on QP1), §7.8 (Starting PSN direction), §8 (ARP),
+# Ref: docs/roce-layouts.md §7 (CM on QP1), §7.8 (Starting PSN direction), §8 (ARP),
 #      §9 (C1 worked examples REQ/REP/RTU/DREQ/DREP). Oracle: the frames Linux rxe/rdma_cm sent in
 #      capture C1 (rping, frames 1065-1129), parsed independently with scapy.
 """CM of sim.rc: our endpoint replaces either rping peer of capture C1 and must produce the same

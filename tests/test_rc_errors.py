@@ -1,4 +1,4 @@
-# Ref: shared/spec/roce-layouts.md §6.2 (ePSN classes), §6.5 (ACK coalescing, NAK table,
+# Ref: docs/roce-layouts.md §6.2 (ePSN classes), §6.5 (ACK coalescing, NAK table,
 #      requester reactions), §6.6 (duplicates), §6.7 (retry counters), §4.3 (atomic alignment),
 #      §1.6 (what a receiver drops). Stimulus frames are built by scapy (tests/scapy_roce.py),
 #      answers dissected by scapy: an oracle that shares no code with sim/rc_frames.py.

@@ -1,5 +1,5 @@
-# Ref: shared/spec/roce-layouts.md §1-§6 (framing, ICRC, PSN/ACK rules), §0.2 captures C2/C3;
-#      shared/notes/softroce-vm.md. Oracles: scapy (Ether/IP/UDP/BTH, ICRC), and bytes that
+# Ref: docs/roce-layouts.md §1-§6 (framing, ICRC, PSN/ACK rules), §0.2 captures C2/C3;
+#      docs/softroce-vm.md. Oracles: scapy (Ether/IP/UDP/BTH, ICRC), and bytes that
 #      Linux rxe and the hand-written peer put on the wire in the captures.
 """sim.rc framing against scapy, and the endpoint replayed against the rxe captures C2 / C3.
 

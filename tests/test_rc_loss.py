@@ -1,5 +1,5 @@
-# Ref: shared/spec/roce-layouts.md §6 (PSNs, ACK coalescing, NAKs, duplicates, go-back-N
-#      retransmission, retry counters), §3 (opcodes), §7 (CM); brief: issue 3 (RC peer under
+# Ref: docs/roce-layouts.md §6 (PSNs, ACK coalescing, NAKs, duplicates, go-back-N
+#      retransmission, retry counters), §3 (opcodes), §7 (CM); issue 3 (RC peer under
 #      random loss, duplication and corruption).
 """Two sim.rc endpoints over a LossyLink: a random mix of every operation in both directions,
 checked against a plain in-order model of the remote memory (the oracle: RC executes each QP's

@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §3 (opcodes), §4 (RETH/AETH/AtomicETH), §6 (PSN, MSN, ACK rules);
-#      brief responder.md §3; tests/responder_bench.py (bench and oracles).
+#      tests/responder_bench.py (bench and oracles).
 """Responder: every request opcode executed for the Python RC peer (sim/rc.py), at widths 8 and
 64, PMTU 256 and 1024, with idles and back-pressure; the peer's completions, an independently
 computed memory image and the expected receive notifications are the oracles."""

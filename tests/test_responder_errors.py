@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §4.2 (AETH syndromes), §6.2 (PSN classes), §6.5 (ACK/NAK table),
-#      §6.6 (duplicates); brief responder.md §3.
+#      §6.6 (duplicates).
 """Responder error and recovery paths, widths 8 and 64, with idles and back-pressure:
 duplicates of every kind, PSN ahead after a loss (the peer's go-back-N recovers), R_Key /
 range / rights / QP-mask violations, invalid requests, RNR, unknown QPN / bad state / bad

@@ -1,4 +1,4 @@
-# Ref: brief rawq.md item 4 (issue 5); draft KBTP §Operations, §Session Establishment;
+# Ref: issue 5; draft KBTP §Operations, §Session Establishment.
 #      roce-layouts.md §7 (CM); sim/serve.py (CLI, FrameServer); sim/serve_hw.py; host/cm.py.
 """``kbtp-sim serve`` with the gateware backend against the Python RC endpoint, over UDP.
 

@@ -1,4 +1,4 @@
-# Ref: brief H2 (issue 7 item 2: the soak, short version); sim/soak.py; sim/system.py.
+# Ref: issue 7 item 2: the soak, short version; sim/soak.py; sim/system.py.
 """A short soak: a few hundred mixed KBTP operations (4 initiators, one in direct modes)
 through 1 % loss, 1 % duplication and 0.1 % corruption both ways, every round matched to the
 golden model, final image, counters and block census checked (sim/soak.py)."""

@@ -1,4 +1,4 @@
-# Ref: /work/briefs/tx_contract.md; roce-layouts.md §2-§4; hw/rtl/txpath.py.
+# Ref: roce-layouts.md §2-§4; hw/rtl/txpath.py.
 """TX path: DMA reader against a byte image; TxPath + RoceTxBuilder bytes checked with scapy.
 
 Oracles: the memory image itself (Python slices) for payloads, scapy's BTH/RETH/AETH/... layers

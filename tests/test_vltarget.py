@@ -1,4 +1,4 @@
-# Ref: brief H2 (issue 7 item 2); sim/vltarget.py; sim/system.py; RFC 826 (ARP);
+# Ref: issue 7 item 2; sim/vltarget.py; sim/system.py; RFC 826 (ARP).
 #      hw/rtl/regbank.py (TOP_REGS, TARGET_ID); draft KBTP §Operations (ALLOC_STORE, LOAD).
 """The Verilated target behind the C++ harness (sim/vltarget.py): ARP answered (scapy builds
 the request and parses the reply), host-bus registers, an RC exchange of KBTP requests through

@@ -1,4 +1,4 @@
-# Ref: brief board.md §3 (UART host link); CRC-8/SMBUS from amaranth.lib.crc.catalog
+# Ref: CRC-8/SMBUS from amaranth.lib.crc.catalog
 #      (poly 0x07, init 0, no reflection, no xorout; check value 0xF4 over b"123456789").
 """Host link: a framed UART bridge onto a simple register / memory / queue bus.
 

@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §5 (ICRC: coverage, masks, algorithm, byte order), §1.1 (ICRC located by
-#      the UDP length); shared/notes/softroce-vm.md ("Rules a peer of rxe must follow").
+#      the UDP length); docs/softroce-vm.md ("Rules a peer of rxe must follow").
 """RoCEv2 ICRC check (receive, store-and-forward) and generation (transmit), width-parametric.
 
 The ICRC is CRC-32/IEEE 802.3 (``zlib.crc32``) over 8 octets of 0xFF, the IPv4 header with TOS,

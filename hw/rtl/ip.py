@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §1 (Ethernet/IPv4/UDP as rxe sends and checks them), §8 (ARP);
-#      RFC 791 (IPv4 header checksum), RFC 768 (UDP); shared/notes/softroce-vm.md.
+#      RFC 791 (IPv4 header checksum), RFC 768 (UDP); docs/softroce-vm.md.
 """Ethernet / IPv4 / UDP receive demultiplexer and transmit framer, width-parametric.
 
 Also holds the small width-generic helpers the other network blocks share (:mod:`arp`,

@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Block Table, §Free-Block Ring, §Allocation Quotas, §Operations (Block Load,
 #      Block Mapped Store, Block Unmapped Store), §Completion, §Target Execution Model;
-#      shared/spec/layouts.md; sim/model.py "Readings of the draft"; host/codec.py (strictness).
+#      docs/layouts.md; sim/model.py "Readings of the draft"; host/codec.py (strictness).
 """The KBTP engine: LOAD, STORE and ALLOC_STORE executed in gateware.
 
 The responder has written a SEND message into a receive buffer and tells us with a

@@ -1,4 +1,4 @@
-# Ref: brief timing.md (issue 6: MAC at 125 MHz, the rest in its own `core` domain);
+# Ref: issue 6: MAC at 125 MHz, the rest in its own `core` domain.
 #      hw/rtl/mac.py GmiiMac; hw/rtl/width.py sizers; amaranth docs stdlib/fifo.rst (AsyncFIFO),
 #      stdlib/cdc.rst (PulseSynchronizer); hw/rtl/target.py MAC_COUNTERS.
 """A GMII MAC in the GMII clock domain with its frame streams in another (core) domain.

@@ -1,6 +1,6 @@
 # Ref: roce-layouts.md §7 (CM MADs on QP1: UD SEND Only + DETH), §1 (Ethernet/IPv4/UDP framing);
 #      hw/rtl/hostlink.py (HostBusSignature, Space.QUEUE); hw/rtl/regbank.py (queue conventions);
-#      brief rawq.md (issue 5 item 2: QP1 frames through the host slow path).
+#      issue 5 item 2: QP1 frames through the host slow path.
 """Raw frame queues: the slow path for frames the RC gateware must not take (QP1 / CM).
 
 Pieces

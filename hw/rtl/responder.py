@@ -1,6 +1,6 @@
 # Ref: roce-layouts.md §3 (opcodes, RQ WQE consumption), §4 (RETH, AETH syndromes, AtomicETH),
 #      §6.1-§6.6 (PSN arithmetic, ePSN, MSN, ACK/NAK rules, duplicates); hw/rtl/iface.py
-#      (RecvNotify/RecvRepost, QpConfig); /work/briefs/tx_contract.md (RespTx).
+#      (RecvNotify/RecvRepost, QpConfig).
 """RC responder: executes RoCEv2 requests against target memory and answers them.
 
 One packet at a time: the header record is taken, the QP found by its local QPN, the QP's
@@ -56,7 +56,7 @@ from .stream import PacketStream
 
 __all__ = ["RespTx", "Responder", "WordWriter", "COUNTERS"]
 
-#: One packet for the TX path to send (see /work/briefs/tx_contract.md).
+#: One packet for the TX path to send (hw/rtl/txpath.py).
 RespTx = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "opcode": 8,

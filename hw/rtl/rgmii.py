@@ -2,7 +2,7 @@
 #      TXD[7:4] and TX_EN xor TX_ER on the falling edge; same for RX), §3.3 (clock skew: the
 #      receiver needs data held ~1.0-2.6 ns around the clock, added on the PCB, by the PHY's
 #      internal delay, or by the FPGA); IEEE 802.3 §35.2 (GMII); Lattice FPGA-TN-02035
-#      (ECP5 sysIO: IDDRX1F/ODDRX1F, DELAYG); brief board.md §1.
+#      (ECP5 sysIO: IDDRX1F/ODDRX1F, DELAYG).
 """RGMII <-> GMII for ECP5, with the receive clock crossing into the core's clock.
 
 Clocks

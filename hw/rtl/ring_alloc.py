@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Free-Block Ring (Head/Tail counters, masked FetchAdd Add Data/Add Mask, Ring
 #      Slot Sequence + Block Offset, all ones = consumed, "Block Offset before Sequence"),
-#      §Block Unmapped Store (allocation), §Block Free; shared/spec/layouts.md (Ring Slot,
+#      §Block Unmapped Store (allocation), §Block Free; docs/layouts.md (Ring Slot,
 #      counter layout); sim/ring.py (slot_free_for: the strict free check).
 """The ring allocator: every access of the KBTP engine to the shared free-block ring.
 

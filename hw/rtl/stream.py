@@ -1,4 +1,4 @@
-# Ref: amaranth.lib.stream (Amaranth 0.5 docs, stdlib/stream.rst); shared/notes/style.md.
+# Ref: amaranth.lib.stream (Amaranth 0.5 docs, stdlib/stream.rst); docs/style.md.
 """Packet streams used between every gateware block.
 
 Amaranth 0.5 streams carry no framing, so the framing lives in the payload:

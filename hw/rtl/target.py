@@ -1,4 +1,4 @@
-# Ref: hw/rtl/iface.py (architecture, register map); /work/briefs/tx_contract.md (TX path);
+# Ref: hw/rtl/iface.py (architecture, register map).
 #      roce-layouts.md §1-§6 (what the blocks implement); hw/rtl/regbank.py (host map).
 """The whole target in one gateware top: GMII in, GMII out, a host bus, target memory.
 

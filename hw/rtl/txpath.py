@@ -1,4 +1,4 @@
-# Ref: roce-layouts.md §1.3 (IPv4 fields), §2 (BTH), §3 (opcodes); /work/briefs/tx_contract.md
+# Ref: roce-layouts.md §1.3 (IPv4 fields), §2 (BTH), §3 (opcodes).
 #      (RespTx / TxReq); hw/rtl/iface.py (MemBusSignature, QpConfig); hw/rtl/roce_hdr.py.
 """Transmit path of the RC transport: merges packet requests of the responder and the requester.
 

@@ -1,4 +1,4 @@
-# Ref: shared/notes/softroce-vm.md
+# Ref: docs/softroce-vm.md
 """A Linux soft-RoCE (rdma_rxe + pyverbs) guest under QEMU TCG: the real RoCEv2 initiator for tests.
 
 - :mod:`sim.guest.build` builds and caches the image (``python -m sim.guest.build``);

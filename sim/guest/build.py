@@ -1,4 +1,4 @@
-# Ref: shared/notes/softroce-vm.md (guest recipe); debootstrap(8); Linux x86 boot protocol (PVH)
+# Ref: docs/softroce-vm.md (guest recipe); debootstrap(8); Linux x86 boot protocol (PVH)
 """Build the soft-RoCE test guest: a Debian kernel and a Debian userspace in one initramfs.
 
 The image is two files in the cache directory:

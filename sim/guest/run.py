@@ -1,4 +1,4 @@
-# Ref: shared/notes/softroce-vm.md (QEMU TCG, -netdev dgram, 9p share); qemu-system-x86_64(1)
+# Ref: docs/softroce-vm.md (QEMU TCG, -netdev dgram, 9p share); qemu-system-x86_64(1)
 """Boot the soft-RoCE guest with one script and return its exit status and output.
 
 The guest's only NIC is a virtio-net on QEMU's ``-netdev dgram``: every Ethernet frame the guest

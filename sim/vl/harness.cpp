@@ -1,4 +1,4 @@
-// Ref: brief H2 (issue 7: fast Verilator harness); sim/serve_hw.py (HostBus handshake, LightGmii
+// Ref: issue 7: fast Verilator harness; sim/serve_hw.py (HostBus handshake, LightGmii
 //      framing: 7 x 0x55, 0xD5, frame, FCS, gap); hw/rtl/hostlink.py (host bus); IEEE 802.3 CRC-32.
 //
 // C++ main around the Verilated KbtpTarget (class Vtop). It owns the clock, the GMII pins and the

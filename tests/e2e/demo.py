@@ -1,4 +1,4 @@
-# Ref: draft KBTP §Examples, §Operations, §Direct Modes; brief e2e.md (make demo).
+# Ref: draft KBTP §Examples, §Operations, §Direct Modes; make demo.
 """Guest side of ``make demo``: a KV-cache-like session, logged readably with timings.
 
 Stores a few "KV blocks" of different sizes (inline and by RDMA READ), loads them back, shows

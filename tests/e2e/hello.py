@@ -1,4 +1,4 @@
-# Ref: draft KBTP §Session Establishment; brief e2e.md. Guest side: connect, HELLO, GOODBYE.
+# Ref: draft KBTP §Session Establishment; Guest side: connect, HELLO, GOODBYE.
 """Guest script: connect to the target, print the HELLO_ACK fields, say GOODBYE."""
 import sys
 import time

@@ -1,5 +1,5 @@
-# Ref: draft KBTP §Operations, §Completion, §Direct Modes, §Status Codes, §Allocation Quotas;
-#      brief e2e.md. Guest side of tests/test_e2e.py (runs under the guest's python3 + pyverbs).
+# Ref: draft KBTP §Operations, §Completion, §Direct Modes, §Status Codes, §Allocation Quotas.
+#      Guest side of tests/test_e2e.py (runs under the guest's python3 + pyverbs).
 """Guest script: every KBTP operation against the target, each check printed on one line.
 
 ``python3 ops.py SIZES SEED [PART...]``: SIZES is a comma list of block payload sizes; PARTs
