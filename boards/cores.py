@@ -253,7 +253,7 @@ def _gmii_flopped(m, gmii, mac, leds):
 class KbtpCore(wiring.Component):
     """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
 
-    ``KbtpTarget(width=64, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), mac=False,
+    ``KbtpTarget(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
     clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True)`` in the ``core``
     domain, the GMII MAC in ``sync`` (:class:`~hw.rtl.maccdc.MacCdc`: 8 <-> 64 sizers and
     asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
@@ -277,16 +277,26 @@ class KbtpCore(wiring.Component):
 
         self.memory = memory
         self.core_freq = core_freq
-        kwargs = dict(width=64, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory),
-                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
-                      engine=True)
-        kwargs.update(overrides)
+        kwargs = self.target_kwargs_of(memory, core_freq=core_freq, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs)
         if pipelined_ram:
             _pipeline_ram(self.target, kwargs["mem_words"])
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
+
+    @staticmethod
+    def target_kwargs_of(memory, *, core_freq=CORE_FREQ, pipelined_ram=True, **overrides):
+        """The ``KbtpTarget`` keyword arguments of the core for ``memory`` (without building
+        it: the simulation of the shipped core reads its figures from here)."""
+        # 8 memory regions: a session with DIRECT_LOAD (table and pool) and two DIRECT_ALLOC
+        # partitions (counters, ring, blocks each) needs 2 + 3 * 2 of them (host/driver.py);
+        # with 4 the board could not serve the configuration kbtp-sim serve runs.
+        kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory),
+                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
+                      engine=True)
+        kwargs.update(overrides)
+        return kwargs
 
     def elaborate(self, platform):
         from amaranth import DomainRenamer

@@ -32,7 +32,7 @@ VERSA = BoardSpec(
     # 1 Gb/s line; frames the core cannot take are dropped in the MAC's buffer and counted, and
     # RC retransmission recovers them). It is the second board of the board layer, not a
     # line-rate target; the ECPIX-5 is.
-    core_options={"kbtp": {"n_qp": 2, "sq_depth": 4, "width": 8}},
+    core_options={"kbtp": {"n_qp": 2, "sq_depth": 4, "width": 8, "n_mr": 4}},
     # router2 failed the full core here: "Failed to route arc 0.0 of net 'rst_dcc_sync_CLKI',
     # from X40/Y2/Q6_SLICE to X0/Y0/G_CLKI_TDCC0" (the fabric input of the reset's global
     # buffer; global wires sit at X0/Y0, so the net's bounding box can miss the clock entry).

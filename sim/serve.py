@@ -58,7 +58,7 @@ from host.driver import disconnect_delay_ms
 from sim import model as M
 from sim.rc import QPState, RoceEndpoint, WcStatus
 
-__all__ = ["ModelGlue", "FrameServer", "PcapWriter", "model_config", "main",
+__all__ = ["ModelGlue", "FrameServer", "PcapWriter", "model_config", "large_config", "main",
            "DEFAULT_MAC", "DEFAULT_IP", "DEFAULT_CM_PORT", "EXIT_NO_GATEWARE"]
 
 DEFAULT_MAC = "02:4b:42:54:50:01"
@@ -95,21 +95,32 @@ class PcapWriter:
 # --------------------------------------------------------------------------------------------
 
 def model_config(**overrides):
-    """The target configuration ``serve --model`` uses (RoCEv2: unmasked counters).
+    """The target configuration ``kbtp-sim serve`` uses with either backend (RoCEv2: unmasked
+    counters), sized for the memory of the shipped core (ECPIX-5: 128 KiB of block RAM for
+    table, rings, pool, the driver's scratch and 4 x 4 receive buffers of 2 KiB).
 
-    64 blocks of 64 KiB (the largest block the e2e tests move), 2 DIRECT_ALLOC partitions of 8
-    blocks, quota 16 per shared-ring initiator, long retention and ticket timeout (a TCG guest
-    is slow). Request Credits 4: the host driver posts 4 receive buffers per QP
+    20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 2 blocks, quota 4
+    per shared-ring initiator, 256 handles, long retention and ticket timeout (a TCG guest is
+    slow). Request Credits 4: the host driver posts 4 receive buffers per QP
     (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
     request credit (§Target Execution Model); with more credits than buffers a pipelining
-    initiator meets RNR NAKs.
+    initiator meets RNR NAKs. :func:`large_config` is the 4 MiB one of the one-clock
+    unit-test target (the fuzzer's).
     """
-    kw = dict(block_size=65536, num_blocks=64, num_handles=256, handles_per_initiator=64,
-              direct_partitions=2, direct_quota=8, quota_per_initiator=16, masked=False,
+    kw = dict(block_size=4096, num_blocks=20, num_handles=256, handles_per_initiator=64,
+              direct_partitions=2, direct_quota=2, quota_per_initiator=4, masked=False,
               request_credits=4, max_inline=1024, ticket_timeout_ms=30000,
               retention_ms=60000.0)
     kw.update(overrides)
     return M.TargetConfig(**kw)
+
+
+def large_config(**overrides):
+    """:func:`model_config` with 64 blocks of 64 KiB, partitions of 8 blocks and quota 16: for
+    the one-clock unit-test target's 4 MiB memory (``sim.vltarget.HW_DEFAULT``), not a board."""
+    kw = dict(block_size=65536, num_blocks=64, direct_quota=8, quota_per_initiator=16)
+    kw.update(overrides)
+    return model_config(**kw)
 
 
 class _Conn:

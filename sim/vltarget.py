@@ -34,10 +34,18 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["HW_DEFAULT", "VlTarget", "TxFrame", "build", "export_verilog"]
+__all__ = ["HW_DEFAULT", "SHIPPED", "VlTarget", "TxFrame", "build", "export_verilog",
+           "board_params"]
 
-#: Build parameters (keys of KbtpTarget); more KbtpTarget keyword arguments may be given too.
+#: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
+#: keyword arguments may be given too. Not what a board builds: see :data:`SHIPPED`.
 HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scale": 16}
+
+#: The configuration the ECPIX-5 bitstream holds: boards/cores.py ``KbtpCore`` for that board,
+#: gate for gate (GMII MAC at 125 MHz behind MacCdc, the target at width 64 in its own 20.83 MHz
+#: clock, PipelinedRam, the host bus behind HostBusRegister). ``params={"board": name}``
+#: selects it; :func:`board_params` fills in the figures the benches read.
+SHIPPED = {"board": "ecpix5"}
 
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 
@@ -53,14 +61,56 @@ VERILATOR_ARGS = ["-O3", "--x-initial", "0", "--x-assign", "0", "-Wno-fatal", "-
 MAKE_OPT = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
 
 
+def _board_core(name):
+    """The board's default core, built by the board's own factory (boards/cores.py)."""
+    from boards import BOARDS
+    from boards.cores import CORES
+    spec = BOARDS[name]
+    return spec.core_factory("kbtp", CORES["kbtp"][0])(spec.memory)
+
+
+def board_params(name):
+    """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
+    ``n_mr``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
+    (the board's real clocks) and ``timer_scale`` (1: the board's timers run in real time)."""
+    import inspect
+
+    from boards import BOARDS
+    from boards.cores import CORES, KbtpCore
+    spec = BOARDS[name]
+    options = spec.core_options.get("kbtp", {})
+    if CORES["kbtp"][0] is not KbtpCore:
+        raise ValueError("the board's kbtp core is not boards.cores.KbtpCore")
+    core_freq = options.get("core_freq",
+                            inspect.signature(KbtpCore).parameters["core_freq"].default)
+    kw = KbtpCore.target_kwargs_of(spec.memory, **options)
+    div = spec.sys_freq / core_freq
+    if abs(div - round(div)) > 1e-9:
+        raise ValueError(f"board {name}: core clock {core_freq} Hz is not the GMII clock "
+                         f"over an integer")
+    return {"board": name, "width": kw["width"], "n_qp": kw["n_qp"], "n_mr": kw["n_mr"],
+            "mem_words": kw["mem_words"], "core_div": round(div), "mac_hz": spec.sys_freq,
+            "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1)}
+
+
 def _params(params):
+    params = dict(params or {})
+    if "board" in params:
+        p = board_params(params["board"])
+        other = {k: v for k, v in params.items() if p.get(k) != v}
+        if other:
+            raise ValueError(f"the board configuration takes no overrides: {other}")
+        return p
     p = dict(HW_DEFAULT)
-    p.update(params or {})
+    p.update(params)
     return p
 
 
 def make_target(params):
-    """The :class:`~hw.rtl.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs)."""
+    """The :class:`~hw.rtl.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs), or
+    the board's core for ``params["board"]``."""
+    if "board" in params:
+        return _board_core(params["board"])
     from hw.rtl.target import KbtpTarget
     p = dict(params)
     width = p.pop("width")
@@ -98,8 +148,15 @@ def _harness_digest():
 
 
 def build_dir_of(params):
+    if "board" in params:
+        return ROOT / "sim_build" / f"vl_board_{params['board']}"
     slug = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
     return ROOT / "sim_build" / f"vl_{slug}"
+
+
+def _defines(params):
+    """C++ defines of the harness: the board's core has two clocks (sim/vl/harness.cpp)."""
+    return ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"] if "board" in params else []
 
 
 def build(params=None, log=print):
@@ -120,7 +177,7 @@ def build(params=None, log=print):
             hw_stamp.write_text(hw_digest)
             log(f"vltarget: export took {time.monotonic() - t0:.0f} s")
         h = hashlib.sha256(vfile.read_bytes())
-        h.update(_harness_digest().encode())
+        h.update(_harness_digest().encode() + repr(_defines(params)).encode())
         digest = h.hexdigest()
         stamp = d / "build.sha256"
         if exe.exists() and stamp.exists() and stamp.read_text() == digest:
@@ -130,7 +187,7 @@ def build(params=None, log=print):
         env = dict(os.environ)
         env.update(verilator_env())
         env["MAKEFLAGS"] = " ".join([env.get("MAKEFLAGS", "")] + MAKE_OPT).strip()
-        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", *VERILATOR_ARGS,
+        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", *VERILATOR_ARGS, *_defines(params),
                "--Mdir", str(d / "obj"), "-o", "Vtop", str(vfile), str(VL_DIR / "harness.cpp")]
         r = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True)
         (d / "build.log").write_text(r.stdout + r.stderr)
@@ -181,7 +238,8 @@ class VlTarget:
     Attributes
     ----------
     cycle : int
-        Simulated cycles since reset.
+        Simulated GMII cycles (8 ns at 125 MHz) since reset; in the board's configuration the
+        core runs one cycle in ``params["core_div"]`` of them (:attr:`core_cycle`).
     rx_log : list of (int, int)
         ``(first_octet_cycle, last_octet_cycle)`` of every frame sent, in order (preamble
         included).
@@ -199,6 +257,11 @@ class VlTarget:
         self.cycle = 0
         self.rx_log = []
         self._tx = []
+
+    @property
+    def core_cycle(self):
+        """Cycles of the core clock since reset (the GMII clock's, for a one-clock target)."""
+        return self.cycle // self.params.get("core_div", 1)
 
     # ---- pipe ---------------------------------------------------------------------------
     def _read(self, n):

@@ -19,6 +19,16 @@
 // The cycle count starts at 0 after reset. An RX octet is counted in the cycle in which it is
 // on rxd (sampled by the rising edge that ends that cycle); a TX octet in the cycle in which
 // it is on txd (it appears after the rising edge that starts that cycle).
+//
+// Two tops, chosen at compile time:
+// - default: hw/rtl/target.py KbtpTarget, one clock (clk), GMII ports rxd.., host bus host__*;
+// - KBTP_CORE_DIV=n: the board's core (boards/cores.py KbtpCore, as the bitstream holds it):
+//   GMII (gmii__*) and the MAC in ``sync`` (clk), everything after the MAC and the host bus
+//   (bus__*) in ``core`` (core_clk), whose period is n GMII cycles (ECPIX-5: 125 MHz / 6 =
+//   20.83 MHz). The core clock rises at the falling edge of clk in every n-th GMII cycle, so
+//   the two domains never share an edge. Cycle counts stay GMII cycles (8 ns); a host-bus
+//   access is held from one core edge to the core edge after the one that showed ack, as the
+//   board's host link does.
 
 #include "Vtop.h"
 #include "verilated.h"
@@ -31,8 +41,14 @@
 #include <unistd.h>
 #include <vector>
 
-// Verilator escapes the double underscore of the host bus ports (host__addr -> host___05Faddr).
+// Verilator escapes the double underscore of the interface ports (host__addr -> host___05Faddr).
+#ifdef KBTP_CORE_DIV
+#define HOST(name) bus___05F##name
+#define GMII(name) gmii___05F##name
+#else
 #define HOST(name) host___05F##name
+#define GMII(name) name
+#endif
 
 namespace {
 
@@ -99,15 +115,15 @@ std::vector<std::pair<uint64_t, uint64_t>> rx_log;
 
 inline void drive_rx() {
     if (!rx_active) {
-        if (rx_gap) { rx_gap--; top->rx_dv = 0; return; }
-        if (rxq.empty()) { top->rx_dv = 0; return; }
+        if (rx_gap) { rx_gap--; top->GMII(rx_dv) = 0; return; }
+        if (rxq.empty()) { top->GMII(rx_dv) = 0; return; }
         rx_active = true;
         rx_pos = 0;
         rx_first = cyc;
     }
     const RxFrame& f = rxq.front();
-    top->rxd = f.wire[rx_pos++];
-    top->rx_dv = 1;
+    top->GMII(rxd) = f.wire[rx_pos++];
+    top->GMII(rx_dv) = 1;
     if (rx_pos == f.wire.size()) {
         rx_log.emplace_back(rx_first, cyc);
         rx_gap = f.gap;
@@ -141,9 +157,9 @@ void tx_finish() {
 }
 
 inline void sample_tx() {
-    if (top->tx_en) {
+    if (top->GMII(tx_en)) {
         if (!tx_busy) { tx_busy = true; tx_start = cyc; }
-        tx_oct.push_back(uint8_t(top->txd));
+        tx_oct.push_back(uint8_t(top->GMII(txd)));
         tx_last = cyc;
     } else if (tx_busy) {
         tx_finish();
@@ -152,6 +168,30 @@ inline void sample_tx() {
 
 // One clock cycle in two halves: inputs applied and combinational logic settled with the clock
 // low (a host-bus ack is visible here), then the rising edge.
+#ifdef KBTP_CORE_DIV
+constexpr int CORE_DIV = KBTP_CORE_DIV;
+static_assert(CORE_DIV >= 2, "the core clock must be slower than the GMII clock");
+int phase = 0;                  // GMII cycle within the core clock's period
+bool core_rose = false;         // the core clock rose in the last step()
+inline void half_low() {
+    drive_rx();
+    top->clk = 0;
+    core_rose = phase == 0;
+    if (core_rose) top->core_clk = 1;
+    else if (phase == CORE_DIV / 2) top->core_clk = 0;
+    top->eval();
+}
+inline void half_high() {
+    top->clk = 1;
+    top->eval();
+    cyc++;
+    phase = phase + 1 == CORE_DIV ? 0 : phase + 1;
+    sample_tx();
+}
+inline void step() { half_low(); half_high(); }
+// GMII cycles up to and including the next rising edge of the core clock.
+inline void core_step() { do step(); while (!core_rose); }
+#else
 inline void half_low() {
     drive_rx();
     top->clk = 0;
@@ -164,6 +204,7 @@ inline void half_high() {
     sample_tx();
 }
 inline void step() { half_low(); half_high(); }
+#endif
 
 // One host-bus transaction (sim/serve_hw.py HostBus): request held until ack, sampled before the
 // edge that accepts it; returns err (0, 1, or 2 = no answer).
@@ -173,6 +214,20 @@ int access(uint8_t space, uint32_t addr, bool we, uint32_t wdata, uint32_t* rdat
     top->HOST(wdata) = wdata;
     top->HOST(we) = we;
     top->HOST(re) = !we;
+#ifdef KBTP_CORE_DIV
+    // The bus is in the core domain: look at ack (a flop of HostBusRegister) between core edges.
+    for (int i = 0; i < ACK_LIMIT; i++) {
+        if (top->HOST(ack)) {
+            *rdata = top->HOST(rdata);
+            int err = top->HOST(err) ? 1 : 0;
+            core_step();
+            top->HOST(we) = 0;
+            top->HOST(re) = 0;
+            return err;
+        }
+        core_step();
+    }
+#else
     for (int i = 0; i < ACK_LIMIT; i++) {
         half_low();
         if (top->HOST(ack)) {
@@ -185,6 +240,7 @@ int access(uint8_t space, uint32_t addr, bool we, uint32_t wdata, uint32_t* rdat
         }
         half_high();
     }
+#endif
     top->HOST(we) = 0;
     top->HOST(re) = 0;
     *rdata = 0;
@@ -218,13 +274,24 @@ int main(int argc, char** argv) {
     top = new Vtop;
     top->clk = 0;
     top->rst = 1;
-    top->rx_dv = top->rx_er = top->rxd = 0;
+    top->GMII(rx_dv) = top->GMII(rx_er) = top->GMII(rxd) = 0;
     top->HOST(we) = top->HOST(re) = top->HOST(space) = 0;
     top->HOST(addr) = top->HOST(wdata) = 0;
+#ifdef KBTP_CORE_DIV
+    top->core_clk = 0;
+    top->core_rst = 1;
+    top->eval();
+    for (int i = 0; i < 5; i++) core_step();
+    top->rst = 0;
+    top->core_rst = 0;
+    for (int i = 0; i < 2; i++) core_step();
+    // Cycle 0 is the GMII cycle right after a rising edge of the core clock.
+#else
     top->eval();
     for (int i = 0; i < 5; i++) step();
     top->rst = 0;
     for (int i = 0; i < 2; i++) step();
+#endif
     cyc = 0;
     tx_done.clear();
     rx_log.clear();
