@@ -5,10 +5,21 @@
 #      map: LAST_LATENCY); boards/ (build/<board>/report.json).
 """``make bench``: cycle-exact goodput, operation rate, latency and resources of the target.
 
-Everything is counted in simulated clock cycles of the Verilated
-:class:`~hw.rtl.target.KbtpTarget` (:class:`sim.vltarget.VlTarget`), never in wall time. The
-GMII pins move one octet per cycle at 125 MHz at every datapath width (8 and 64), so one
-octet/cycle is the line rate (1 Gb/s) and a figure close to the wire arithmetic is *wire-bound*.
+Everything is counted in simulated clock cycles of the Verilated target
+(:class:`sim.vltarget.VlTarget`), never in wall time. Configurations (``--configs``):
+
+``ecpix5`` (the default, first)
+    The core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`): GMII MAC at
+    125 MHz, the target at width 64 in its 20.83 MHz core clock, 128 KiB of block RAM.
+``8``, ``64``
+    The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
+    *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
+
+The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles are GMII
+cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
+close to the wire arithmetic is *wire-bound*. Latencies are also given in nanoseconds at the
+board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (48 ns each on the
+ECPIX-5). The block sizes a configuration's memory cannot hold are listed as not run.
 
 Figures
 -------
@@ -48,8 +59,8 @@ wire back to back (the gaps between the frames of one peer burst are reported, t
 12-octet IFG), and it keeps :data:`DEPTH` requests outstanding, so the target always has the
 next request in its receive buffers (``min_outstanding`` >= 1 is checked for every series).
 
-CLI: ``python -m sim.bench [--widths 8,64] [--quick] [--out build/bench]`` writes
-``bench.json``, ``bench.csv`` and ``goodput_w<width>.png`` and prints the table.
+CLI: ``python -m sim.bench [--configs ecpix5,8,64] [--quick] [--out build/bench]`` writes
+``bench.json``, ``bench.csv`` and ``goodput_<config>.png`` and prints the table.
 """
 
 from __future__ import annotations
@@ -197,21 +208,36 @@ class Bench:
     """
 
     def __init__(self, vt, block_size, *, mtus=(1024, 4096), n_init=4, max_inline=16384,
-                 n_qp=4, mem_words=532480, n_mr=8, max_blocks=96, seed=1):
+                 n_qp=None, max_blocks=96, seed=1):
         from host.driver import KbtpDriver, memory_plan
         from host.port import TargetPort
         from sim.model import TargetConfig
         from sim.rc import RoceEndpoint
         self.vt = vt
         self.rng = random.Random(seed)
-        self.block_size, self.n_init, self.max_inline = block_size, n_init, max_inline
-        mem = mem_words * 8
-        base = dict(block_size=block_size, num_handles=256, handles_per_initiator=64,
-                    table_base_handle=0x4000, pool_to_base=0x150000, max_inline=max_inline,
-                    ticket_timeout_ms=100_000, retention_ms=1e9)
-        probe = TargetConfig(num_blocks=1, **base)
-        # the probe's plan holds one block: what is left besides it goes to the pool
-        spare = mem - (memory_plan(probe, n_qp)["end"] - block_size) - 8192
+        p = vt.params
+        # The driver sets up the QPs the bench uses (their receive buffers take memory).
+        n_qp = n_qp or n_init
+        n_mr = p["n_mr"]
+        self.block_size, self.n_init = block_size, n_init
+        mem = p["mem_words"] * 8
+        # Max Inline: at most ``max_inline``, less where the target's memory is small (each
+        # QP's receive buffers hold the longest request): the largest that leaves room for
+        # two blocks.
+        while True:
+            base = dict(block_size=block_size, num_handles=256, handles_per_initiator=64,
+                        table_base_handle=0x4000, pool_to_base=0x150000,
+                        max_inline=max_inline, ticket_timeout_ms=100_000, retention_ms=1e9)
+            probe = TargetConfig(num_blocks=1, **base)
+            # the probe's plan holds one block: what is left besides it goes to the pool
+            spare = mem - (memory_plan(probe, n_qp)["end"] - block_size) - 8192
+            if spare >= 2 * block_size or max_inline <= 256:
+                break
+            max_inline //= 2
+        if spare < block_size:
+            raise MemoryError(f"{block_size}-octet blocks do not fit the target's "
+                              f"{mem // 1024} KiB")
+        self.max_inline = max_inline
         nb = max(1, min(max_blocks, spare // block_size))
         # every initiator may use the whole pool (the bench frees between series)
         self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, overcommit_quotas=True,
@@ -581,13 +607,39 @@ def _n_ops(size, quick):
     return 3
 
 
-def _vt(width, log):
+#: The configuration the board builds (first in every table) and the unit-test target's widths.
+CONFIGS = ("ecpix5", "8", "64")
+
+
+def label(config):
+    """How the table names a configuration: the board's, or ``unit-w<width>`` (not a board's)."""
+    return config if not str(config).isdigit() else f"unit-w{config}"
+
+
+def _params(config):
+    from sim.vltarget import SHIPPED
+    return SHIPPED if config == "ecpix5" else {"width": int(config)}
+
+
+def _vt(config, log):
     from sim.vltarget import VlTarget
-    return VlTarget({"width": width}, log=log)
+    return VlTarget(_params(config), log=log)
+
+
+def clocks_of(config):
+    """The clocks of a configuration: ``gmii_hz`` (cycles of every figure) and ``core_hz``
+    (the engine's LAST_LATENCY), as the board runs them (the unit target: both 125 MHz)."""
+    from sim.vltarget import board_params
+    if config == "ecpix5":
+        p = board_params("ecpix5")
+        return {"gmii_hz": p["mac_hz"], "core_hz": p["core_hz"], "width": p["width"]}
+    return {"gmii_hz": CLOCK_HZ, "core_hz": CLOCK_HZ, "width": int(config)}
 
 
 def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print):
-    """Every goodput series of one block size at one width: one fresh target per path MTU.
+    """Every goodput series of one block size in one configuration (``width``: a name of
+    :data:`CONFIGS`): one fresh target per path MTU. A block size the configuration's memory
+    cannot hold is recorded in ``unfit``.
 
     A series that cannot complete (no completion within 4 x its wire bound + 200 000 cycles)
     ends that MTU's run; it is recorded in ``failed`` with the MAC's overflow / underrun
@@ -595,19 +647,25 @@ def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, l
     """
     out = {"series": [], "failed": [], "retransmits": []}
     n = _n_ops(size, quick)
+    width = str(width)
     for mtu in mtus:
         with _vt(width, log) as vt:
-            b = Bench(vt, size, mtus=(mtu,), n_init=1, max_inline=max_inline,
-                      max_blocks=max(n + 2, 8))
+            try:
+                b = Bench(vt, size, mtus=(mtu,), n_init=1, max_inline=max_inline,
+                          max_blocks=max(n + 2, 8))
+            except MemoryError as e:
+                out["unfit"] = str(e)
+                log(f"{label(width):<8} {size:>8}: not run, {e}")
+                return out
             b.bring_up()
             try:
-                _mtu_series(b, width, size, n, max_inline, out, log)
+                _mtu_series(b, width, size, n, b.max_inline, out, log)
             except TimeoutError as e:
                 mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
                                                                "rx_frames_ok", "tx_frames")}
                 out["failed"].append({"width": width, "size": size, "mtu": mtu,
                                       "op": b.current_op, "error": str(e)[:200], "mac": mac})
-                log(f"w{width:<3} {b.current_op:<19} {size:>8} {mtu:>5} FAILED: no completion "
+                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5} FAILED: no completion "
                     f"(MAC {mac})")
             out["retransmits"].append({"mtu": mtu,
                                        "target": _req_counter(b, "cnt_retransmits"),
@@ -640,6 +698,7 @@ def _mtu_series(b, width, size, n, max_inline, out, log):
 def run_latency(width, log=print):
     """Latency figures (64 octets, MTU 1024, 4 initiators), the ARP turnaround, and the
     latency against the data length (:func:`latency_slopes`)."""
+    width = str(width)
     with _vt(width, log) as vt:
         b = Bench(vt, 64, mtus=(1024,), n_init=4, max_blocks=32)
         b.bring_up()
@@ -724,6 +783,12 @@ def latency_runs(b, repeat=4):
     return res
 
 
+def _pct(xs, q):
+    """The ``q`` quantile of ``xs`` (nearest rank)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, -(-int(q * len(xs) * 1000) // 1000) - 1))]
+
+
 def _stats(xs):
     xs = sorted(xs)
     return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1],
@@ -764,23 +829,33 @@ def resources(root=None):
 
 
 def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
-    """Every figure of one datapath width. An MTU whose series failed at some size is not
-    run at the larger sizes (recorded in ``skipped``)."""
+    """Every figure of one configuration (:data:`CONFIGS`). An MTU whose series failed at
+    some size is not run at the larger sizes, nor is any size past one the memory cannot hold
+    (recorded in ``skipped``)."""
     t0 = time.monotonic()
-    wr = {"series": [], "failed": [], "skipped": [], "retransmits": []}
+    w = str(w)
+    wr = {"label": label(w), "clocks": clocks_of(w), "series": [], "failed": [],
+          "skipped": [], "retransmits": []}
     dead = {}
     for size in sizes:
         live = [m for m in mtus if m not in dead]
         wr["skipped"] += [{"size": size, "mtu": m, "why": f"failed at size {dead[m]}"}
                           for m in mtus if m in dead]
+        if not live:
+            continue
         r = run_size(w, size, quick=quick, log=log, mtus=live)
+        if "unfit" in r:
+            for m in live:
+                wr["skipped"].append({"size": size, "mtu": m, "why": r["unfit"]})
+                dead[m] = size
+            continue
         wr["series"] += r["series"]
         wr["failed"] += r["failed"]
         for f in r["failed"]:
             dead.setdefault(f["mtu"], size)
         wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
     lat = run_latency(w, log)
-    wr["latency"] = _latency_summary(lat["latency"])
+    wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
     wr["latency_samples"] = lat["latency"]
     wr["arp_turnaround"] = lat["arp_turnaround"]
     wr["latency_slopes"] = lat["slopes"]
@@ -789,10 +864,11 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
     return wr
 
 
-def run_bench(widths=(8, 64), quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1):
-    """All figures at every width (``jobs`` widths at once, in separate processes); returns
-    the results dict (see :func:`write_results`)."""
+def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1):
+    """All figures of every configuration (``widths``: names of :data:`CONFIGS`; ``jobs`` at
+    once, in separate processes); returns the results dict (see :func:`write_results`)."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    widths = [str(w) for w in widths]
     res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": DEPTH,
            "quick": quick, "widths": {}, "resources": resources()}
     if jobs > 1 and len(widths) > 1:
@@ -807,11 +883,24 @@ def run_bench(widths=(8, 64), quick=False, log=print, sizes=None, mtus=(1024, 40
     return res
 
 
-def _latency_summary(lat):
+def _latency_summary(lat, clocks):
+    """Statistics of the latency samples, in GMII cycles, and the medians / means in ns at the
+    configuration's clocks (``ns``)."""
     out = {}
+    g_ns, c_ns = 1e9 / clocks["gmii_hz"], 1e9 / clocks["core_hz"]
     for op, d in lat.items():
         a, c = d["alone"], d["contention"]
+        alone = [x["from_last"] for x in a]
+        cont = [x["from_last"] for x in c]
+        eng = [x["engine_notify_to_wr"] for x in a]
         out[op] = {
+            "ns": {"alone_from_last_median": round(_stats(alone)["median"] * g_ns, 1),
+                   "alone_from_first_median": round(
+                       _stats([x["from_first"] for x in a])["median"] * g_ns, 1),
+                   "engine_notify_to_wr_median": round(_stats(eng)["median"] * c_ns, 1),
+                   "contention_from_last_mean": round(_stats(cont)["mean"] * g_ns, 1),
+                   "contention_from_last_p99": round(_pct(cont, 0.99) * g_ns, 1),
+                   "contention_from_last_max": round(_stats(cont)["max"] * g_ns, 1)},
             "alone_from_last": _stats([x["from_last"] for x in a]),
             "alone_from_first": _stats([x["from_first"] for x in a]),
             "alone_ack_from_last": _stats([x["ack_from_last"] for x in a
@@ -827,7 +916,7 @@ def _latency_summary(lat):
 # Output
 # --------------------------------------------------------------------------------------------
 
-CSV_FIELDS = ["width", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_mbps",
+CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_mbps",
               "theory", "frac_theory", "op_bound_cycles", "frac_op_bound", "excess_cycles",
               "ops_per_s",
               "frame_rate_limit", "wire_util_to_target", "wire_util_to_peer", "wire_bound",
@@ -835,14 +924,14 @@ CSV_FIELDS = ["width", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_m
 
 
 def _row(r):
-    return (f"w{r.get('width', '?'):<3} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
+    return (f"{label(r.get('width', '?')):<8} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
             f"{r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
             f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
             f"{r['ops_per_s']:>9} "
             f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
 
 
-HEADER = (f"{'w':<4} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
+HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
           f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
           f"{'':>4}")
 
@@ -855,30 +944,36 @@ def format_table(res):
             lines.append(_row(dict(r, width=w)))
     for w, wr in res["widths"].items():
         for f in wr.get("skipped", []):
-            lines.append(f"w{w:<3} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
+            lines.append(f"{label(w):<8} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
                          f"{f['why']}")
         for f in wr.get("failed", []):
-            lines.append(f"w{w:<3} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: no "
-                         f"completion; MAC counters {f['mac']}")
+            lines.append(f"{label(w):<8} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: "
+                         f"no completion; MAC counters {f['mac']}")
         rt = [x for x in wr.get("retransmits", []) if x["target"] or x["peer"]]
-        lines.append(f"width {w}: retransmissions (target, peer) "
+        lines.append(f"{label(w)}: retransmissions (target, peer) "
                      + (", ".join(f"size {x['size']} MTU {x.get('mtu', 1024)}: "
                                   f"{x['target']}, {x['peer']}" for x in rt) or "none")
                      + f"; wall time {wr.get('wall_s')} s")
     for w, wr in res["widths"].items():
         lat = wr.get("latency") or {}
+        ck = wr.get("clocks") or clocks_of(w)
         if lat:
-            lines.append(f"latency (cycles, 64 octets, MTU 1024) width {w}; ARP turnaround "
-                         f"{wr.get('arp_turnaround')}:")
-            lines.append(f"  {'op':<19} {'last->resp':>10} {'first->resp':>11} "
-                         f"{'ack':>6} {'engine':>7} {'4QP mean':>9} {'4QP max':>8}")
+            lines.append(f"latency, 64 octets, MTU 1024, {label(w)} (GMII {ck['gmii_hz'] / 1e6:g} "
+                         f"MHz, core {ck['core_hz'] / 1e6:.2f} MHz); ARP turnaround "
+                         f"{wr.get('arp_turnaround')} cycles:")
+            lines.append(f"  {'op':<19} {'last->resp':>10} {'ns':>8} {'first->resp':>11} "
+                         f"{'ack':>6} {'engine':>7} {'ns':>7} {'4QP mean':>9} {'ns':>8} "
+                         f"{'4QP p99 ns':>10} {'4QP max':>8}")
         for op, d in lat.items():
+            ns = d["ns"]
             lines.append(
                 f"  {op:<19} {d['alone_from_last']['median']:>10} "
+                f"{ns['alone_from_last_median']:>8} "
                 f"{d['alone_from_first']['median']:>11} "
                 f"{d['alone_ack_from_last']['median']:>6} "
-                f"{d['engine_notify_to_wr']['median']:>7} "
-                f"{d['contention_from_last']['mean']:>9} {d['contention_from_last']['max']:>8}")
+                f"{d['engine_notify_to_wr']['median']:>7} {ns['engine_notify_to_wr_median']:>7} "
+                f"{d['contention_from_last']['mean']:>9} {ns['contention_from_last_mean']:>8} "
+                f"{ns['contention_from_last_p99']:>10} {d['contention_from_last']['max']:>8}")
         for op, d in wr.get("latency_slopes", {}).items():
             lines.append(f"  {op} alone latency vs data length: "
                          + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
@@ -911,7 +1006,7 @@ def write_results(res, out):
         wtr.writeheader()
         for w, wr in res["widths"].items():
             for r in wr["series"]:
-                wtr.writerow(dict(r, width=w))
+                wtr.writerow(dict(r, config=label(w)))
     return out / "bench.json", out / "bench.csv"
 
 
@@ -934,10 +1029,10 @@ def plot(res, out):
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("block size (octets)")
         ax.set_ylabel("goodput / theoretical RoCEv2 goodput")
-        ax.set_title(f"KBTP target, datapath width {w}, GMII 1 Gb/s (cycle-exact)")
+        ax.set_title(f"KBTP target, {label(w)}, GMII 1 Gb/s (cycle-exact, wire time)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-        p = Path(out) / f"goodput_w{w}.png"
+        p = Path(out) / f"goodput_{label(w)}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=100)
         plt.close(fig)
@@ -947,14 +1042,15 @@ def plot(res, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--widths", default="8,64")
+    ap.add_argument("--configs", "--widths", dest="widths", default=",".join(CONFIGS),
+                    help="ecpix5 (the board's core), 8 / 64 (the one-clock unit target)")
     ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
     ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--mtus", default="1024,4096")
-    ap.add_argument("--jobs", type=int, default=1, help="widths run at once (processes)")
+    ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
     a = ap.parse_args(argv)
-    widths = [int(x) for x in a.widths.split(",") if x]
+    widths = [x for x in a.widths.split(",") if x]
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     print(HEADER, flush=True)
     mtus = [int(x) for x in a.mtus.split(",") if x]

@@ -99,8 +99,8 @@ def model_config(**overrides):
     counters), sized for the memory of the shipped core (ECPIX-5: 128 KiB of block RAM for
     table, rings, pool, the driver's scratch and 4 x 4 receive buffers of 2 KiB).
 
-    20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 2 blocks, quota 4
-    per shared-ring initiator, 256 handles, long retention and ticket timeout (a TCG guest is
+    20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 4 blocks, quota 4
+    per shared-ring initiator (12 shared blocks), 256 handles, long retention and ticket timeout (a TCG guest is
     slow). Request Credits 4: the host driver posts 4 receive buffers per QP
     (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
     request credit (§Target Execution Model); with more credits than buffers a pipelining
@@ -108,7 +108,7 @@ def model_config(**overrides):
     unit-test target (the fuzzer's).
     """
     kw = dict(block_size=4096, num_blocks=20, num_handles=256, handles_per_initiator=64,
-              direct_partitions=2, direct_quota=2, quota_per_initiator=4, masked=False,
+              direct_partitions=2, direct_quota=4, quota_per_initiator=4, masked=False,
               request_credits=4, max_inline=1024, ticket_timeout_ms=30000,
               retention_ms=60000.0)
     kw.update(overrides)
@@ -497,6 +497,9 @@ def main(argv=None):
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument("--ready-file", help="gateware: write this file once serving")
     s.add_argument("--stop-file", help="gateware: stop when this file appears")
+    s.add_argument("--hw", choices=("ecpix5", "unit"), default="ecpix5",
+                   help="gateware: the ECPIX-5 core as the bitstream holds it (default: two "
+                        "clocks, width 64), or the one-clock width-8 unit-test target")
     s.add_argument("--config", type=_config, default={},
                    help='target configuration overrides as JSON, e.g. \'{"addr_le": true, '
                         '"ticket_timeout_ms": 3000}\' (fields of sim.model.TargetConfig)')
@@ -506,7 +509,7 @@ def main(argv=None):
         opts = dict(mac=a.mac, ip=a.ip, port=a.port, listen=list(a.listen), peer=list(a.peer),
                     pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
                     duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
-                    stop_file=a.stop_file, config=a.config)
+                    stop_file=a.stop_file, config=a.config, hw=a.hw)
         return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):

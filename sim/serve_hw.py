@@ -3,9 +3,11 @@
 #      by a C++ main); hw/rtl/target.py; host/driver.py; host/cm.py.
 """``kbtp-sim serve`` without ``--model``: the Verilated :class:`~hw.rtl.target.KbtpTarget`.
 
-The target runs in :class:`sim.vltarget.VlTarget` (a C++ Verilator main that owns the clock,
-the GMII pins and the host bus; no Python per cycle), built once with :data:`HW` (the harness's
-default parameters, shared with the soak and the fuzz runs). This process owns:
+The target runs in :class:`sim.vltarget.VlTarget` (a C++ Verilator main that owns the clocks,
+the GMII pins and the host bus; no Python per cycle). By default it is the core the ECPIX-5
+bitstream holds (:data:`sim.vltarget.SHIPPED`: MAC at 125 MHz, the target at width 64 in its
+20.83 MHz core clock, timers at the board's rate); ``hw="unit"`` serves the one-clock width-8
+unit-test target (:data:`sim.vltarget.HW_DEFAULT`, timers 16 times fast). This process owns:
 
 * the same :class:`sim.serve.FrameServer` as ``--model``: the UDP socket (QEMU ``-netdev
   dgram``: one Ethernet frame without FCS per datagram), the pcap and the drop/dup/corrupt
@@ -18,8 +20,8 @@ One loop: frames in from the socket, ``run(STEP)`` cycles, frames out, then the 
 driver. Every host-bus access also moves frames both ways, so that a driver waiting for the
 completion of its own RDMA operation (which needs the peer's answer) never stalls the network.
 
-Time: the gateware's timers (ACK timeout, RNR) count simulated cycles, scaled by
-``timer_scale``; the driver and the CM are host software and use wall time (ticket timeout,
+Time: the gateware's timers (ACK timeout, RNR) count simulated cycles (scaled by
+``timer_scale`` on the unit target); the driver and the CM are host software and use wall time (ticket timeout,
 retention, CM retries), as on a board. While nothing moves, the loop sleeps on the socket for
 up to :data:`IDLE_WAIT_S` between runs of :data:`IDLE_STEP` cycles, so an idle target leaves the
 CPU to the guest and still lets its retransmission timers run.
@@ -35,32 +37,35 @@ import time
 from pathlib import Path
 
 from host.driver import disconnect_delay_ms
-from sim.vltarget import HW_DEFAULT
+from sim.vltarget import HW_DEFAULT, SHIPPED, board_params
 
-__all__ = ["HW", "run_gateware", "Served"]
+__all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 
-#: Build parameters of the served gateware: those of the harness (one shared build).
-HW = dict(HW_DEFAULT)
+#: What ``kbtp-sim serve --hw`` can serve: the shipped board core (default) or the one-clock
+#: unit-test target.
+HW_CHOICES = {"ecpix5": SHIPPED, "unit": HW_DEFAULT}
+#: The parameters of the default served gateware (the ECPIX-5 core, as the bitstream holds it).
+HW = board_params(SHIPPED["board"])
 STEP = 512                  # cycles between two service rounds while frames move
 IDLE_STEP = 2048            # ... while nothing moved in the last round
 IDLE_WAIT_S = 0.001         # wall time to wait for a frame on the socket when idle
-PERIOD_NS = 8               # 125 MHz
 # Host-bus polls the driver spends waiting for the completion of its own RDMA operation (each
 # poll also moves frames): the transport always ends a work request, with success or with
 # RETRY_EXCEEDED after its retries, and a TCG guest can take seconds to answer; this bound is
 # only a guard against a stuck target.
 WC_POLLS = 3_000_000
-# Cap of the target QPs' ACK timeout code (4.096 us * 2^12 = 16.8 ms, 1 ms of simulated time at
-# timer_scale 16, about a second of wall time while idle): rdma_cm asks for ~2 s, which the
-# simulator would take minutes to reach after a lost frame.
-ACK_TIMEOUT = 12
+# Cap of the target QPs' ACK timeout code: rdma_cm asks for ~2 s, which the simulator would take
+# minutes to reach after a lost frame. 4.096 us * 2^8 = 1 ms at the board's timer rate (about a
+# second of wall time while idle); on the unit target (timer_scale 16) code 12 is the same time.
+ACK_TIMEOUT = {"ecpix5": 8, "unit": 12}
 
 
 def _mem_words():
+    """Target memory words the served configuration needs (table, rings, pool, driver areas)."""
     from host.driver import memory_plan
     from sim.serve import model_config
     end = memory_plan(model_config(), HW["n_qp"])["end"]
-    return (end // 8 + 4095) // 4096 * 4096
+    return -(-end // 8)
 
 
 class Served:
@@ -74,7 +79,9 @@ class Served:
         from sim.vltarget import VlTarget
         self.o = opts
         self.log = (lambda s: None) if opts.get("quiet") else log
-        self.vl = VlTarget(HW, log=self.log)
+        hw = opts.get("hw") or "ecpix5"
+        self.vl = VlTarget(HW_CHOICES[hw], log=self.log)
+        p = self.vl.params
         self.srv = FrameServer(None, None, listen=tuple(opts["listen"]),
                                peer=tuple(opts["peer"]), pcap=opts.get("pcap"),
                                drop=opts.get("drop", 0.0), dup=opts.get("dup", 0.0),
@@ -83,11 +90,11 @@ class Served:
         self.srv.sock.setblocking(False)
         self.port = TargetPort(self.vl.port_access(self.pump))
         self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})),
-                                 n_qp=HW["n_qp"], mem_size=HW["mem_words"] * 8, n_mr=HW["n_mr"],
+                                 n_qp=p["n_qp"], mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
                                  wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],
                            log=self.log, seed=opts.get("seed", 1),
-                           max_ack_timeout=ACK_TIMEOUT)
+                           max_ack_timeout=ACK_TIMEOUT[hw])
         self.counts = {"bad_fcs": 0, "handled": 0}
         self.pending_dreq = []           # (when in ms, QP, CmLink): the target's DREQs to send
         self.moved = 0                   # frames moved either way since the last look
@@ -236,4 +243,4 @@ def run_gateware(opts, log=print):
 
 if __name__ == "__main__":
     from sim.vltarget import build
-    build(HW)
+    build(SHIPPED)

@@ -3,8 +3,8 @@
 #      sim/bench.py; scapy (frames built independently of hw/headers.py); sim/rc.py (frames the
 #      RC endpoint really sends).
 """``make bench`` figures: wire arithmetic against scapy and the RC endpoint's own frames, and a
-quick bench on the Verilated target (width 8, 64 and 4096 octets, MTU 1024) whose figures must
-be physically possible and whose data must arrive."""
+quick bench on the Verilated target as the ECPIX-5 builds it (two clocks, width 64; 64 and 4096
+octets, MTU 1024) whose figures must be physically possible and whose data must arrive."""
 
 import pytest
 
@@ -85,8 +85,9 @@ def test_data_frames_against_rc_endpoint(mtu, length):
 def quick():
     out = {}
     for size in (64, 4096):
-        out[size] = bench.run_size(8, size, quick=True, mtus=(1024,), log=lambda s: None)
-    out["latency"] = bench.run_latency(8, log=lambda s: None)
+        out[size] = bench.run_size("ecpix5", size, quick=True, mtus=(1024,),
+                                   log=lambda s: None)
+    out["latency"] = bench.run_latency("ecpix5", log=lambda s: None)
     return out
 
 
@@ -125,7 +126,19 @@ def test_quick_latency(quick):
             # first -> last octet of the request frame on rxd: preamble + frame + FCS - 1
             plen = REQUEST + (64 if op in ("STORE_INLINE", "ALLOC_STORE_INLINE") else 0)
             assert x["from_first"] - x["from_last"] == frame_wire(plen) - IFG - 1
-            # the engine's part is inside the whole
-            assert x["engine_notify_to_wr"] < x["from_last"]
+            # the engine's part (core cycles, 6 GMII cycles each) is inside the whole
+            assert 6 * x["engine_notify_to_wr"] < x["from_last"]
     assert quick["latency"]["arp_turnaround"] > 0
     assert quick["latency"]["retransmits"] == {"target": 0, "peer": 0}
+    # nanoseconds at the board's clocks: GMII cycles of 8 ns, core cycles of 48 ns
+    summ = bench._latency_summary(lat, bench.clocks_of("ecpix5"))
+    for op, d in summ.items():
+        assert d["ns"]["alone_from_last_median"] == d["alone_from_last"]["median"] * 8
+        assert d["ns"]["engine_notify_to_wr_median"] == pytest.approx(
+            d["engine_notify_to_wr"]["median"] * 48, abs=0.1)
+
+
+def test_table_names_each_configuration():
+    assert bench.CONFIGS[0] == "ecpix5"
+    assert [bench.label(c) for c in bench.CONFIGS] == ["ecpix5", "unit-w8", "unit-w64"]
+    assert bench.clocks_of("ecpix5")["core_hz"] == pytest.approx(125e6 / 6)

@@ -96,9 +96,9 @@ def test_glue_operations_match_oracle(loss):
     cfg = model_config()
     s = _Session(cfg, LossyLink(seed=11, loss=loss, dup=loss / 2))
     ack = s.request(codec.Hello(requested_features=0x7, completion_credits=8, initiator_id=3))
-    assert ack.status == 0 and ack.block_size == 65536 and ack.head is not None
+    assert ack.status == 0 and ack.block_size == cfg.block_size and ack.head is not None
     h = ack.handle_base
-    for i, n in enumerate((64, 1000, 65536)):
+    for i, n in enumerate((64, 1000, cfg.block_size)):
         data = bytes(rng.getrandbits(8) for _ in range(n))
         s.mem[0:n] = data
         c = s.request(codec.AllocStore(request_id=10 + i, handle=h + i, data=_desc(0, n),

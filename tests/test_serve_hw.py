@@ -137,7 +137,7 @@ def test_cm_and_kbtp_operations(served):
         return codec.DataDesc(BUF_RKEY, BUF_VA + off, n)
 
     ack = request(codec.Hello(requested_features=0, completion_credits=8, initiator_id=3))
-    assert ack.status == 0 and ack.block_size == 65536
+    assert ack.status == 0 and ack.block_size == model_config().block_size
     h = ack.handle_base
     for i, n in enumerate((64, 1000, 3000)):
         data = bytes((i * 37 + k * 11) & 0xFF for k in range(n))

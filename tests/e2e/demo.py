@@ -56,7 +56,10 @@ print(f"[demo] session: handles {s.handle_base:#x}..{s.handle_base + s.handle_co
 
 print("[demo] ALLOC_STORE: the target allocates a block, RDMA READs our data, binds the handle")
 blocks = {}
-for i, n in enumerate((64, 4096, 16384, 65536)):
+# Four blocks up to the session's block size (the ECPIX-5 core's configuration: 4 KiB).
+bs = s.block_size
+SIZES = (64, min(1024, bs // 4), bs // 2, bs)
+for i, n in enumerate(SIZES):
     h = c.handle(i)
     data = pattern(f"layer{i}", n)
     inline = n <= 64
@@ -89,22 +92,22 @@ except KbtpStatusError as exc:
 if s.table is not None:
     print("[demo] DIRECT_LOAD: we RDMA READ the table entry and the block ourselves")
     h = c.handle(3)
-    r = step(f"DIRECT_LOAD handle {h:#x}", lambda: c.direct_load(h), 65536, "from_target")
+    r = step(f"DIRECT_LOAD handle {h:#x}", lambda: c.direct_load(h), SIZES[3], "from_target")
     verify(f"handle {h:#x} (direct)", r.data, blocks[h][0])
 if s.head is not None:
     print("[demo] DIRECT_ALLOC: FetchAdd on our Head, READ the slot, WRITE the data, BIND")
-    data = pattern("direct", 8192)
-    t = step("FetchAdd + slot READ + RDMA WRITE 8192 octets", lambda: c.direct_alloc(data),
-             8192, "to_target")
+    data = pattern("direct", bs)
+    t = step(f"FetchAdd + slot READ + RDMA WRITE {bs} octets", lambda: c.direct_alloc(data),
+             bs, "to_target")
     h = c.handle(10)
     b = step(f"BIND handle {h:#x} to ticket {t.ticket}", lambda: c.bind(h, t))
     print(f"    block offset {b.block_offset:#x}, generation {b.generation}")
-    r = c.load(h, length=8192, allow_unsealed=True)
+    r = c.load(h, length=bs, allow_unsealed=True)
     verify(f"handle {h:#x} (direct alloc)", r.data, data)
 
 print(f"[demo] pipelined LOADs: {c.credits} requests in flight")
 h = c.handle(2)
-bufs = [c.register(16384) for _ in range(c.credits)]
+bufs = [c.register(SIZES[2]) for _ in range(c.credits)]
 
 
 def batch():
@@ -112,7 +115,8 @@ def batch():
     return [c.wait(r)[0] for r in rids]
 
 
-step(f"{c.credits} x LOAD handle {h:#x} 16384 octets", batch, 16384 * c.credits, "from_target")
+step(f"{c.credits} x LOAD handle {h:#x} {SIZES[2]} octets", batch, SIZES[2] * c.credits,
+     "from_target")
 verify("every buffer of the batch", b"".join(b.read() for b in bufs),
        blocks[h][0] * c.credits)
 

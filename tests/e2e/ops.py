@@ -184,7 +184,7 @@ def section_direct(c):
         check("direct.granted", False, f"features={s.features:#x}")
         return
     h = c.handle(4)
-    data = blob(5000)
+    data = blob(min(5000, s.block_size))       # several packets at MTU 1024
     a = c.alloc_store(h, data, seal=True)
     d = c.direct_load(h)
     check("direct.load", d.data == data and d.entry.generation == a.generation)
