@@ -6,7 +6,10 @@ over a lossy, duplicating, corrupting link, against the golden model.
 
 Usage::
 
-    python -m sim.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1
+    python -m sim.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 [--hw unit]
+
+The target is the core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`: two clocks,
+width 64, 128 KiB) unless ``--hw unit`` asks for the one-clock width-8 unit-test target.
 
 Initiators: one :class:`sim.rc.RoceEndpoint` QP each (4 by default); initiator 0 holds a
 DIRECT_LOAD + DIRECT_ALLOC session (its turns include DIRECT_LOAD reads and DIRECT_ALLOC
@@ -27,7 +30,10 @@ import time
 from hw.headers import Features
 from sim.system import (DIRECT, VlSystemBench, block_census, mixed, mixed_checks, model_config,
                         run_sync)
-from sim.vltarget import VlTarget
+from sim.vltarget import HW_DEFAULT, SHIPPED, VlTarget
+
+#: ``--hw`` choices: the shipped board core, or the one-clock unit-test target.
+HW_CHOICES = {"ecpix5": SHIPPED, "unit": HW_DEFAULT}
 
 __all__ = ["soak", "main"]
 
@@ -46,10 +52,11 @@ def soak(*, ops=10000, loss=0.01, dup=0.01, corrupt=0.001, seed=1, n_init=4, dir
     peer_timeout : int
         The initiators' ACK timeout code (4.096 us * 2**code; 5 = 131 us).
     vt : VlTarget, optional
-        A running target (fresh from reset); default: one built from ``params``.
+        A running target (fresh from reset); default: one built from ``params`` (default
+        :data:`~sim.vltarget.SHIPPED`, the ECPIX-5 core as built).
     """
     own = vt is None
-    vt = vt or VlTarget(params, log=log)
+    vt = vt or VlTarget(SHIPPED if params is None else params, log=log)
     try:
         cfg = model_config(direct_partitions=1, direct_quota=4, masked=False) if direct \
             else None
@@ -130,11 +137,13 @@ def main(argv=None):
     ap.add_argument("--initiators", type=int, default=4)
     ap.add_argument("--no-direct", action="store_true", help="no DIRECT_* session")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--hw", choices=sorted(HW_CHOICES), default="ecpix5",
+                    help="the ECPIX-5 core as built (default) or the one-clock unit target")
     a = ap.parse_args(argv)
-    print(f"soak: {a.ops} ops, loss {a.loss}, dup {a.dup}, corrupt {a.corrupt}, seed {a.seed}",
-          flush=True)
+    print(f"soak: {a.ops} ops, loss {a.loss}, dup {a.dup}, corrupt {a.corrupt}, seed {a.seed}, "
+          f"target {a.hw}", flush=True)
     f = soak(ops=a.ops, loss=a.loss, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
-             n_init=a.initiators, direct=not a.no_direct,
+             n_init=a.initiators, direct=not a.no_direct, params=HW_CHOICES[a.hw],
              log=lambda s: print(s, flush=True))
     report(f, log=lambda s: print(s, flush=True))
     if a.json:

@@ -1,13 +1,15 @@
 # Ref: issue 7 item 2: the soak, short version; sim/soak.py; sim/system.py.
-"""A short soak: a few hundred mixed KBTP operations (4 initiators, one in direct modes)
+"""A short soak on the one-clock width-8 unit target (the shipped core's: tests/test_shipped.py):
+a few hundred mixed KBTP operations (4 initiators, one in direct modes)
 through 1 % loss, 1 % duplication and 0.1 % corruption both ways, every round matched to the
 golden model, final image, counters and block census checked (sim/soak.py)."""
 
 from sim.soak import report, soak
+from sim.vltarget import HW_DEFAULT
 
 
 def test_soak_short():
-    f = soak(ops=300, loss=0.01, dup=0.01, corrupt=0.001, seed=7)
+    f = soak(ops=300, loss=0.01, dup=0.01, corrupt=0.001, seed=7, params=HW_DEFAULT)
     report(f)
     assert f["ops"] >= 300
     assert f["census"]["lost"] == 0 and f["census"]["duplicated"] == 0
