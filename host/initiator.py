@@ -81,7 +81,14 @@ class KbtpStatusError(Exception):
 
 
 class KbtpTransportError(Exception):
-    """A work request failed (WC status) or an expected message did not arrive in time."""
+    """A work request failed (WC status) or an expected message did not arrive in time.
+
+    ``wc_status`` is the failed work completion's status (``ibv_wc_status``), None for a
+    timeout."""
+
+    def __init__(self, msg, wc_status=None):
+        super().__init__(msg)
+        self.wc_status = wc_status
 
 
 class _Alarm:
@@ -244,6 +251,12 @@ class KbtpClient:
             b.write(data)
         return b
 
+    def qp_state(self):
+        """The connection's QP state (``ibv_qp_state``, e.g. ``IBV_QPS_ERR`` once our NIC has
+        moved it to error)."""
+        attr, _ = self.qp.query(e.IBV_QP_STATE)
+        return attr.qp_state
+
     def window(self, buf, access=e.IBV_ACCESS_REMOTE_WRITE):
         """Bind a type-2B memory window over ``buf``; returns a Buffer with the window's R_Key
         (what INVALIDATE lets the target invalidate)."""
@@ -272,7 +285,8 @@ class KbtpClient:
             if wc.wr_id >= _WR_RECV_BASE:
                 i = wc.wr_id - _WR_RECV_BASE
                 if wc.status != e.IBV_WC_SUCCESS:
-                    raise KbtpTransportError(f"receive failed: WC status {wc.status}")
+                    raise KbtpTransportError(f"receive failed: WC status {wc.status}",
+                                             wc_status=wc.status)
                 self._post_recv(i)
                 if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
                     self._on_record(wc.imm_data)
@@ -282,7 +296,8 @@ class KbtpClient:
             elif wc.wr_id & (1 << 39):          # SEND of a request
                 self._sfree.append(wc.wr_id & 0xFFFF)
                 if wc.status != e.IBV_WC_SUCCESS:
-                    raise KbtpTransportError(f"SEND failed: WC status {wc.status}")
+                    raise KbtpTransportError(f"SEND failed: WC status {wc.status}",
+                                             wc_status=wc.status)
             else:
                 self._wcs[wc.wr_id] = wc
 
@@ -292,7 +307,8 @@ class KbtpClient:
             self._poll(deadline)
         wc = self._wcs.pop(wr_id)
         if wc.status != e.IBV_WC_SUCCESS:
-            raise KbtpTransportError(f"{what} failed: WC status {wc.status}")
+            raise KbtpTransportError(f"{what} failed: WC status {wc.status}",
+                                     wc_status=wc.status)
         return wc
 
     def _on_message(self, raw, flags, imm):

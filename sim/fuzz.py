@@ -1,11 +1,11 @@
-# Ref: issue 7 item 3 (fuzzing); brief H4; draft KBTP §Messages, §Status Codes, §Completion;
+# Ref: issue 7 item 3 (fuzzing); draft KBTP §Messages, §Status Codes, §Completion.
 #      roce-layouts.md §1-§5 (Ethernet, IPv4, UDP, BTH, RETH, AtomicETH, ICRC); layouts.md;
 #      sim/model.py "Readings of the draft" (the oracle); host/codec.py (what is malformed).
 """Fuzz the whole Verilated target (:class:`sim.vltarget.VlTarget`) with mutated RoCEv2/KBTP
 frames and check it with oracles that do not share code with the gateware.
 
 Set-up (like a deployment): :class:`host.driver.KbtpDriver` initialises target memory and the
-engine with :func:`sim.serve.model_config`; four target QPs, all RTS, each connected to a
+engine with :func:`sim.serve.large_config`; four target QPs, all RTS, each connected to a
 :class:`sim.rc.RoceEndpoint` QP:
 
 * QP 0 ``kbtp``: a clean peer with a session (HELLO). It carries mutated *KBTP messages* on a
@@ -26,7 +26,7 @@ mostly wrong), ``bth`` / ``reth`` / ``atomic`` / ``kbtp_hdr`` field mutations wi
 recomputed (and sometimes left wrong), ``addr`` (Ethernet / IPv4 / UDP fields), ``random``
 (random octets, with or without a plausible header), ``icrc_bad`` and ``fcs_bad`` (exact
 counts), and ``kbtp`` (QP 0, above). Seeds: every frame the clean peers send to the target, the
-three captures in shared/data (readdressed to a victim QP) and synthetic WRITE / READ / atomic
+three captures in tests/data (readdressed to a victim QP) and synthetic WRITE / READ / atomic
 frames of the victim peer.
 
 Oracles
@@ -43,6 +43,9 @@ Oracles
 3. Malformed KBTP on a valid transport gets the codec's status in a COMPLETION (above).
 4. ``icrc_bad`` batches (only those frames in flight) move the ICRC checker's ``cnt_bad`` by
    exactly the number sent; ``fcs_bad`` batches move the MAC's ``rx_fcs_errors`` likewise.
+5. Neither the host driver nor a peer endpoint raises: they are not under fuzz, so an exception
+   of either (counted as ``host_errors`` / ``peer_errors``, kept in ``Fuzzer.errors``) fails the
+   run (:meth:`Fuzzer.check_errors` at the end of :meth:`Fuzzer.run` and of a replay).
 
 Corpus (``tests/fuzz_corpus/*.json``): a JSON object ``{"version": 1, "entries": [...]}``; an
 entry is ``{"name", "class", "kind": "frame"|"kbtp", "hex", "fcs_ok", "why"}``; ``frame``
@@ -51,7 +54,8 @@ addresses and QPNs are the fixed ones of this module, so entries replay on a fre
 (:func:`replay`).
 
 CLI: ``python -m sim.fuzz --frames 100000 --seed S`` prints frames by class, drops by counter,
-completions by status, probes, unauthorized writes, hangs, cycles and frames/s.
+completions by status, probes, unauthorized writes, hangs, cycles and frames/s; it exits 1 on
+any finding, hang, unauthorized write, or host-driver / peer error.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ import json
 import random
 import sys
 import time
+import traceback
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -520,6 +525,7 @@ class Fuzzer:
         self.unauthorized = 0
         self.host_errors = 0
         self.peer_errors = 0
+        self.errors = []                  # (side, where, exception repr, traceback tail)
         self.model_mismatch = 0
         self.frames_to_target = 0
         self.restarts = 0
@@ -565,10 +571,8 @@ class Fuzzer:
                 if dst in (_mac(mac), b"\xff" * 6):
                     try:
                         ep.receive_frame(f, self.now_us)
-                    except Exception as e:          # the peer model is not under test
-                        self.peer_errors += 1
-                        if self.peer_errors < 5:
-                            self.log(f"peer error: {e!r}")
+                    except Exception as e:          # the peer model is not under test,
+                        self._error("peer", "receive_frame", e)     # but must not fail
 
     def _track_epsn(self, f):
         """The target's expected PSN of a victim QP, from its ACK / NAK (AETH)."""
@@ -588,8 +592,7 @@ class Fuzzer:
             try:
                 ep.tick(now)
             except Exception as e:
-                self.peer_errors += 1
-                self.log(f"peer tick error: {e!r}")
+                self._error("peer", f"{role} tick", e)
             for f in ep.poll_tx():
                 if role == "clean" and is_roce(f) and len(self.seeds) < 4000:
                     self.seeds.append(bytes(f))
@@ -600,10 +603,8 @@ class Fuzzer:
         for _ in range(4):
             try:
                 h = _run_sync(self.driver.poll(now_ms))
-            except Exception as e:                 # a server logs and carries on
-                self.host_errors += 1
-                if self.host_errors < 5:
-                    self.log(f"host error: {e!r}")
+            except Exception as e:                 # carry on; the run fails at its end
+                self._error("host", "driver.poll", e)
                 h = None
             if h is None:
                 break
@@ -613,8 +614,7 @@ class Fuzzer:
             try:
                 _run_sync(self.driver.tick(now_ms))
             except Exception as e:
-                self.host_errors += 1
-                self.log(f"host tick error: {e!r}")
+                self._error("host", "driver.tick", e)
 
     def step(self, cycles=STEP):
         self._route(self.vt.run(cycles))
@@ -648,7 +648,7 @@ class Fuzzer:
         from host.port import TargetPort
         from sim.model import TargetModel
         from sim.rc import RoceEndpoint
-        from sim.serve import model_config
+        from sim.serve import large_config as model_config
         from sim.vltarget import HW_DEFAULT, VlTarget
         from tests.scapy_roce import pcap_roce_frames
         from tests.test_kbtp_engine import Gen
@@ -790,6 +790,27 @@ class Fuzzer:
             if e[0] == "IMM" and o[1] != e[1]:
                 return False
         return True
+
+    def _error(self, side, where, e):
+        """An exception of the host driver (``side`` "host") or of a peer RC endpoint ("peer").
+        Neither is under fuzz, so any is a failure of the run (:meth:`check_errors`); the run
+        carries on to the end so that its figures are still reported."""
+        if side == "host":
+            self.host_errors += 1
+        else:
+            self.peer_errors += 1
+        tb = traceback.format_exception(e)
+        self.errors.append((side, where, repr(e), "".join(tb[-3:]).strip()))
+        if len(self.errors) <= 5:
+            self.log(f"{side} error in {where}: {e!r}")
+
+    def check_errors(self):
+        """Raise :class:`Failure` naming the first errors if the driver or a peer raised."""
+        if self.errors:
+            side, where, e, tb = self.errors[0]
+            raise Failure(f"{self.host_errors} host-driver and {self.peer_errors} peer errors; "
+                          f"first: {side} {where}: {e}\n{tb}; all: "
+                          f"{[x[:3] for x in self.errors[:10]]}")
 
     def _finding(self, why, kind, data, text, role=None, cls=None, fcs_ok=True):
         entry = {"name": f"{why}-{len(self.findings)}-s{self.seed}", "class": cls or kind,
@@ -950,8 +971,7 @@ class Fuzzer:
                     recv_count=pl["recv_count"], recv_size_log2=pl["recv_log2"]))
                 self.rearms += 1
             except Exception as e:
-                self.host_errors += 1
-                self.log(f"rearm QP {q}: {e!r}")
+                self._error("host", f"rearm QP {q}", e)
 
     def raw_batch(self, n):
         """``n`` mutated frames of the RAW_MIX classes, back to back."""
@@ -1123,6 +1143,7 @@ class Fuzzer:
         self.wall = time.monotonic() - t0
         self.cycles = self.vt.cycle - self._c0 + self.acc_cycles
         self.last_counters = self.counters()
+        self.check_errors()
 
     def _loop(self, frames, batch, kbtp_share, exact_every, t0):
         b = 0
@@ -1215,6 +1236,7 @@ class Fuzzer:
             if len(self.findings) > n0:
                 fails.append((e["name"], self.findings[n0:]))
         self.check_memory()
+        self.check_errors()
         return fails
 
 
@@ -1282,8 +1304,13 @@ def main(argv=None):
                          "which is then restarted")
     a = ap.parse_args(argv)
     _init_reg()
+    error = None
     if a.replay:
-        fz, fails = replay(a.replay, seed=a.seed)
+        try:
+            fz, fails = replay(a.replay, seed=a.seed)
+        except Failure as e:
+            print(f"FAILED: {e}")
+            return 1
         s = fz.summary()
     else:
         fz = Fuzzer(seed=a.seed, mem_every=a.mem_every)
@@ -1291,7 +1318,10 @@ def main(argv=None):
         if not a.keep_known:
             fz.avoid = list(KNOWN_BUGS.values())
         fz.setup()
-        fz.run(a.frames, batch=a.batch, kbtp_share=a.kbtp_share)
+        try:
+            fz.run(a.frames, batch=a.batch, kbtp_share=a.kbtp_share)
+        except Failure as e:                    # host-driver / peer errors: report, exit 1
+            error = e
         s = fz.summary()
         fails = fz.findings
         if a.corpus_out:
@@ -1305,7 +1335,9 @@ def main(argv=None):
     if a.json:
         Path(a.json).write_text(json.dumps(s, indent=1, default=str))
     fz.close()
-    bad = s["hangs"] or s["unauthorized_writes"] or fz.findings
+    if error is not None:
+        print(f"FAILED: {error}")
+    bad = s["hangs"] or s["unauthorized_writes"] or fz.findings or fz.errors
     return 1 if bad else 0
 
 

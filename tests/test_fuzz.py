@@ -96,7 +96,7 @@ def _dd(stag=0x1234, to=0, length=64):
 
 
 def test_expected_status_follows_the_draft():
-    from sim.serve import model_config
+    from sim.serve import large_config as model_config
     cfg = model_config()
     from hw.headers import Status
     MAL, BIG = Status.MALFORMED.value, Status.TOO_LARGE.value
@@ -117,7 +117,7 @@ def test_expected_status_follows_the_draft():
 
 
 def test_kbtp_mutations_mostly_malformed_never_hello():
-    from sim.serve import model_config
+    from sim.serve import large_config as model_config
     cfg = model_config()
     rng = random.Random(9)
     base = _hdr(opcode=0x10) + _dd()
@@ -187,6 +187,37 @@ def test_short_fuzz(fz):
     assert moved.get("mac.rx_fcs_errors", 0) >= s["frames_by_class"]["fcs_bad"]
     st = s["completions_by_status"]
     assert st.get("kbtp:MALFORMED", 0) > 20, st
+
+
+def test_driver_and_peer_errors_fail_the_run(fz, monkeypatch):
+    """Oracle 5: an exception of the host driver or of a peer endpoint (neither under fuzz)
+    fails the run, naming the error; the run's figures are still complete."""
+    real_poll, real_tick = fz.driver.poll, fz.victim.tick
+    calls = {"poll": 0, "tick": 0}
+
+    async def poll(now_ms):
+        calls["poll"] += 1
+        if calls["poll"] == 3:
+            raise RuntimeError("injected driver fault")
+        return await real_poll(now_ms)
+
+    def tick(now):
+        calls["tick"] += 1
+        if calls["tick"] == 5:
+            raise ValueError("injected peer fault")
+        return real_tick(now)
+
+    monkeypatch.setattr(fz.driver, "poll", poll)
+    monkeypatch.setattr(fz.victim, "tick", tick)
+    fz.findings.clear()
+    with pytest.raises(F.Failure, match="injected driver fault") as exc:
+        fz.run(40, batch=40)
+    assert "injected peer fault" in str(exc.value)
+    s = fz.summary()
+    assert s["host_errors"] == 1 and s["peer_errors"] == 1, s
+    assert s["frames"] >= 40 and s["hangs"] == 0
+    fz.errors.clear()                       # the fixture's target carries on
+    fz.host_errors = fz.peer_errors = 0
 
 
 def test_known_bugs(fz):

@@ -18,12 +18,16 @@ import time
 
 import pytest
 
-needs_guest = pytest.mark.skipif(
-    os.geteuid() != 0 or any(shutil.which(t) is None
-                             for t in ("qemu-system-x86_64", "debootstrap", "cpio")),
-    reason="guest tests need root and qemu-system-x86_64, debootstrap, cpio "
-           "(make apt installs them)",
-)
+from tools import requires_tool
+
+_GUEST_TOOLS = ("qemu-system-x86_64", "debootstrap", "cpio")
+
+
+def needs_guest(fn):
+    """Root (skip without it) and the guest's tools (tests/tools.py: fail under CI=true)."""
+    missing = [t for t in _GUEST_TOOLS if shutil.which(t) is None]
+    fn = requires_tool(", ".join(missing), not missing, "make apt installs them")(fn)
+    return pytest.mark.skipif(os.geteuid() != 0, reason="guest tests need root")(fn)
 
 GUEST_MAC = "02:00:0a:00:00:01"
 TARGET_MAC = "02:00:0a:00:00:02"

@@ -119,10 +119,20 @@ def test_random_loss(width, loss):
     rng = random.Random(width)
     b = Bench(width, seed=width + 50, timeout=TO, retry_cnt=7, idle=0.1, bp=0.1)
     lr = random.Random(width + 1)
+    dropped = {"req": 0, "rsp": 0}
+
+    def drop(way):
+        def f(*_):
+            d = lr.random() < loss
+            dropped[way] += d
+            return d
+        return f
     for p in b.peers:
-        p.drop_req = lambda n, bth: lr.random() < loss
-        p.drop_rsp = lambda n, op, psn: lr.random() < loss
+        p.drop_req = drop("req")
+        p.drop_rsp = drop("rsp")
     wrs = mixed_wrs(rng, 2, 8, b.pmtu)
     b.run(wrs, max_cycles=100_000)
     check_outcome(b, wrs, b.img)
+    assert dropped["req"] + dropped["rsp"] > 0, "the link lost nothing"
     assert b.cnt_timeouts + b.cnt_seq_naks > 0, "the loss must have been noticed"
+    assert b.cnt_retransmits > 0, "the loss must have been repaired by retransmission"

@@ -14,6 +14,8 @@ from tests.test_responder import Oracle, configure, first_diff, make_env, peer_q
 from tests.test_responder import PEER_QPN
 from tests.responder_bench import run
 
+LOSS = 0.05                 # test_fetch_add_same_word_lossy: loss and duplication, each way
+
 
 @pytest.mark.parametrize("width,n_ops,loss,dup", [(64, 40, 0.08, 0.05), (8, 16, 0.08, 0.05)])
 def test_lossy_link(width, n_ops, loss, dup):
@@ -61,12 +63,16 @@ def test_lossy_link(width, n_ops, loss, dup):
             wire = []
             for f in frames:
                 if link.random() < loss:
+                    impaired["lost"] += 1
                     continue
                 wire.append(f)
                 if link.random() < dup:
+                    impaired["duplicated"] += 1
                     wire.append(f)
             out = await env.exchange(ctx, wire)
-            env.to_peer(out, PEER_QPN, drop={j for j in range(len(out)) if link.random() < loss})
+            drop = {j for j in range(len(out)) if link.random() < loss}
+            impaired["lost"] += len(drop)
+            env.to_peer(out, PEER_QPN, drop=drop)
         done = {c.wr_id: c for c in qp.poll_cq()}
         assert set(done) == set(expect)
         for wr_id, want in expect.items():
@@ -84,7 +90,11 @@ def test_lossy_link(width, n_ops, loss, dup):
         print(f"\nwidth {width}: {c}")
         assert c["cnt_nak_invalid"] == c["cnt_nak_access"] == 0
         assert c["cnt_duplicates"] > 0 and c["cnt_seq_naks"] > 0
+        # the link really lost and duplicated frames, and the peer recovered by retransmitting
+        assert impaired["lost"] > 0 and impaired["duplicated"] > 0, impaired
+        assert env.peer.counters.retransmissions > 0, env.peer.counters
 
+    impaired = {"lost": 0, "duplicated": 0}
     run(env, scenario)
 
 
@@ -126,14 +136,17 @@ def test_fetch_add_same_word_lossy(width, seed):
                 continue
             wire = []
             for f in frames:
-                if link.random() < 0.05:
+                if link.random() < LOSS:
+                    impaired["lost"] += 1
                     continue
                 wire.append(f)
-                if link.random() < 0.05:
+                if link.random() < LOSS:
+                    impaired["duplicated"] += 1
                     wire.append(f)
             out = await env.exchange(ctx, wire)
-            env.to_peer(out, PEER_QPN, drop={j for j in range(len(out))
-                                              if link.random() < 0.05})
+            drop = {j for j in range(len(out)) if link.random() < LOSS}
+            impaired["lost"] += len(drop)
+            env.to_peer(out, PEER_QPN, drop=drop)
         done = {c.wr_id: c for c in qp.poll_cq()}
         assert set(done) == set(expect)
         for wr_id, want in expect.items():
@@ -148,5 +161,9 @@ def test_fetch_add_same_word_lossy(width, seed):
             if want and want[0] == "orig":
                 assert done[wr_id].orig == want[1], wr_id
         assert mem[:0x4000] == bytes(orc.image[:0x4000]), first_diff(mem, orc.image)
+        # the link really lost and duplicated frames, and the peer recovered by retransmitting
+        assert impaired["lost"] > 0 and impaired["duplicated"] > 0, impaired
+        assert env.peer.counters.retransmissions > 0, env.peer.counters
 
+    impaired = {"lost": 0, "duplicated": 0}
     run(env, scenario)
