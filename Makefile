@@ -31,10 +31,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 venv: $(VENV)/.installed
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=40 tests
+	$(PY) -m pytest -q --durations=40 tests
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" tests
 
 # The transport's system bench at both datapath widths (8 and 64; width 64 builds for ~10 min).
 test-wide: $(VENV)/.installed
