@@ -11,7 +11,16 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install apt venv test test-fast test-wide demo demo-model serve serve-model clean
 
-install: apt venv
+install: apt venv install-dissector
+
+# KBTP dissector for Wireshark/tshark (tools/wireshark/kbtp.lua) into the personal Lua plugin
+# folder, where Wireshark and tshark load it at start; harmless where tshark is absent.
+WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
+.PHONY: install-dissector
+install-dissector:
+	@mkdir -p $(WIRESHARK_PLUGINS) && cp tools/wireshark/kbtp.lua $(WIRESHARK_PLUGINS)/kbtp.lua && \
+	  echo "dissector: tools/wireshark/kbtp.lua -> $(WIRESHARK_PLUGINS)/kbtp.lua" \
+	  "$$(command -v tshark >/dev/null || echo '(tshark not installed: used once it is)')"
 
 apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
