@@ -38,7 +38,9 @@ API
     retention expiry.
 ``await counters()``
     Engine counters per (op, status), HOSTQ_COUNT, STALL_CYCLES, ring occupancy, quota use per
-    QP, and :attr:`host_actions` (slow-path messages handled).
+    QP, :attr:`host_actions` (slow-path messages handled), and ``transport``: the responder's
+    (``resp.*``, e.g. ``resp.cnt_src_mismatch``: requests dropped because their source address
+    is not the QP's peer) and requester's (``req.*``) counters of REG_TRANSPORT.
 
 On a board: ``kbtp driver --port /dev/ttyUSB1 init|serve|counters`` (host/cli.py) runs this
 driver over :func:`host.port.uart_access`.
@@ -1202,4 +1204,12 @@ class KbtpDriver:
             quota[iid] = {"qp": s.qp, "usage": used, "quota": s.quota,
                           "state": "active" if s.qp is not None else "retained"}
         out["quota"] = quota
+        from hw.rtl.iface import REG_TRANSPORT
+        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS
+        tr = {}
+        for k, name in enumerate(RESP_COUNTERS):
+            tr[f"resp.{name}"] = await self.port.rreg(REG_TRANSPORT + 4 * k)
+        for k, name in enumerate(REQ_COUNTERS + REQ_STATUS):
+            tr[f"req.{name}"] = await self.port.rreg(REQ_COUNTER_BASE + 4 * k)
+        out["transport"] = tr
         return out

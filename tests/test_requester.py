@@ -273,7 +273,7 @@ class Bench:
             self.final_mem = raw
             self.qp_error = ctx.get(top.req.qp_error)
             for name in ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits",
-                         "cnt_stale"):
+                         "cnt_stale", "cnt_src_mismatch"):
                 setattr(self, name, ctx.get(getattr(top.req, name)))
 
         sim = Simulator(top)

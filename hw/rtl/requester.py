@@ -32,6 +32,9 @@ Simplifications (documented, checked by tests where they matter):
 - an ACK never completes a READ (only its responses do); an ACK that jumps over an unanswered
   READ is left for the retransmission timer (rxe retries at once);
 - ATOMIC ACKNOWLEDGE is processed as an ACK of its PSN (this requester issues no atomics);
+- source check (as rxe): a response whose IPv4 source address is not its QP's ``peer_ip`` is
+  dropped (payload discarded) and counted in ``cnt_src_mismatch``; it completes, advances or
+  restarts nothing. The UDP source port and the source MAC are not checked;
 - the send queue is one memory of n_qp × depth entries with two asynchronous read ports (the
   head and txp entries of the FSM's QP) and one write port: LUT RAM on the ECP5
   (TRELLIS_DPR16X4, one copy per read port). It was registers until 2026-11-30: 10.9k
@@ -281,6 +284,7 @@ class Requester(wiring.Component):
     error_qp : Out(QP_INDEX_BITS)
     qp_error : Out(n_qp)   QP i is in error
     cnt_timeouts, cnt_seq_naks, cnt_rnr_naks, cnt_retransmits, cnt_stale : Out(32)
+    cnt_src_mismatch : Out(32)   responses dropped: source address is not the QP's peer_ip
     """
 
     def __init__(self, width, n_qp, sq_depth=8, clk_hz=125e6, timer_scale=1):
@@ -302,7 +306,7 @@ class Requester(wiring.Component):
             "mem": Out(MemBusSignature()),
             "error_event": Out(1), "error_qp": Out(QP_INDEX_BITS), "qp_error": Out(n_qp),
             "cnt_timeouts": Out(32), "cnt_seq_naks": Out(32), "cnt_rnr_naks": Out(32),
-            "cnt_retransmits": Out(32), "cnt_stale": Out(32),
+            "cnt_retransmits": Out(32), "cnt_stale": Out(32), "cnt_src_mismatch": Out(32),
         })
 
     # ----------------------------------------------------------------------------------------
@@ -414,9 +418,11 @@ class Requester(wiring.Component):
         rh = self.rsp_hdr.p
         hit = Signal()
         hit_qp = Signal(qb)
+        hit_src = Signal()          # the hit QP's peer_ip is the response's source address
         for i in range(nq):
             with m.If((rh.bth.dest_qp == self.cfg[i].local_qpn) & (qs[i].st == QSt.RTS)):
-                m.d.comb += [hit.eq(1), hit_qp.eq(i)]
+                m.d.comb += [hit.eq(1), hit_qp.eq(i),
+                             hit_src.eq(rh.meta.src_ip == self.cfg[i].peer_ip)]
         is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
                  (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)
@@ -510,8 +516,13 @@ class Requester(wiring.Component):
                                  r_syn.eq(rh.aeth.syndrome), r_plen.eq(rh.payload_len),
                                  r_qp.eq(hit_qp), progress.eq(0),
                                  r_limit.eq(Mux(plain_ack, rh.bth.psn, rh.bth.psn - 1))]
-                    with m.If(hit):
+                    with m.If(hit & hit_src):
                         m.next = "AckLoop"
+                    with m.Elif(hit):
+                        # Spoofed source: dropped before anything of the QP is looked at.
+                        m.d.sync += self.cnt_src_mismatch.eq(self.cnt_src_mismatch + 1)
+                        with m.If(rh.payload_len != 0):
+                            m.next = "Discard"
                     with m.Else():
                         m.d.sync += self.cnt_stale.eq(self.cnt_stale + 1)
                         with m.If(rh.payload_len != 0):

@@ -34,6 +34,10 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
   packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (``load``).
 - Unknown QPN, QP not in RTR/RTS, unknown/non-RC/response opcodes, malformed packets: dropped
   and counted.
+- Source check (as rxe's ``check_addr``): a packet whose IPv4 source address (its RoCEv2
+  source GID) is not the QP's ``peer_ip`` is dropped and counted (``cnt_src_mismatch``) before
+  its PSN is looked at: never executed, never answered, nothing of the QP changes. The UDP
+  source port (ECMP entropy) and the source MAC (a router's) are not checked.
 
 Memory: payload octets are packed into aligned 8-octet words with byte strobes at one word per
 cycle; a RecvNotify or a READ response record is only issued after every write of the
@@ -70,7 +74,7 @@ RespTx = data.StructLayout({
 #: Counter output ports, in the order a register bank should map them (offset 4 * index).
 COUNTERS = ("cnt_packets", "cnt_acks", "cnt_seq_naks", "cnt_psn_ahead", "cnt_duplicates",
             "cnt_rkey_errors", "cnt_nak_invalid", "cnt_nak_access", "cnt_rnr_naks",
-            "cnt_unknown_qp", "cnt_bad_state", "cnt_bad_opcode")
+            "cnt_unknown_qp", "cnt_bad_state", "cnt_bad_opcode", "cnt_src_mismatch")
 
 O = BthOpcode
 _SEND = [O.SEND_FIRST, O.SEND_MIDDLE, O.SEND_LAST, O.SEND_LAST_IMM, O.SEND_ONLY,
@@ -247,6 +251,11 @@ class Responder(wiring.Component):
         ctx = Signal(QpCtx)
         cfg = Signal(QpConfig)              # configuration of QP qi (latched)
         pay_done = Signal()                 # payload of this packet consumed (or none)
+        # Bit i: the packet's IPv4 source is QP i's peer_ip. Compared per QP when the header
+        # is taken (IDLE, from the parser's output register) so that LOOKUP only selects one
+        # bit by the QP index, as it selects the QP's state: no 32-bit n_qp-to-1 multiplexer
+        # and no comparator after the QPN match on the LOOKUP path.
+        src_ok = Signal(nq)
 
         # ---- per-QP state ---------------------------------------------------------------
         # The contexts and the replay cache are memories (LUT RAM on the ECP5: one write port,
@@ -424,7 +433,9 @@ class Responder(wiring.Component):
                 m.d.comb += self.hdr.ready.eq(1)
                 with m.If(self.hdr.valid):
                     m.d.sync += [h.eq(self.hdr.p), count("cnt_packets"),
-                                 pay_done.eq(self.hdr.p.payload_len == 0)]
+                                 pay_done.eq(self.hdr.p.payload_len == 0),
+                                 src_ok.eq(Cat(self.cfg[i].peer_ip == self.hdr.p.meta.src_ip
+                                               for i in range(nq)))]
                     m.next = "LOOKUP"
 
             with m.State("LOOKUP"):
@@ -438,6 +449,9 @@ class Responder(wiring.Component):
                     m.next = "DRAIN_ONLY"
                 with m.Elif((cfg_sel.state != QpState.RTR) & (cfg_sel.state != QpState.RTS)):
                     m.d.sync += count("cnt_bad_state")
+                    m.next = "DRAIN_ONLY"
+                with m.Elif(~src_ok.bit_select(idx, 1)):
+                    m.d.sync += count("cnt_src_mismatch")
                     m.next = "DRAIN_ONLY"
                 with m.Else():
                     m.next = "CTX"

@@ -90,7 +90,8 @@ TOP_COUNTERS = (
     + [("rawq", "cnt_rx_frames"), ("rawq", "cnt_rx_drops"), ("rawq", "cnt_tx_frames"),
        ("rawq", "cnt_tx_drops"), ("qpf", "cnt_dropped")])
 
-REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale")
+REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale",
+                "cnt_src_mismatch")
 REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
 #: Read after REQ_COUNTERS: QPs in error (bit i = QP i), error events (count).
 REQ_STATUS = ("qp_error", "error_events")
