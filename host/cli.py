@@ -274,3 +274,62 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
     drv.add_argument("--count", type=_int_arg, help="serve: stop after this many messages")
     drv.set_defaults(run=_driver)
     return parser
+
+
+# --------------------------------------------------------------------------------------------
+# ``kbtp top`` (issue 24): a live view of driver and target counters (host/top.py), from a
+# ``kbtp-sim serve --stats-file`` or a board over the UART host link. Appended as ``driver``.
+# --------------------------------------------------------------------------------------------
+
+def _top(args):
+    from host import top
+    if args.stats_file:
+        return _top_exit(top.run_top(lambda: top.read_source(args.stats_file),
+                                     f"stats file {args.stats_file}", once=args.once,
+                                     interval=args.interval))
+    if not args.port:
+        raise _Fail("top: give --stats-file PATH or --port DEV")
+    import asyncio
+    from host.driver import KbtpDriver
+    from host.port import TargetPort, uart_access
+    cfg = _driver_config(args)
+    link = _open_link(args.port, args.baud)
+    port = TargetPort(uart_access(link))
+    drv = KbtpDriver(port, cfg, n_qp=args.n_qp, mem_size=args.mem_size, n_mr=args.n_mr)
+
+    def snap():
+        try:
+            return asyncio.run(top.board_snapshot(port, drv))
+        except Exception as err:        # a link failure: one line, exit 2
+            print(f"kbtp: error: top: {type(err).__name__}: {err}", file=sys.stderr)
+            raise SystemExit(EXIT_ERROR) from None
+    return _top_exit(top.run_top(snap, f"board on {args.port}", once=args.once,
+                                 interval=args.interval))
+
+
+def _top_exit(status):
+    return "" if status == 0 else f"kbtp top: exit {status}"
+
+
+_build_parser_with_driver = build_parser
+
+
+def build_parser():     # noqa: F811 - extends the parser above with ``top``
+    """The argument parser (codec sub-commands, ``driver`` and ``top``)."""
+    parser = _build_parser_with_driver()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    t = sub.add_parser("top", help="live view of the target's and driver's counters",
+                       description="Refreshing view of operations by status, frames, ICRC and "
+                                   "PSN errors, retransmissions, ring occupancy and the QPs, "
+                                   "from kbtp-sim serve --stats-file or a board (--port).")
+    t.add_argument("--stats-file", help="the JSON of kbtp-sim serve --stats-file")
+    t.add_argument("--port", help="board: serial device or pyserial URL (UART host link)")
+    t.add_argument("--baud", type=_int_arg, default=115200)
+    t.add_argument("--config", metavar="JSON", help="board: sim.model.TargetConfig fields")
+    t.add_argument("--n-qp", type=_int_arg, default=2, help="board: QPs of the target")
+    t.add_argument("--mem-size", type=_int_arg, help="board: target memory in octets")
+    t.add_argument("--n-mr", type=_int_arg, help="board: MR slots of the target")
+    t.add_argument("--once", action="store_true", help="print one frame and exit")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    t.set_defaults(run=_top)
+    return parser

@@ -497,6 +497,9 @@ def main(argv=None):
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument("--ready-file", help="gateware: write this file once serving")
     s.add_argument("--stop-file", help="gateware: stop when this file appears")
+    s.add_argument("--stats-file",
+                   help="gateware: write the target's counters and the board time of every "
+                        "KBTP request here as JSON (atomically, every ~1 s and at exit)")
     s.add_argument("--hw", choices=("ecpix5", "unit"), default="ecpix5",
                    help="gateware: the ECPIX-5 core as the bitstream holds it (default: two "
                         "clocks, width 64), or the one-clock width-8 unit-test target")
@@ -509,7 +512,8 @@ def main(argv=None):
         opts = dict(mac=a.mac, ip=a.ip, port=a.port, listen=list(a.listen), peer=list(a.peer),
                     pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
                     duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
-                    stop_file=a.stop_file, config=a.config, hw=a.hw)
+                    stop_file=a.stop_file, config=a.config, hw=a.hw,
+                    stats_file=a.stats_file)
         return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):

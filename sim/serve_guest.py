@@ -29,7 +29,7 @@ __all__ = ["make_share", "run_e2e", "E2eResult", "GUEST_SCRIPTS", "PROJECT"]
 PROJECT = Path(__file__).resolve().parent.parent
 GUEST_SCRIPTS = PROJECT / "tests" / "e2e"
 _PROJECT_FILES = ("hw/__init__.py", "hw/headers.py", "host/__init__.py", "host/codec.py",
-                  "host/initiator.py")
+                  "host/initiator.py", "host/perf.py")
 _THIRD_PARTY = ("amaranth", "jschon", "rfc3986")
 
 
@@ -89,7 +89,7 @@ class E2eResult:
 
 def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1, pcap=None,
             timeout_s=300.0, cfg=None, echo=False, log_stream=None, share_dir=None,
-            backend="model", config=None):
+            backend="model", config=None, stats_file=None):
     """Serve the model (or the gateware) and run ``tests/e2e/<script>`` in the guest.
 
     Parameters
@@ -110,13 +110,15 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
     config : dict or None
         :func:`sim.serve.model_config` overrides (both backends; ``cfg`` is the model backend's
         ready-made configuration and wins there).
+    stats_file : path or None
+        Gateware: ``kbtp-sim serve --stats-file`` (board time per request, counters; issue 24).
     """
     from sim.guest.run import free_udp_port, run_guest
 
     if backend == "gateware":
         return _run_gateware(script, args, mtu=mtu, drop=drop, dup=dup, corrupt=corrupt,
                              seed=seed, pcap=pcap, timeout_s=timeout_s, config=config or {},
-                             echo=echo, share_dir=share_dir)
+                             echo=echo, share_dir=share_dir, stats_file=stats_file)
     if backend != "model":
         raise ValueError(f"backend {backend!r}: 'model' or 'gateware'")
     if cfg is None and config:
@@ -184,7 +186,7 @@ def _parse_gateware_log(lines):
 
 
 def _run_gateware(script, args, *, mtu, drop, dup, corrupt, seed, pcap, timeout_s, config,
-                  echo, share_dir):
+                  echo, share_dir, stats_file=None):
     """``kbtp-sim serve`` (gateware backend) in a child process, the guest against it."""
     import json
     import os
@@ -206,6 +208,8 @@ def _run_gateware(script, args, *, mtu, drop, dup, corrupt, seed, pcap, timeout_
                "--config", json.dumps(config)]
         if pcap:
             cmd += ["--pcap", str(pcap)]
+        if stats_file:
+            cmd += ["--stats-file", str(stats_file)]
         t0 = time.monotonic()
         with open(logf, "w") as log:
             proc = subprocess.Popen(cmd, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,

@@ -98,6 +98,12 @@ class Served:
         self.counts = {"bad_fcs": 0, "handled": 0}
         self.pending_dreq = []           # (when in ms, QP, CmLink): the target's DREQs to send
         self.moved = 0                   # frames moved either way since the last look
+        # --stats-file (issue 24): board time of every KBTP request, counters, every ~1 s.
+        self.timer = None
+        if opts.get("stats_file"):
+            from sim.serve_stats import BoardTimer
+            self._peers = {}
+            self.timer = BoardTimer(p, self._peer_of)
 
     # ---- frames ------------------------------------------------------------------------------
     def pump(self):
@@ -114,11 +120,16 @@ class Served:
                 srv.counts["rx"] += 1
                 # A NIC pads short frames (rxe's ARP is 42 octets): the MAC drops runts.
                 self.vl.send(bytes(g).ljust(60, b"\0"))
+                if self.timer is not None:
+                    self.timer.sent(bytes(g).ljust(60, b"\0"))
                 self.moved += 1
         self._out(self.vl.run(0))
 
     def _out(self, frames):
         srv = self.srv
+        if self.timer is not None:
+            self.timer.sync_rx(self.vl.rx_log)
+            self.timer.sent_by_target(frames)
         for f in frames:
             self.moved += 1
             if not f.fcs_ok:
@@ -183,8 +194,33 @@ class Served:
                     await self.cm.disconnect(qp)
         return bool(n_cm or h is not None)
 
-    async def _log_counters(self):
-        """Target counters (non-zero ones) at the end of a run, for the log."""
+    def _peer_of(self, qpn):
+        """The initiator's QPN of target QPN ``qpn`` (CM links; remembered after they end)."""
+        if qpn not in self._peers:
+            for c in self.cm.conns.values():
+                self._peers[c.qpn] = c.peer_qpn
+        return self._peers.get(qpn)
+
+    async def _write_stats(self, final=False):
+        """``--stats-file``: counters and board-time records as JSON (sim/serve_stats.py)."""
+        from sim.serve_stats import write_stats
+        out, drv = await self._log_counters(quiet=not final)
+        data = dict(self.timer.snapshot(), final=final, cycle=self.vl.cycle,
+                    core_cycle=self.vl.core_cycle, hw=self.o.get("hw") or "ecpix5",
+                    params=self.vl.params, counters=out, driver=drv,
+                    frames=dict(self.srv.counts), host=dict(self.counts),
+                    cm=dict(self.cm.stats),
+                    qps={str(c.qp): {"qpn": c.qpn, "peer_qpn": c.peer_qpn,
+                                     "peer_ip": c.peer_ip, "state": c.state}
+                         for c in self.cm.conns.values()})
+        try:
+            write_stats(self.o["stats_file"], data)
+        except OSError as e:                        # a report only
+            self.log(f"stats file not written: {e!r}")
+
+    async def _log_counters(self, quiet=False):
+        """Target counters (non-zero ones) at the end of a run, for the log; returns them
+        and the driver's (None when unavailable)."""
         from hw.rtl.iface import REG_TOP, REG_TRANSPORT
         from hw.rtl.regbank import TOP_COUNTER_BASE
         from hw.rtl.target import (REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS,
@@ -196,19 +232,23 @@ class Served:
             out[f"resp.{name}"] = await self.port.rreg(REG_TRANSPORT + 4 * k)
         for k, name in enumerate(REQ_COUNTERS + REQ_STATUS):
             out[f"req.{name}"] = await self.port.rreg(REQ_COUNTER_BASE + 4 * k)
-        self.log("counters " + ", ".join(f"{k}={v}" for k, v in out.items() if v))
+        if not quiet:
+            self.log("counters " + ", ".join(f"{k}={v}" for k, v in out.items() if v))
+        c = None
         try:
             c = await self.driver.counters()
-            self.log(f"driver counters {c}")
+            if not quiet:
+                self.log(f"driver counters {c}")
         except Exception as e:                      # a report only; never fail the run here
             self.log(f"driver counters unavailable: {e!r}")
+        return out, c
 
     async def run(self):
         await self.start()
         d = self.o.get("duration")
         t_end = None if d is None else time.monotonic() + d
         ppid = os.getppid()
-        last_tick = 0.0
+        last_tick = last_stats = 0.0
         t0 = time.monotonic()
         idle = False
         while not self._stop(t_end, ppid):
@@ -223,10 +263,16 @@ class Served:
             if now_ms - last_tick >= 1000.0:
                 last_tick = now_ms
                 await self.driver.tick(now_ms)
+            if self.timer is not None and now_ms - last_stats >= 1000.0:
+                last_stats = now_ms
+                await self._write_stats()
         self._out(self.vl.run(4 * STEP))
         self.log(f"frames {self.srv.counts}; host {self.counts}; cm {self.cm.stats}; "
                  f"simulated {self.vl.cycle} cycles in {time.monotonic() - t0:.1f} s")
-        await self._log_counters()
+        if self.timer is not None:
+            await self._write_stats(final=True)
+        else:
+            await self._log_counters()
         self.srv.stop()
         self.vl.close()
 

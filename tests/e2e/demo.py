@@ -5,6 +5,11 @@ Stores a few "KV blocks" of different sizes (inline and by RDMA READ), loads the
 generations and a stale-generation rejection, a DIRECT_LOAD and a DIRECT_ALLOC + BIND, a
 pipelined batch of loads, then GOODBYE. Every step prints what moved, where, and how long it
 took; a summary closes. Exit 1 if any loaded data differs from what was stored.
+
+Each step also prints one machine-readable line, ``STEP <n> rids=<comma list> wall_ms=<ms>
+what=<description>``: the Request IDs of the KBTP requests the step sent (empty for one-sided
+RDMA alone), so the host (``sim.serve_demo``) can put the target's own time, from ``kbtp-sim
+serve --stats-file``, beside the guest's wall time (issue 24).
 """
 
 import hashlib
@@ -18,12 +23,22 @@ bad = 0
 t_start = time.monotonic()
 
 
+c = None
+n_steps = 0
+
+
 def step(what, fn, octets=0, direction=None):
+    global n_steps
+    rid0 = c._next_rid if c is not None else 0      # HELLO (the connect step) has Request ID 0
     t0 = time.monotonic()
     r = fn()
     ms = (time.monotonic() - t0) * 1e3
     rate = f", {octets / ms:9.1f} kB/s" if octets and ms else ""
     print(f"  {what:<58} {ms:8.2f} ms{rate}", flush=True)
+    rids = range(rid0, c._next_rid) if c is not None else [0]
+    n_steps += 1
+    print(f"STEP {n_steps} rids={','.join(map(str, rids))} wall_ms={ms:.3f} what={what}",
+          flush=True)
     if direction:
         moved[direction] += octets
     return r
@@ -96,6 +111,9 @@ if s.table is not None:
     verify(f"handle {h:#x} (direct)", r.data, blocks[h][0])
 if s.head is not None:
     print("[demo] DIRECT_ALLOC: FetchAdd on our Head, READ the slot, WRITE the data, BIND")
+    # Our partition holds as many blocks as our quota, all bound by now: one goes back first.
+    h1 = c.handle(1)
+    step(f"FREE handle {h1:#x} (its block returns to our partition's ring)", lambda: c.free(h1))
     data = pattern("direct", bs)
     t = step(f"FetchAdd + slot READ + RDMA WRITE {bs} octets", lambda: c.direct_alloc(data),
              bs, "to_target")
