@@ -1,5 +1,5 @@
-# Ref: hw/rtl/rgmii.py GmiiSignature; hw/rtl/hostlink.py HostBusSignature;
-#      hw/rtl/target.py KbtpTarget; hw/rtl/mac.py GmiiMac; hw/rtl/arp.py ArpResponder.
+# Ref: hw/net/rgmii.py GmiiSignature; hw/target/hostlink.py HostBusSignature;
+#      hw/target/target.py KbtpTarget; hw/net/mac.py GmiiMac; hw/net/arp.py ArpResponder.
 """The contract between the board layer and the core it hosts, plus stand-in cores.
 
 A *core factory* is any callable ``factory(memory: BoardMemoryConfig) -> wiring.Component``
@@ -22,9 +22,10 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.rtl.hostlink import HostBusDemoTarget, HostBusSignature
-from hw.rtl.rgmii import GmiiSignature
-from hw.rtl.stream import RegisterSlice
+from hw.target.hostlink import HostBusDemoTarget
+from hw.iface import HostBusSignature
+from hw.net.rgmii import GmiiSignature
+from hw.lib.stream import RegisterSlice
 
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
            "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
@@ -68,7 +69,7 @@ class _StandInCore(wiring.Component):
                           "leds": Out(2)})
 
     def _mac_and_target(self, m, extra_counters=()):
-        from hw.rtl.mac import GmiiMac
+        from hw.net.mac import GmiiMac
 
         mem = self.memory
         m.submodules.mac = mac = GmiiMac(8, rx_depth=mem.mac_fifo_bytes,
@@ -94,7 +95,7 @@ class _StandInCore(wiring.Component):
 class MacLoopbackCore(_StandInCore):
     """Every good frame received is sent back unchanged (MAC in loopback).
 
-    Host-link map: :class:`~hw.rtl.hostlink.HostBusDemoTarget` with counters
+    Host-link map: :class:`~hw.target.hostlink.HostBusDemoTarget` with counters
     0 rx frames ok, 1 rx FCS errors, 2 tx frames, 3 rx overflows.
     """
 
@@ -116,7 +117,7 @@ class MacArpCore(_StandInCore):
     """
 
     def elaborate(self, platform):
-        from hw.rtl.arp import ArpResponder
+        from hw.net.arp import ArpResponder
 
         m = Module()
         m.submodules.arp = arp = ArpResponder(8)
@@ -135,7 +136,7 @@ class MacArpCore(_StandInCore):
 
 
 class HostBusRegister(wiring.Component):
-    """One register stage in each direction of a :class:`~hw.rtl.hostlink.HostBusSignature`.
+    """One register stage in each direction of a :class:`~hw.target.hostlink.HostBusSignature`.
 
     The host link's request signals (its buffer RAM drives ``wdata``) and the target's answer
     (its address decoders drive ``rdata``/``ack``/``err``) each end in a flop here, so neither
@@ -198,7 +199,7 @@ class KbtpCore1(wiring.Component):
     ``KbtpTarget(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), own_mac=DEFAULT_MAC,
     own_ip=DEFAULT_IP, engine=True)`` (``engine`` only when the target accepts it). Flops sit
     on the GMII pins' side (the RGMII converter's flops are in another corner of the die), on
-    the host bus (:class:`HostBusRegister`), and in the target memory (``pipelined_ram``). Host map: that of :mod:`hw.rtl.target`.
+    the host bus (:class:`HostBusRegister`), and in the target memory (``pipelined_ram``). Host map: that of :mod:`hw.target.target`.
     ``leds``: 0 a frame is being received, 1 a frame is being sent.
 
     Parameters
@@ -211,7 +212,7 @@ class KbtpCore1(wiring.Component):
     """
 
     def __init__(self, memory, *, pipelined_ram=True, **overrides):
-        from hw.rtl.target import KbtpTarget
+        from hw.target.target import KbtpTarget
 
         self.memory = memory
         kwargs = dict(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory),
@@ -243,7 +244,7 @@ class KbtpCore1(wiring.Component):
 
 
 def _gmii_flopped(m, gmii, mac, leds):
-    """GMII between the board and a :class:`~hw.rtl.maccdc.MacCdc`, one flop each way on the
+    """GMII between the board and a :class:`~hw.net.maccdc.MacCdc`, one flop each way on the
     pins' side (the RGMII converter's flops are in another corner); LEDs show rx_dv / tx_en."""
     m.d.sync += [mac.rxd.eq(gmii.rxd), mac.rx_dv.eq(gmii.rx_dv), mac.rx_er.eq(gmii.rx_er),
                  gmii.txd.eq(mac.txd), gmii.tx_en.eq(mac.tx_en), gmii.tx_er.eq(mac.tx_er)]
@@ -255,7 +256,7 @@ class KbtpCore(wiring.Component):
 
     ``KbtpTarget(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
     clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True)`` in the ``core``
-    domain, the GMII MAC in ``sync`` (:class:`~hw.rtl.maccdc.MacCdc`: 8 <-> 64 sizers and
+    domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64 sizers and
     asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
     :class:`boards.ram.PipelinedRam`. The board top sees ``core_freq`` / ``core_domain`` and
     clocks ``core`` from a PLL output, with the host link in ``core`` too.
@@ -273,7 +274,7 @@ class KbtpCore(wiring.Component):
     core_domain = "core"
 
     def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, **overrides):
-        from hw.rtl.target import KbtpTarget
+        from hw.target.target import KbtpTarget
 
         self.memory = memory
         self.core_freq = core_freq
@@ -301,7 +302,7 @@ class KbtpCore(wiring.Component):
     def elaborate(self, platform):
         from amaranth import DomainRenamer
 
-        from hw.rtl.maccdc import MacCdc
+        from hw.net.maccdc import MacCdc
 
         m = Module()
         core = DomainRenamer({"sync": self.core_domain})
@@ -324,14 +325,14 @@ class KbtpCore(wiring.Component):
 
 
 class MacCdcLoopbackCore(wiring.Component):
-    """The kbtp core's 125 MHz side without the target: :class:`~hw.rtl.maccdc.MacCdc` at
+    """The kbtp core's 125 MHz side without the target: :class:`~hw.net.maccdc.MacCdc` at
     width 64 (GmiiMac, 8 <-> 64 sizers, asynchronous FIFOs) in ``sync``, and in ``core``
     (:data:`CORE_FREQ`, as :class:`KbtpCore`) every good frame is sent back through a
     :class:`RegisterSlice`. The host link and the demo bus target run in ``core``.
 
     This is the stand-in whose timing CI checks by place and route: its ``sync`` logic is the
     full core's, gate for gate, and it places and routes in minutes instead of an hour.
-    Host-link map: :class:`~hw.rtl.hostlink.HostBusDemoTarget`, counters 0 rx frames ok,
+    Host-link map: :class:`~hw.target.hostlink.HostBusDemoTarget`, counters 0 rx frames ok,
     1 rx FCS errors, 2 tx frames, 3 rx overflows.
     """
 
@@ -347,7 +348,7 @@ class MacCdcLoopbackCore(wiring.Component):
     def elaborate(self, platform):
         from amaranth import DomainRenamer
 
-        from hw.rtl.maccdc import MAC_COUNTER_NAMES, MacCdc
+        from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
 
         m = Module()
         mem = self.memory
@@ -386,16 +387,16 @@ CORES = {
     "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
                              "(does not meet timing)"),
     "mac-loopback": (MacLoopbackCore, "GMII MAC, received frames sent back; demo bus target"),
-    "mac-arp": (MacArpCore, "GMII MAC + ARP responder (hw/rtl/arp.py); demo bus target"),
+    "mac-arp": (MacArpCore, "GMII MAC + ARP responder (hw/net/arp.py); demo bus target"),
     "mac-cdc": (MacCdcLoopbackCore, "the kbtp core's 125 MHz side (MacCdc, width 64, core "
                                     "clock) with a frame loopback in the core domain"),
 }
 
 
 def default_core_name():
-    """The most complete core whose gateware is present: ``kbtp`` when hw/rtl/target.py
+    """The most complete core whose gateware is present: ``kbtp`` when hw/target/target.py
     imports, else ``mac-arp`` if arp.py does, else ``mac-loopback``."""
-    for name, module in (("kbtp", "hw.rtl.target"), ("mac-arp", "hw.rtl.arp")):
+    for name, module in (("kbtp", "hw.target.target"), ("mac-arp", "hw.net.arp")):
         if _available(module):
             return name
     return "mac-loopback"

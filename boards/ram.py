@@ -1,9 +1,9 @@
-# Ref: hw/rtl/iface.py MemBusSignature (split transactions, in-order responses, writes visible
-#      to every later request); hw/rtl/membus.py MemRam (the behaviour this replaces on boards);
+# Ref: hw/iface.py MemBusSignature (split transactions, in-order responses, writes visible
+#      to every later request); hw/lib/membus.py MemRam (the behaviour this replaces on boards);
 #      Lattice FPGA-TN-02204 (ECP5 sysMEM: DP16KD, 1024 x 18 / 512 x 36).
 """A pipelined, banked target memory for the boards.
 
-:class:`~hw.rtl.membus.MemRam` answers one cycle after a request, straight from the block RAM.
+:class:`~hw.lib.membus.MemRam` answers one cycle after a request, straight from the block RAM.
 At board size (the pool of an ECPIX-5 is 256 KiB = 128 DP16KD) yosys builds that RAM from
 dozens of blocks spread over the die and a wide multiplexer after them, and the whole of it
 (block clock-to-out, the multiplexer, the routing back) then runs on into the arbiter and its
@@ -26,13 +26,13 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
-from hw.rtl.iface import MEM_DATA_BITS, MemBusSignature
+from hw.iface import MEM_DATA_BITS, MemBusSignature
 
 __all__ = ["PipelinedRam"]
 
 
 class PipelinedRam(wiring.Component):
-    """Word RAM of ``depth`` 8-octet words behind :class:`~hw.rtl.iface.MemBusSignature`.
+    """Word RAM of ``depth`` 8-octet words behind :class:`~hw.iface.MemBusSignature`.
 
     Parameters
     ----------

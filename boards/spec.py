@@ -20,7 +20,7 @@ class BoardSpec:
     ebr_total : int             DP16KD blocks of the device
     osc_freq : float            oscillator behind ``platform.default_clk`` (Hz)
     eth_index : int             which ``eth_rgmii`` resource
-    tx_clock, rx_delay_taps     RGMII skew handling (see hw/rtl/rgmii.py)
+    tx_clock, rx_delay_taps     RGMII skew handling (see hw/net/rgmii.py)
     led_resources : tuple       (resource name, number, subsignal or None) per status LED
     program_args : tuple        openFPGALoader arguments selecting board / cable
     phy : str                   PHY part, for the documentation

@@ -1,4 +1,4 @@
-# Ref: hw/rtl/rgmii.py (clock domains); boards/cores.py (core contract);
+# Ref: hw/net/rgmii.py (clock domains); boards/cores.py (core contract);
 #      docs/toolchain.md (constrain clocks on the pin: add_clock_constraint(port.io, f)).
 """The board top: clocks, RGMII, host link over the USB-serial port, LEDs, and the core.
 
@@ -26,8 +26,8 @@ from amaranth import (Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Elabo
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 
-from hw.rtl.hostlink import HostLinkUart
-from hw.rtl.rgmii import Rgmii
+from hw.target.hostlink import HostLinkUart
+from hw.net.rgmii import Rgmii
 
 from .clocks import Ecp5Pll
 from .cores import check_core

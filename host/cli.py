@@ -163,10 +163,10 @@ def _open_link(port, baud):
 
 
 def _driver_config(args):
-    from sim.model import TargetConfig
+    from host.config import TargetConfig
     fields = json.loads(args.config) if args.config else {}
     if not isinstance(fields, dict):
-        raise _Fail("--config must be a JSON object of sim.model.TargetConfig fields")
+        raise _Fail("--config must be a JSON object of model.target.TargetConfig fields")
     try:
         return TargetConfig(**fields)
     except TypeError as err:
@@ -254,7 +254,7 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
                      "e.g. /dev/ttyUSB1")
     drv.add_argument("--baud", type=_int_arg, default=115200)
     drv.add_argument("--config", metavar="JSON",
-                     help="sim.model.TargetConfig fields as a JSON object "
+                     help="model.target.TargetConfig fields as a JSON object "
                           "(default: TargetConfig())")
     drv.add_argument("--n-qp", type=_int_arg, default=2, help="QPs of the target (default 2)")
     drv.add_argument("--mem-size", type=_int_arg, help="target memory in octets (checked)")
@@ -325,7 +325,7 @@ def build_parser():     # noqa: F811 - extends the parser above with ``top``
     t.add_argument("--stats-file", help="the JSON of kbtp-sim serve --stats-file")
     t.add_argument("--port", help="board: serial device or pyserial URL (UART host link)")
     t.add_argument("--baud", type=_int_arg, default=115200)
-    t.add_argument("--config", metavar="JSON", help="board: sim.model.TargetConfig fields")
+    t.add_argument("--config", metavar="JSON", help="board: model.target.TargetConfig fields")
     t.add_argument("--n-qp", type=_int_arg, default=2, help="board: QPs of the target")
     t.add_argument("--mem-size", type=_int_arg, help="board: target memory in octets")
     t.add_argument("--n-mr", type=_int_arg, help="board: MR slots of the target")

@@ -1,6 +1,6 @@
 # Ref: docs/roce-layouts.md §7 (CM on QP1: REQ/REP/RTU/DREQ/DREP/REJ, IP CM service §7.6,
 #      field use §7.7, Starting PSN direction §7.8, timers §7.9, minimal behaviour §7.10);
-#      hw/rtl/rawq.py (raw frame queues: word formats); host/driver.py (open_qp, disconnect).
+#      hw/rdma/rawq.py (raw frame queues: word formats); host/driver.py (open_qp, disconnect).
 """The target side of the InfiniBand Communication Manager, over the raw frame queues.
 
 The gateware hands every QP1 (GSI) datagram addressed to the target to the host
@@ -20,8 +20,8 @@ The gateware hands every QP1 (GSI) datagram addressed to the target to the host
 * REJ: reason 1 (no QP available) when every QP has a connection, 8 for another service,
   12 for another GID.
 
-Encoding: MADs with :func:`sim.rc_cm.encode_mad` / :func:`sim.rc_cm.decode_mad` (the CM layouts of
-:mod:`hw.headers`), frames with :func:`sim.rc_frames.build_roce` / :func:`sim.rc_frames.parse_frame`
+Encoding: MADs with :func:`roce.cm.encode_mad` / :func:`roce.cm.decode_mad` (the CM layouts of
+:mod:`hw.headers`), frames with :func:`roce.frames.build_roce` / :func:`roce.frames.parse_frame`
 (IPv4 checksum and ICRC with zlib), all pure functions. The host computes the ICRC; the gateware
 only adds the FCS.
 
@@ -39,14 +39,13 @@ import time
 from dataclasses import dataclass
 
 from hw.headers import (DETH, GSI_QKEY, IP_CM_SERVICE_ID_TCP, BthOpcode, CmAttr, pack)
-from hw.rtl.iface import REG_QP, QpState
-from hw.rtl.qp import QP_STRIDE
-from hw.rtl.rawq import Q_RAW_RX, Q_RAW_TX
-from hw.rtl.hostlink import Space
-from sim.rc import rxe_udp_sport
-from sim.rc_cm import (REJ_INVALID_GID, REJ_INVALID_SERVICE_ID, REJ_STALE, ca_guid,
+from hw.iface import QpState, REG_QP, Space
+from hw.rdma.qp import QP_STRIDE
+from hw.rdma.rawq import Q_RAW_RX, Q_RAW_TX
+from roce.rc import rxe_udp_sport
+from roce.cm import (REJ_INVALID_GID, REJ_INVALID_SERVICE_ID, REJ_STALE, ca_guid,
                        decode_mad, encode_mad, gid_of)
-from sim.rc_frames import FrameError, build_roce, ip_int, mac_bytes, parse_frame
+from roce.frames import FrameError, build_roce, ip_int, mac_bytes, parse_frame
 
 __all__ = ["CmServer", "CmLink", "REJ_NO_QP", "raw_pop", "raw_push"]
 

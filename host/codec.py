@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from hw.headers import (
-    KBTP_VERSION, SLOT_EMPTY, BindBody, CommonHeader, CompletionBody, CompletionDescriptor,
+    ALLOWED_FLAGS, KBTP_VERSION, SLOT_EMPTY, BindBody, CommonHeader, CompletionBody, CompletionDescriptor,
     CompletionRecord, DataDescriptor, DirectAllocPart, DirectLoadPart,
     EntryFlags, Features, GoodbyeFlags, HelloAckBody, HelloBody, Opcode, ReqFlags, RingSlot,
     Status, TableEntry, pack, unpack, wire_fields,
@@ -86,20 +86,6 @@ HELLO_ACK_MIN_SIZE = HEADER_SIZE + HelloAckBody.SIZE   # 56
 #: Opcodes an initiator sends (Status must be 0; ADDR_LE applies to their Block Handle).
 REQUEST_OPCODES = frozenset({Opcode.HELLO, Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE,
                              Opcode.FREE, Opcode.BIND, Opcode.GOODBYE})
-
-_F = ReqFlags
-#: Flag bits accepted per opcode (see the module docstring for why some registered ones are not).
-ALLOWED_FLAGS = {
-    Opcode.HELLO: 0,
-    Opcode.HELLO_ACK: 0,
-    Opcode.LOAD: (_F.RECORD | _F.INVALIDATE | _F.ALLOW_UNSEALED).value,
-    Opcode.STORE: (_F.INLINE | _F.SEAL | _F.RECORD | _F.INVALIDATE).value,
-    Opcode.ALLOC_STORE: (_F.INLINE | _F.SEAL | _F.RECORD | _F.INVALIDATE).value,
-    Opcode.FREE: _F.RECORD.value,
-    Opcode.BIND: 0,
-    Opcode.COMPLETION: 0,
-    Opcode.GOODBYE: GoodbyeFlags.RELEASE.value,
-}
 
 # Fields that ADDR_LE turns little-endian, per structure (draft §Session Establishment).
 _LE_DATA = ("stag", "tagged_offset", "length")

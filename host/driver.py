@@ -2,19 +2,19 @@
 #      §Allocation Quotas, §Session Establishment, §Operations (FREE, BIND, GOODBYE),
 #      §Direct Modes, §Completion, §Operational Considerations (retention, Ticket Timeout);
 #      layouts.md;
-#      sim/model.py "Readings of the draft" (the behaviour followed here, the oracle of the tests);
-#      hw/rtl/kbtp_engine.py "What the host keeps doing" and its register map.
-"""The KBTP host driver: the slow path of a :class:`hw.rtl.target.KbtpTarget`.
+#      model/target.py "Readings of the draft" (the behaviour followed here, the oracle of the tests);
+#      hw/kbtp/engine.py "What the host keeps doing" and its register map.
+"""The KBTP host driver: the slow path of a :class:`hw.target.target.KbtpTarget`.
 
 The gateware engine runs LOAD, STORE and ALLOC_STORE of configured sessions on its own (fast
 path). Everything else arrives in the host's notify queue and is handled here, through the one
 narrow interface :class:`host.port.TargetPort`, exactly as the golden model
-:class:`sim.model.TargetModel` would (same replies octet for octet, same target-memory effects).
+:class:`model.target.TargetModel` would (same replies octet for octet, same target-memory effects).
 
 API
 ---
 ``KbtpDriver(port, cfg, **options)``
-    ``port`` a :class:`~host.port.TargetPort`; ``cfg`` a :class:`sim.model.TargetConfig` (its
+    ``port`` a :class:`~host.port.TargetPort`; ``cfg`` a :class:`model.target.TargetConfig` (its
     ``layout()`` places counters, table, rings and pool). Options: ``n_qp`` (QPs of the target),
     ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
     engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
@@ -91,9 +91,9 @@ from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags, Ri
                         RING_ADD_DATA_UNMASKED, unpack, wire_fields)
 from host import codec
 from host.codec import KbtpError
-from hw.rtl.iface import REG_KBTP, REG_MR, QpState, WcStatus, WrOp
-from hw.rtl.kbtp_engine import Cmd, FAST_OPS, reg as ENG
-from hw.rtl.qp import MR_STRIDE
+from hw.iface import REG_KBTP, REG_MR, QpState, WcStatus, WrOp
+from hw.kbtp.engine import Cmd, FAST_OPS, reg as ENG
+from hw.rdma.qp import MR_STRIDE
 
 __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
            "ENGINE_SCRATCH"]
@@ -281,7 +281,7 @@ class KbtpDriver:
                              f"the target has {n_mr}")
         self._mr_masks: dict[int, int] = {}
         hpi = cfg.handles_per_initiator
-        # what the engine can run (hw/rtl/kbtp_engine.py "Assumptions (v1)")
+        # what the engine can run (hw/kbtp/engine.py "Assumptions (v1)")
         aligned = all(lay[k] % 8 == 0 for k in ("table", "ring", "pool", "head", "tail"))
         self.fast_ok = (fast_path and not cfg.addr_le and hpi & (hpi - 1) == 0
                         and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0
@@ -440,7 +440,7 @@ class KbtpDriver:
 
     async def _host_free(self, ring, block):
         """Free into a host-managed ring: Tail ticket u; write the slot only when it is consumed
-        and its Sequence is u - N (sim/ring.py's safe reading), else defer (FIFO per slot)."""
+        and its Sequence is u - N (model/ring.py's safe reading), else defer (FIFO per slot)."""
         u, o = await self._fetch_add(ring, "tail")
         seq, bo = await self._read_slot(ring, o)
         if ring.pending.get(o) or not (bo == SLOT_EMPTY and seq == (u - ring.N) & M32):
@@ -1204,8 +1204,8 @@ class KbtpDriver:
             quota[iid] = {"qp": s.qp, "usage": used, "quota": s.quota,
                           "state": "active" if s.qp is not None else "retained"}
         out["quota"] = quota
-        from hw.rtl.iface import REG_TRANSPORT
-        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS
+        from hw.iface import REG_TRANSPORT
+        from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS
         tr = {}
         for k, name in enumerate(RESP_COUNTERS):
             tr[f"resp.{name}"] = await self.port.rreg(REG_TRANSPORT + 4 * k)

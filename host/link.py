@@ -1,7 +1,7 @@
-# Ref: wire protocol documented in hw/rtl/hostlink.py (module docstring).
+# Ref: wire protocol documented in hw/target/hostlink.py (module docstring).
 """Host side of the UART host link: :class:`UartLink`.
 
-Frames requests for :class:`hw.rtl.hostlink.HostLinkUart` and checks its responses. The
+Frames requests for :class:`hw.target.hostlink.HostLinkUart` and checks its responses. The
 port is anything with ``write(bytes)`` and ``read(n) -> bytes`` (returning fewer octets on a
 timeout, as pyserial does), or a device path / URL opened with pyserial.
 
@@ -14,7 +14,7 @@ Example::
 
 import struct
 
-from hw.rtl.hostlink import SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
+from hw.target.hostlink import SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
 
 __all__ = ["crc8", "UartLink", "LinkError", "LinkTimeout", "LinkStatusError", "encode_request",
            "STATUS_FIELDS"]

@@ -1,7 +1,7 @@
-# Ref: hw/rtl/regbank.py (REG_TOP map, queues Q_NOTIFY/Q_WR/Q_WC/Q_REPOST, records LS word first),
-#      hw/rtl/qp.py (QP / MR register maps), hw/rtl/iface.py (QpConfig, MrEntry, WorkRequest, ...),
-#      hw/rtl/hostlink.py (Space, bus and UART wire protocol); host/link.py (UartLink).
-"""The one narrow interface between host software and a :class:`hw.rtl.target.KbtpTarget`.
+# Ref: hw/target/regbank.py (REG_TOP map, queues Q_NOTIFY/Q_WR/Q_WC/Q_REPOST, records LS word first),
+#      hw/rdma/qp.py (QP / MR register maps), hw/iface.py (QpConfig, MrEntry, WorkRequest, ...),
+#      hw/target/hostlink.py (Space, bus and UART wire protocol); host/link.py (UartLink).
+"""The one narrow interface between host software and a :class:`hw.target.target.KbtpTarget`.
 
 Everything the host does to the target is a 32-bit access on its host bus: ``Space.REG``
 registers, ``Space.MEM`` target memory, ``Space.QUEUE`` record queues. :class:`TargetPort` is
@@ -22,7 +22,7 @@ records (:func:`uart_access` does: many words per UART frame); without them the 
 word per access.
 
 Memory octet order: a ``Space.MEM`` word at ``addr`` holds octets ``addr .. addr+3`` with octet
-``addr`` in bits 7..0 (the memory bus's little-endian lanes, hw/rtl/iface.py).
+``addr`` in bits 7..0 (the memory bus's little-endian lanes, hw/iface.py).
 
 Example::
 
@@ -35,11 +35,10 @@ import ipaddress
 from amaranth.hdl import Shape
 from amaranth.lib import data
 
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import (REG_MR, REG_QP, REG_TOP, RecvNotify, RecvRepost, WorkCompletion,
-                          WorkRequest)
-from hw.rtl.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
-from hw.rtl.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TOP_COUNTER_BASE, TOP_REGS,
+from hw.iface import (REG_MR, REG_QP, REG_TOP, RecvNotify, RecvRepost, Space, WorkCompletion,
+                     WorkRequest)
+from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
+from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TOP_COUNTER_BASE, TOP_REGS,
                             record_words)
 
 __all__ = ["TargetPort", "TargetHost", "HostError", "pack_record", "unpack_record",
@@ -292,7 +291,7 @@ TargetHost = TargetPort
 class UartAccess:
     """Async access callable over a :class:`host.link.UartLink` (see :func:`uart_access`).
 
-    A UART data word is a big-endian 32-bit value (hw/rtl/hostlink.py); a ``Space.MEM`` word's
+    A UART data word is a big-endian 32-bit value (hw/target/hostlink.py); a ``Space.MEM`` word's
     octet 0 is its bits 7..0, so bulk memory transfers reverse the octets of every word.
     """
 

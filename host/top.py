@@ -1,5 +1,5 @@
 # Ref: issue 24 (kbtp top); draft KBTP §Operations (status codes); host/driver.py (counters());
-#      hw/rtl/target.py (TOP_COUNTERS, RESP_COUNTERS, REQ_COUNTERS); sim/serve_stats.py.
+#      hw/target/target.py (TOP_COUNTERS, RESP_COUNTERS, REQ_COUNTERS); sim/serve_stats.py.
 """``kbtp top``: a live text view of a KBTP target's driver and target counters.
 
 Sources:
@@ -140,9 +140,9 @@ def read_source(path):
 async def board_snapshot(port, driver):
     """A stats-like dict read from a board: ``counters`` (target), ``driver``
     (:meth:`KbtpDriver.counters`), ``written``."""
-    from hw.rtl.iface import REG_TOP, REG_TRANSPORT
-    from hw.rtl.regbank import TOP_COUNTER_BASE
-    from hw.rtl.target import (REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS,
+    from hw.iface import REG_TOP, REG_TRANSPORT
+    from hw.target.regbank import TOP_COUNTER_BASE
+    from hw.target.target import (REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS,
                                TOP_COUNTERS)
     out = {}
     for k, (blk, p) in enumerate(TOP_COUNTERS):

@@ -22,7 +22,8 @@ from amaranth.lib import data, enum
 __all__ = [
     "wire_struct", "wire_fields", "pack", "unpack", "size_of",
     # KBTP
-    "KBTP_VERSION", "Opcode", "Status", "ReqFlags", "GoodbyeFlags", "Features", "EntryFlags",
+    "KBTP_VERSION", "Opcode", "Status", "ReqFlags", "GoodbyeFlags", "ALLOWED_FLAGS", "Features",
+    "EntryFlags",
     "CommonHeader", "DataDescriptor", "CompletionDescriptor", "DirectDescriptor",
     "HelloBody", "HelloAckBody", "DirectLoadPart", "DirectAllocPart", "BindBody",
     "CompletionBody", "TableEntry", "RingSlot", "CompletionRecord",
@@ -155,6 +156,22 @@ class ReqFlags(enum.Flag, shape=16):
 
 class GoodbyeFlags(enum.Flag, shape=16):
     RELEASE = 0x0001
+
+
+_F = ReqFlags
+#: Flag bits accepted per opcode: host/codec.py's strictness, which the engine decodes alike
+#: (host/codec.py's module docstring says why some registered flags are not accepted).
+ALLOWED_FLAGS = {
+    Opcode.HELLO: 0,
+    Opcode.HELLO_ACK: 0,
+    Opcode.LOAD: (_F.RECORD | _F.INVALIDATE | _F.ALLOW_UNSEALED).value,
+    Opcode.STORE: (_F.INLINE | _F.SEAL | _F.RECORD | _F.INVALIDATE).value,
+    Opcode.ALLOC_STORE: (_F.INLINE | _F.SEAL | _F.RECORD | _F.INVALIDATE).value,
+    Opcode.FREE: _F.RECORD.value,
+    Opcode.BIND: 0,
+    Opcode.COMPLETION: 0,
+    Opcode.GOODBYE: GoodbyeFlags.RELEASE.value,
+}
 
 
 class Features(enum.Flag, shape=16):
@@ -346,7 +363,7 @@ EXT_HEADERS = {
 
 
 # --------------------------------------------------------------------------------------------
-# sim.rc: InfiniBand CM over QP1 (roce-layouts.md §7.1-§7.6; Linux ibta_vol1_c12.h tables)
+# roce.rc: InfiniBand CM over QP1 (roce-layouts.md §7.1-§7.6; Linux ibta_vol1_c12.h tables)
 # --------------------------------------------------------------------------------------------
 
 GSI_QKEY = 0x80010000          # DETH Q_Key of every QP1 (GSI) datagram

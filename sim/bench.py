@@ -1,7 +1,7 @@
 # Ref: issue 7 item 1 (make bench); draft KBTP §Operations,
 #      §Completion, §Target Execution Model; roce-layouts.md §1 (framing: preamble, FCS, IFG,
 #      ICRC), §2-§3 (BTH, extended headers per opcode); hw/headers.py (every header size);
-#      sim/vltarget.py (the Verilated target, cycle-exact GMII); hw/rtl/kbtp_engine.py (register
+#      sim/vltarget.py (the Verilated target, cycle-exact GMII); hw/kbtp/engine.py (register
 #      map: LAST_LATENCY); boards/ (build/<board>/report.json).
 """``make bench``: cycle-exact goodput, operation rate, latency and resources of the target.
 
@@ -50,7 +50,7 @@ resources
     ``build/<board>/report.json`` of ``python -m boards build`` if present ("not built"
     otherwise); this module never runs place and route.
 
-The peer is :class:`sim.rc.RoceEndpoint` (the KBTP initiator side written here from
+The peer is :class:`roce.rc.RoceEndpoint` (the KBTP initiator side written here from
 host.codec messages, as tests/cocotb_system.py does) and the target is configured by
 :class:`host.driver.KbtpDriver` over the host bus. The peer is never the bottleneck: it reacts
 to every frame the moment the frame's last octet has left the target (``run(until_tx=True)``;
@@ -211,8 +211,8 @@ class Bench:
                  n_qp=None, max_blocks=96, seed=1):
         from host.driver import KbtpDriver, memory_plan
         from host.port import TargetPort
-        from sim.model import TargetConfig
-        from sim.rc import RoceEndpoint
+        from model.target import TargetConfig
+        from roce.rc import RoceEndpoint
         self.vt = vt
         self.rng = random.Random(seed)
         p = vt.params
@@ -339,9 +339,9 @@ class Bench:
             run_sync(self.driver.poll(self.vt.cycle * 1e3 / CLOCK_HZ))
 
     def engine_reg(self, name):
-        from hw.rtl.hostlink import Space
-        from hw.rtl.iface import REG_KBTP
-        from hw.rtl.kbtp_engine import reg
+        from hw.iface import Space
+        from hw.iface import REG_KBTP
+        from hw.kbtp.engine import reg
         r, err = self.vt.access(Space.REG, REG_KBTP + reg[name], 0, 0)
         assert not err, name
         return r
@@ -475,7 +475,7 @@ class Bench:
                 for i in range(sent0, min(len(self.sent), len(log)))]
 
     def _data_octets(self, kind, by_read, qpn, tx0, sent0):
-        from sim.rc_frames import parse_frame
+        from roce.frames import parse_frame
         O = BthOpcode
         n = 0
         if kind == "LOAD":
@@ -536,8 +536,8 @@ class Bench:
         from its last octet in (rx_log) to the first octet of its first non-ACK response,
         from its first octet, to the transport ACK of it, and the engine's LAST_LATENCY
         (when a single request)."""
-        from sim.rc_frames import parse_frame
-        from sim.rc_frames import parse_frame as _pf
+        from roce.frames import parse_frame
+        from roce.frames import parse_frame as _pf
         tx0, sent0 = len(self.tx), len(self.sent)
         idx, ev0 = {}, {}
         for q in qs:
@@ -580,7 +580,7 @@ class Bench:
 
     def arp_turnaround(self):
         """Cycles from the last octet of an ARP request to the first octet of the reply."""
-        from sim.rc_frames import build_arp, ip_int, mac_bytes
+        from roce.frames import build_arp, ip_int, mac_bytes
         req = build_arp(1, mac_bytes(P_MAC), ip_int(P_IP), b"\0" * 6, ip_int(T_IP),
                         b"\xff" * 6).ljust(MIN_FRAME, b"\0")
         i, tx0 = len(self.sent), len(self.tx)
@@ -735,10 +735,10 @@ def latency_slopes(b, lengths=(64, 1024)):
 
 
 def _top_counter(b, blk, port):
-    from hw.rtl.hostlink import Space
-    from hw.rtl.iface import REG_TOP
-    from hw.rtl.regbank import TOP_COUNTER_BASE
-    from hw.rtl.target import TOP_COUNTERS
+    from hw.iface import Space
+    from hw.iface import REG_TOP
+    from hw.target.regbank import TOP_COUNTER_BASE
+    from hw.target.target import TOP_COUNTERS
     k = TOP_COUNTERS.index((blk, port))
     return b.vt.access(Space.REG, REG_TOP + TOP_COUNTER_BASE + 4 * k, 0, 0)[0]
 
@@ -755,8 +755,8 @@ def _bind_one(b, q, h, size, max_cycles=20_000_000):
 
 
 def _req_counter(b, name):
-    from hw.rtl.hostlink import Space
-    from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS
+    from hw.iface import Space
+    from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS
     r, _ = b.vt.access(Space.REG, REQ_COUNTER_BASE + 4 * REQ_COUNTERS.index(name), 0, 0)
     return r
 

@@ -4,7 +4,7 @@
 
 Deterministic given the seed: the same seed and the same traffic give the same losses. A
 frame endpoint is anything with ``receive_frame(frame, now_us)``, ``poll_tx() -> [bytes]``,
-``tick(now_us)`` and (optionally) ``next_deadline() -> int | None`` — :class:`sim.rc.
+``tick(now_us)`` and (optionally) ``next_deadline() -> int | None`` — :class:`roce.rc.
 RoceEndpoint`, or an adapter around a simulated DUT.
 
 Corruption flips one bit. A real link's FCS would drop a frame whose Ethernet header or ARP

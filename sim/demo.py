@@ -19,7 +19,7 @@ import sys
 
 from host import codec
 from hw.headers import Features, ReqFlags, Status
-from sim.model import (Disconnect, InvalidateStag, MemWrite, RdmaRead, RdmaWrite, SendMsg,
+from model.target import (Disconnect, InvalidateStag, MemWrite, RdmaRead, RdmaWrite, SendMsg,
                        TargetConfig, TargetModel, WriteImm)
 
 DRAFT_ALLOC_STORE = bytes.fromhex(

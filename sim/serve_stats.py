@@ -34,7 +34,7 @@ import time
 from host import codec
 from host.codec import KbtpError
 from hw.headers import BthOpcode, Features
-from sim.rc_frames import FrameError, parse_frame
+from roce.frames import FrameError, parse_frame
 
 __all__ = ["BoardTimer", "MAX_RECORDS", "write_stats", "read_stats", "STATS_VERSION"]
 

@@ -11,7 +11,7 @@ Usage::
 The target is the core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`: two clocks,
 width 64, 128 KiB) unless ``--hw unit`` asks for the one-clock width-8 unit-test target.
 
-Initiators: one :class:`sim.rc.RoceEndpoint` QP each (4 by default); initiator 0 holds a
+Initiators: one :class:`roce.rc.RoceEndpoint` QP each (4 by default); initiator 0 holds a
 DIRECT_LOAD + DIRECT_ALLOC session (its turns include DIRECT_LOAD reads and DIRECT_ALLOC
 FetchAdd + slot READ + partition WRITE + BIND), the others ALLOC_STORE (inline and by READ),
 STORE, LOAD and FREE (some requests malformed on purpose, 12 %). The host side is

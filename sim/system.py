@@ -1,13 +1,13 @@
 # Ref: draft KBTP §Operations, §Free-Block Ring, §Completion, §Target Execution Model;
-#      hw/rtl/target.py; host/driver.py (slow path); sim/model.py (oracle); sim/rc.py (initiators'
+#      hw/target/target.py; host/driver.py (slow path); model/target.py (oracle); roce/rc.py (initiators'
 #      RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6; issue 7 item 2.
 """The system bench without a simulator: target + host driver + initiators vs the golden model.
 
 :class:`SystemBench` holds everything that does not depend on how the gateware is simulated:
-the initiators (one :class:`sim.rc.RoceEndpoint`, one RC QP per initiator), the
+the initiators (one :class:`roce.rc.RoceEndpoint`, one RC QP per initiator), the
 :class:`~sim.channel.LossyLink` between them and the target, the host
 :class:`~host.driver.KbtpDriver` on a :class:`~host.port.TargetPort`, and the oracle
-(:class:`sim.model.TargetModel`). The bench runs *rounds*: some initiators post one request
+(:class:`model.target.TargetModel`). The bench runs *rounds*: some initiators post one request
 each at the same time; the draft lets requests of different connections run in any order, so
 after the round the bench looks for an order under which the model produces exactly what the
 initiators observed (every COMPLETION payload or completion record, every byte the target wrote
@@ -36,8 +36,8 @@ from host.driver import KbtpDriver
 from host.port import TargetPort
 from hw.headers import Features, Opcode, Status
 from sim.channel import LossyLink
-from sim.model import SendMsg, TargetConfig, TargetModel, WriteImm
-from sim.rc import RoceEndpoint
+from model.target import SendMsg, TargetConfig, TargetModel, WriteImm
+from roce.rc import RoceEndpoint
 
 __all__ = ["SystemBench", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
            "direct_step", "one_sided", "block_census", "DIRECT", "PERIOD_NS", "T_MAC", "T_IP",
@@ -74,7 +74,7 @@ def run_sync(coro):
 class PeerMemory:
     """The initiators' registered buffers, on the RC endpoint, under the model's API
     (``register(stag, data, base_to=, access=)``), so :class:`tests.test_kbtp_engine.Gen`
-    registers each buffer both here and in the model's :class:`~sim.model.InitiatorMemory`."""
+    registers each buffer both here and in the model's :class:`~model.target.InitiatorMemory`."""
 
     def __init__(self, ep):
         self.ep = ep
@@ -231,7 +231,7 @@ class SystemBench:
     def check_out(self, raw, fcs_ok, t_ns):
         """A frame from the target: FCS, addresses and ICRC checked, then recorded."""
         from scapy.layers.l2 import ARP, Ether
-        from tests.scapy_roce import icrc_of
+        from sim.scapy_roce import icrc_of
         assert fcs_ok, "bad FCS from the DUT"
         eth = Ether(raw)
         if eth.type == 0x0806:
@@ -273,7 +273,7 @@ class SystemBench:
 
     # ---- bring-up ----------------------------------------------------------------------
     async def bring_up(self, features=None):
-        from tests.test_kbtp_engine import Gen
+        from sim.workload import Gen
         await self._start()
         await self.port.set_own(T_MAC, T_IP)
         await self.driver.init()
@@ -374,8 +374,8 @@ class SystemBench:
         return True
 
     async def hang_report(self, batch):
-        from hw.rtl.iface import REG_KBTP
-        from hw.rtl.kbtp_engine import reg as ENG
+        from hw.iface import REG_KBTP
+        from hw.kbtp.engine import reg as ENG
         eng = {k: await self.port.rreg(REG_KBTP + ENG[k]) for k in
                ("HOSTQ_COUNT", "LAST_LATENCY", "LAST_CYCLES", "STALL_CYCLES", "CMD")}
         return (f"events {self.events}; engine {eng}; probes {self.probes()}; "
@@ -479,13 +479,13 @@ class SystemBench:
         return [bytes(model.mem[a:a + n]) for _, a, n in self._spans(model, pool)]
 
     async def req_counters(self):
-        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
+        from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
         names = list(REQ_COUNTERS) + list(REQ_STATUS)
         return {n: await self.port.rreg(REQ_COUNTER_BASE + 4 * k) for k, n in enumerate(names)}
 
     async def resp_counters(self):
-        from hw.rtl.iface import REG_TRANSPORT
-        from hw.rtl.target import RESP_COUNTERS
+        from hw.iface import REG_TRANSPORT
+        from hw.target.target import RESP_COUNTERS
         return {n: await self.port.rreg(REG_TRANSPORT + 4 * k)
                 for k, n in enumerate(RESP_COUNTERS)}
 
@@ -499,8 +499,8 @@ class SystemBench:
                                      f"{got[bad:bad + 16].hex()} model {want[bad:bad + 16].hex()}")
 
     async def engine_counts(self):
-        from hw.rtl.iface import REG_KBTP
-        from hw.rtl.kbtp_engine import FAST_OPS, reg as ENG
+        from hw.iface import REG_KBTP
+        from hw.kbtp.engine import FAST_OPS, reg as ENG
         out = {}
         for k, op in enumerate(FAST_OPS):
             for st in Status:
@@ -718,8 +718,8 @@ async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=No
 async def mixed_checks(b, stats, *, direct=False):
     """End-of-run checks of :func:`mixed`: image and counters vs the model, host idleness.
     Returns the figures dict."""
-    from hw.rtl.iface import REG_KBTP
-    from hw.rtl.kbtp_engine import FAST_OPS, reg as ENG
+    from hw.iface import REG_KBTP
+    from hw.kbtp.engine import FAST_OPS, reg as ENG
     await b.settle(2000)
     await b.compare_image()
     got = await b.engine_counts()

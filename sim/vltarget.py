@@ -1,7 +1,7 @@
 # Ref: issue 7 item 2: fast Verilator harness; sim/vl/harness.cpp (pipe protocol).
 #      sim/serve_hw.py (export without zero memory initialisers, HostBus handshake, LightGmii);
 #      sim/hdl.py (verilator_env, build cache + flock pattern); host/port.py (access coroutine).
-"""The whole :class:`hw.rtl.target.KbtpTarget` Verilated with a C++ main, driven over pipes.
+"""The whole :class:`hw.target.target.KbtpTarget` Verilated with a C++ main, driven over pipes.
 
 cocotb wakes Python on every GMII octet (2 000 - 5 000 cycles/s here). Here the clock, the GMII
 pins and the host bus belong to ``sim/vl/harness.cpp``; Python only sends commands (queue a
@@ -107,11 +107,11 @@ def _params(params):
 
 
 def make_target(params):
-    """The :class:`~hw.rtl.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs), or
+    """The :class:`~hw.target.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs), or
     the board's core for ``params["board"]``."""
     if "board" in params:
         return _board_core(params["board"])
-    from hw.rtl.target import KbtpTarget
+    from hw.target.target import KbtpTarget
     p = dict(params)
     width = p.pop("width")
     return KbtpTarget(width, **p)

@@ -1,6 +1,6 @@
-# Ref: IEEE 802.3 §3.1.1, §4.2.3.3, §4.4.2, §35.2 (GMII); hw/rtl/mac.py; sim/hdl.py;
+# Ref: IEEE 802.3 §3.1.1, §4.2.3.3, §4.4.2, §35.2 (GMII); hw/net/mac.py; sim/hdl.py;
 #      cocotbext-eth GmiiSource/GmiiSink (the PHY-side oracle), scapy (frame bytes).
-"""cocotb bench for :class:`hw.rtl.mac.GmiiMac` in loopback (run by tests/test_mac_cocotb.py).
+"""cocotb bench for :class:`hw.net.mac.GmiiMac` in loopback (run by tests/test_mac_cocotb.py).
 
 DUT: :class:`MacLoopTop` = GmiiMac(width) whose received stream goes, through a small FIFO,
 straight back into its transmit stream. Two gates, driven by LFSRs inside the top, throttle
@@ -21,8 +21,8 @@ from amaranth import *
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.rtl.mac import GmiiMac
-from hw.rtl.stream import packet_layout
+from hw.net.mac import GmiiMac
+from hw.lib.stream import packet_layout
 
 COUNTERS = ["rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors", "rx_overflows",
             "tx_frames", "tx_underruns"]

@@ -1,19 +1,19 @@
 # Ref: draft KBTP §Operations, §Free-Block Ring, §Completion, §Target Execution Model;
-#      hw/rtl/target.py (engine wired in); host/driver.py (slow path); sim/model.py (oracle);
-#      sim/rc.py (initiators' RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6.
+#      hw/target/target.py (engine wired in); host/driver.py (slow path); model/target.py (oracle);
+#      roce/rc.py (initiators' RC endpoint); sim/channel.py (LossyLink); roce-layouts.md §6.
 """cocotb system bench: the whole target (transport + KBTP engine) and the host driver, serving
 several initiators over GMII, checked against the golden model (run by
 tests/test_system_cocotb.py). The bench itself (rounds, model matching, image and counter
 checks, the random workload) lives in :mod:`sim.system`, shared with the soak on the Verilated
 harness (sim/soak.py); this module adds the cocotb plumbing.
 
-Initiators: one :class:`sim.rc.RoceEndpoint` with ``N_INIT`` RC QPs, each an initiator with its
+Initiators: one :class:`roce.rc.RoceEndpoint` with ``N_INIT`` RC QPs, each an initiator with its
 own session (HELLO through the driver). Frames cross a :class:`~sim.channel.LossyLink` into the
 DUT's GMII (cocotbext-eth GmiiSource / GmiiSink; FCS checked there, ICRC by scapy). The host
 driver (:class:`host.driver.KbtpDriver`) initialises target memory and the engine and serves the
 slow path; the engine serves LOAD, STORE and ALLOC_STORE.
 
-Oracle: :class:`sim.model.TargetModel`. The bench runs *rounds*: in each, some initiators post
+Oracle: :class:`model.target.TargetModel`. The bench runs *rounds*: in each, some initiators post
 one request each at the same time. The draft lets requests of different connections run in any
 order, so after the round the bench looks for an order of the round's requests under which the
 model produces exactly what the initiators observed (every COMPLETION payload or completion
@@ -48,7 +48,7 @@ from hw.headers import Features, Opcode, ReqFlags, Status
 from sim.hdl import get_params
 from sim.system import (DIRECT, PERIOD_NS, STEP, SystemBench as _Bench, direct_step, mixed as
                         _mixed, mixed_checks, model_config, one_sided)
-from tests.test_kbtp_engine import build
+from sim.workload import build
 
 FIGS = {}
 
@@ -151,7 +151,7 @@ class SystemBench(_Bench):
             except Exception as e:         # not public in this build
                 out[path] = type(e).__name__
         try:
-            from hw.rtl.iface import WorkRequest
+            from hw.iface import WorkRequest
             from host.port import unpack_record
             out["eng.wrq"] = {k: hex(v) for k, v in
                               unpack_record(WorkRequest, int(self.dut.eng.wrq.value)).items()}

@@ -1,9 +1,9 @@
-# Ref: hw/rtl/target.py; roce-layouts.md §6 (RC rules, NAK table), §8 (ARP); sim/rc.py (peer);
-#      sim/channel.py (LossyLink); cocotbext-eth GmiiSource/GmiiSink; tests/scapy_roce.py (ICRC).
-"""cocotb system bench of :class:`hw.rtl.target.KbtpTarget` over GMII (run by
+# Ref: hw/target/target.py; roce-layouts.md §6 (RC rules, NAK table), §8 (ARP); roce/rc.py (peer);
+#      sim/channel.py (LossyLink); cocotbext-eth GmiiSource/GmiiSink; sim/scapy_roce.py (ICRC).
+"""cocotb system bench of :class:`hw.target.target.KbtpTarget` over GMII (run by
 tests/test_target_cocotb.py).
 
-The peer is :class:`sim.rc.RoceEndpoint`, an independent Python RC endpoint; frames move
+The peer is :class:`roce.rc.RoceEndpoint`, an independent Python RC endpoint; frames move
 between it and the DUT's GMII (cocotbext-eth GmiiSource / GmiiSink) through a
 :class:`sim.channel.LossyLink`, with the endpoint's clock = simulated time. Every frame the DUT
 sends is checked: FCS (GmiiSink), and for RoCE the ICRC recomputed by scapy; ARP replies are
@@ -30,14 +30,13 @@ from cocotb.utils import get_sim_time
 from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
 from scapy.layers.l2 import ARP, Ether
 
-from hw.rtl.iface import QpState, WcStatus as HwWc, WrOp as HwOp
-from hw.rtl.responder import COUNTERS as RESP_COUNTERS
-from hw.rtl.target import TOP_COUNTERS
-from hw.rtl.iface import REG_TRANSPORT
+from hw.iface import QpState, REG_TRANSPORT, WcStatus as HwWc, WrOp as HwOp
+from hw.rdma.responder import COUNTERS as RESP_COUNTERS
+from hw.target.target import TOP_COUNTERS
 from sim.channel import LossyLink
 from sim.hdl import get_params
-from sim.rc import RoceEndpoint, WcStatus
-from tests.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
+from roce.rc import RoceEndpoint, WcStatus
+from sim.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
 from tests.target_host import TargetHost
 
 PERIOD_NS = 8
@@ -193,7 +192,7 @@ class Bench:
         return await self.host.top_counter(counter_index(block, port))
 
     async def req_counter(self, name):
-        from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
+        from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
         names = list(REQ_COUNTERS) + list(REQ_STATUS)
         return await self.host.rreg(REQ_COUNTER_BASE + 4 * names.index(name))
 
@@ -476,7 +475,7 @@ async def retry_exhausted(dut):
     retransmitted retry_cnt times, then the QP goes to error and the host is told: the
     WorkCompletion says RETRY_EXCEEDED, the next request is flushed, the QP's error bit and the
     error count are set, and the retransmissions are counted. A reload of the QP recovers."""
-    from hw.rtl.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
+    from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS
 
     b = Bench(dut, peer_timeout=7)
     await bring_up(b)

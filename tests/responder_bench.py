@@ -1,6 +1,6 @@
-# Ref: roce-layouts.md §1-§6; hw/rtl/responder.py, hw/rtl/qp.py; sim/rc.py (the peer requester).
+# Ref: roce-layouts.md §1-§6; hw/rdma/responder.py, hw/rdma/qp.py; roce/rc.py (the peer requester).
 """Test bench for the RC responder: Responder + QpTable + MrTable + MemRam, driven by frames of
-the Python RC peer (sim/rc.py) and answering it.
+the Python RC peer (roce/rc.py) and answering it.
 
 Frames become :data:`RoceRxHeader` records here with :func:`hw.headers.unpack` (not through the
 gateware parser); every :data:`RespTx` record the responder emits is turned back into a frame
@@ -18,15 +18,14 @@ from amaranth.sim import Simulator
 
 from hw.headers import (AETH, BTH, EXT_HEADERS, AtomicAckETH, BthOpcode, EthernetHeader,
                         IPv4Header, UDPHeader, pack, size_of, unpack)
-from hw.rtl.hostlink import HostBusSignature, Space
-from hw.rtl.iface import REG_MR, REG_QP
-from hw.rtl.membus import MemRam
-from hw.rtl.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE, MrTable, QpTable
-from hw.rtl.responder import COUNTERS, Responder
-from hw.rtl.roce_hdr import EXT_FIELDS, RoceRxParser
+from hw.iface import HostBusSignature, REG_MR, REG_QP, Space
+from hw.lib.membus import MemRam
+from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE, MrTable, QpTable
+from hw.rdma.responder import COUNTERS, Responder
+from hw.rdma.roce_hdr import EXT_FIELDS, RoceRxParser
 from sim.hdl import packet_to_beats, stream_put
-from sim.rc import RoceEndpoint
-from sim.rc_frames import build_roce, ip_int, mac_bytes
+from roce.rc import RoceEndpoint
+from roce.frames import build_roce, ip_int, mac_bytes
 
 DUT_MAC, DUT_IP = "02:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "02:00:00:00:00:02", "10.0.0.2"

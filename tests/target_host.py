@@ -1,4 +1,4 @@
-# Ref: host/port.py (the one host interface); hw/rtl/regbank.py, hw/rtl/qp.py, hw/rtl/iface.py.
+# Ref: host/port.py (the one host interface); hw/target/regbank.py, hw/rdma/qp.py, hw/iface.py.
 """Test-side name of the host interface: a thin re-export of :mod:`host.port`.
 
 The cocotb bench (tests/cocotb_target.py) and tests/test_target_regbank.py import from here.

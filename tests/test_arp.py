@@ -5,8 +5,8 @@ from sim.paths import DATA_DIR
 import pytest
 from scapy.layers.l2 import ARP, Ether
 
-from hw.rtl.arp import ArpResponder
-from scapy_roce import StreamDriver, frame_beats, run_sim, seeded, split_packets
+from hw.net.arp import ArpResponder
+from sim.scapy_roce import StreamDriver, frame_beats, run_sim, seeded, split_packets
 
 OWN_MAC_S, OWN_IP_S = "52:54:00:00:00:01", "10.0.0.1"
 OWN_MAC, OWN_IP = 0x525400000001, 0x0A000001

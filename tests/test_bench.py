@@ -1,6 +1,6 @@
 # Ref: a quick bench checked against independent arithmetic; issue 7 item 1
 #      (theoretical goodput 1024 / (1024 + 82) at MTU 1024); roce-layouts.md §1-§3 (framing);
-#      sim/bench.py; scapy (frames built independently of hw/headers.py); sim/rc.py (frames the
+#      sim/bench.py; scapy (frames built independently of hw/headers.py); roce/rc.py (frames the
 #      RC endpoint really sends).
 """``make bench`` figures: wire arithmetic against scapy and the RC endpoint's own frames, and a
 quick bench on the Verilated target as the ECPIX-5 builds it (two clocks, width 64; 64 and 4096
@@ -11,7 +11,7 @@ import pytest
 from sim import bench
 from sim.bench import (IFG, MIN_FRAME, PACKET_OVERHEAD, PREAMBLE_SFD, FCS, REQUEST, frame_wire,
                        op_plan, theory_goodput)
-from tests.scapy_roce import roce_frame
+from sim.scapy_roce import roce_frame
 
 
 def wire(frame):
@@ -54,7 +54,7 @@ def test_theory_by_brute_force():
 @pytest.mark.parametrize("length", [64, 1000, 4096, 10000])
 def test_data_frames_against_rc_endpoint(mtu, length):
     """The WRITE and READ response frames of op_plan are the ones an RC endpoint sends."""
-    from sim.rc import RoceEndpoint
+    from roce.rc import RoceEndpoint
     a = RoceEndpoint("02:00:00:00:00:01", "10.0.0.1", min_frame=60)
     b = RoceEndpoint("02:00:00:00:00:02", "10.0.0.2", min_frame=60)
     qa = a.create_qp(qpn=0x10, dest_qpn=0x20, remote_ip="10.0.0.2",

@@ -24,7 +24,7 @@ from boards.clocks import pll_params
 from boards.cores import CORES, CoreSignature, check_core
 from boards.memory import EBR_BYTES, BoardMemoryConfig, ebr_blocks
 from boards.report import format_report, make_report, parse_nextpnr_log
-from hw.rtl.rgmii import Rgmii, RgmiiRxElastic
+from hw.net.rgmii import Rgmii, RgmiiRxElastic
 from tools import require_tool, requires_tool
 
 # Background testbenches are closed mid-wait when a test ends; Python reports that as unraisable.
@@ -288,7 +288,7 @@ def test_gmii_to_rgmii_tx_wire(tx_clock):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_register_slice_passes_every_beat_in_order(seed):
-    from hw.rtl.stream import RegisterSlice
+    from hw.lib.stream import RegisterSlice
 
     dut = RegisterSlice(8)
     rng = random.Random(seed)
@@ -324,7 +324,7 @@ def test_register_slice_passes_every_beat_in_order(seed):
 
 
 def test_register_slice_full_throughput():
-    from hw.rtl.stream import RegisterSlice
+    from hw.lib.stream import RegisterSlice
 
     dut = RegisterSlice(8)
     got = []

@@ -29,7 +29,7 @@ from host.codec import (
 )
 from hw.headers import Features, GoodbyeFlags, Opcode, ReqFlags, Status
 from sim.paths import DATA_DIR
-from tests.scapy_roce import RETH, ImmDt, roce_frame
+from sim.scapy_roce import RETH, ImmDt, roce_frame
 from tests.test_codec import MALFORMED_CASES
 from tests.tools import require_tool
 

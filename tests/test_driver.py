@@ -1,11 +1,11 @@
 # Ref: draft KBTP §Target Memory Structures, §Session Establishment, §Operations (FREE, BIND,
-#      GOODBYE), §Direct Modes, §Operational Considerations; sim/model.py (the oracle);
-#      hw/rtl/kbtp_engine.py (register map, CMD FREE_BLOCK busy/deferred); hw/rtl/regbank.py.
+#      GOODBYE), §Direct Modes, §Operational Considerations; model/target.py (the oracle);
+#      hw/kbtp/engine.py (register map, CMD FREE_BLOCK busy/deferred); hw/target/regbank.py.
 """host/driver.py against the golden model, through a test-side fake of the target's host bus.
 
-Oracles: :class:`sim.model.TargetModel` fed the same messages on the same connections (its
+Oracles: :class:`model.target.TargetModel` fed the same messages on the same connections (its
 replies, octet for octet, and its memory image, byte for byte); what the fake requester actually
-read from target memory for each SEND (not what the driver says it sent); sim/ring.py playing the
+read from target memory for each SEND (not what the driver says it sent); model/ring.py playing the
 engine's FREE_BLOCK; the MR table as the hardware responder would check it.
 """
 
@@ -16,18 +16,17 @@ from collections import deque
 import pytest
 
 from hw.headers import Features, GoodbyeFlags, Opcode, ReqFlags, Status
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import (REG_KBTP, REG_MR, REG_QP, RecvNotify, WcStatus, WorkCompletion,
-                          WorkRequest, WrOp)
-from hw.rtl.kbtp_engine import Cmd, reg as ENG
-from hw.rtl.qp import MR_STRIDE, QP_STRIDE
-from hw.rtl.regbank import Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, record_words
+from hw.iface import (REG_KBTP, REG_MR, REG_QP, RecvNotify, Space, WcStatus, WorkCompletion,
+                     WorkRequest, WrOp)
+from hw.kbtp.engine import Cmd, reg as ENG
+from hw.rdma.qp import MR_STRIDE, QP_STRIDE
+from hw.target.regbank import Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, record_words
 from host import codec
 from host.driver import DriverError, KbtpDriver, memory_plan
 from host.port import HostError, TargetPort, pack_record, unpack_record
-from sim.model import (AccessError, Disconnect, InitiatorMemory, InvalidateStag, MemWrite,
+from model.target import (AccessError, Disconnect, InitiatorMemory, InvalidateStag, MemWrite,
                        RdmaRead, RdmaWrite, SendMsg, TargetConfig, TargetModel, WriteImm)
-from sim.ring import RingImage
+from model.ring import RingImage
 
 
 def run(coro):
@@ -41,7 +40,7 @@ def run(coro):
 class FakeTarget:
     """``access(space, addr, we, wdata)`` over a bytearray, a register dict and record queues.
 
-    The engine's CMD register is played with sim/ring.py's RingImage on the same memory (Tail
+    The engine's CMD register is played with model/ring.py's RingImage on the same memory (Tail
     FetchAdd, slot write or deferral, busy/deferred bits). Pushed WorkRequests run at once
     against one InitiatorMemory per QP; each gets a WorkCompletion.
     """

@@ -1,4 +1,4 @@
-# Ref: host/cli.py (``kbtp driver``); host/driver.py; sim/model.py (the oracle image and replies).
+# Ref: host/cli.py (``kbtp driver``); host/driver.py; model/target.py (the oracle image and replies).
 """``kbtp driver init|serve|counters`` against the fake target behind a frame-level UART bridge."""
 
 import json
@@ -8,9 +8,9 @@ import pytest
 from host import cli, codec
 from host.driver import memory_plan
 from host.link import UartLink
-from hw.rtl.iface import REG_KBTP
-from hw.rtl.kbtp_engine import reg as ENG
-from sim.model import SendMsg, TargetConfig, TargetModel
+from hw.iface import REG_KBTP
+from hw.kbtp.engine import reg as ENG
+from model.target import SendMsg, TargetConfig, TargetModel
 from test_driver import FakeTarget, hello
 from test_driver_uart import PyBridge
 

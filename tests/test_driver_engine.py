@@ -1,5 +1,5 @@
-# Ref: hw/rtl/kbtp_engine.py (register map, hostq, CMD FREE_BLOCK, "What the host keeps doing");
-#      hw/rtl/regbank.py (HostDecoder, HostMemPort, HostQueues); hw/rtl/qp.py; sim/model.py.
+# Ref: hw/kbtp/engine.py (register map, hostq, CMD FREE_BLOCK, "What the host keeps doing");
+#      hw/target/regbank.py (HostDecoder, HostMemPort, HostQueues); hw/rdma/qp.py; model/target.py.
 """The driver against the real engine gateware (Amaranth simulator, no Verilator).
 
 A small top holds what the driver talks to in a KbtpTarget: the KBTP engine, the host queues
@@ -20,16 +20,15 @@ from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
 from hw.headers import Features, GoodbyeFlags, Status
-from hw.rtl.hostlink import HostBusSignature, Space
-from hw.rtl.iface import REG_KBTP, REG_MR, REG_QP, WcStatus, WrOp
-from hw.rtl.kbtp_engine import KbtpEngine, reg as ENG
-from hw.rtl.membus import MemArbiter, MemRam
-from hw.rtl.qp import MR_STRIDE, QP_STRIDE, MrTable, QpTable
-from hw.rtl.regbank import HostDecoder, HostMemPort, HostQueues
+from hw.iface import HostBusSignature, REG_KBTP, REG_MR, REG_QP, Space, WcStatus, WrOp
+from hw.kbtp.engine import KbtpEngine, reg as ENG
+from hw.lib.membus import MemArbiter, MemRam
+from hw.rdma.qp import MR_STRIDE, QP_STRIDE, MrTable, QpTable
+from hw.target.regbank import HostDecoder, HostMemPort, HostQueues
 from host import codec
 from host.driver import KbtpDriver, memory_plan
 from host.port import TargetPort
-from sim.model import InitiatorMemory, SendMsg, TargetConfig, TargetModel
+from model.target import InitiatorMemory, SendMsg, TargetConfig, TargetModel
 from test_driver import alloc_inline, free, hello
 
 N_QP = 2

@@ -1,5 +1,5 @@
-# Ref: hw/rtl/hostlink.py (UART wire protocol, bus spaces, demo target map); host/link.py;
-#      host/port.py (uart_access); sim/model.py (the oracle of the driver run).
+# Ref: hw/target/hostlink.py (UART wire protocol, bus spaces, demo target map); host/link.py;
+#      host/port.py (uart_access); model/target.py (the oracle of the driver run).
 """The UART backend of the host port.
 
 1. :func:`host.port.uart_access` through the real bridge gateware (HostLinkUart + the demo bus
@@ -20,10 +20,10 @@ from amaranth.lib.crc import catalog
 from hw.headers import Status
 from host.link import UartLink
 from host.port import HostError, TargetPort, pack_record, uart_access
-from hw.rtl.hostlink import DEMO_ID, SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus, Space
-from hw.rtl.iface import RecvNotify
+from hw.target.hostlink import DEMO_ID, SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
+from hw.iface import RecvNotify, Space
 
-from sim.model import TargetModel
+from model.target import TargetModel
 from test_driver import World, alloc_inline, compl_of, free, hello
 from test_hostlink import make_link
 
@@ -84,7 +84,7 @@ def test_uart_access_on_the_bridge_gateware():
 
 
 class PyBridge:
-    """A serial port whose far end is a frame-level bridge (protocol of hw/rtl/hostlink.py)
+    """A serial port whose far end is a frame-level bridge (protocol of hw/target/hostlink.py)
     in front of an async ``access`` (the test driver's fake target)."""
 
     def __init__(self, access, max_words=16):

@@ -160,7 +160,7 @@ def test_each_status_error(run_mtu1024):
 def _rem_access_naks(pcap, target_ip="10.0.0.2"):
     """The RC Acknowledge frames (BTH opcode 0x11) with AETH syndrome 0x62 (NAK, remote access
     error) that the guest sent, from a capture of the run (parsed here, not by the endpoint)."""
-    from tests.scapy_roce import pcap_roce_frames
+    from sim.scapy_roce import pcap_roce_frames
     out = []
     for raw in pcap_roce_frames(str(pcap)):
         bth = 14 + 4 * (raw[14] & 0xF) + 8

@@ -1,7 +1,7 @@
 # Ref: issue 5; draft KBTP §Operations, §Direct Modes; sim/serve.py (glue)
 """``serve --model`` without QEMU: the KBTP-over-RC glue against a Python RC initiator.
 
-The initiator is a second :class:`sim.rc.RoceEndpoint` that connects through CM, sends KBTP
+The initiator is a second :class:`roce.rc.RoceEndpoint` that connects through CM, sends KBTP
 requests as SENDs and exposes registered buffers. Oracle: a separate golden model fed the same
 requests directly, with an InitiatorMemory holding the same buffers; its completion payloads and
 its view of the initiator's buffers must equal what crossed the RC link (RDMA READ of the
@@ -18,9 +18,9 @@ import pytest
 
 from host import codec
 from hw.headers import ReqFlags
-from sim import model as M
+import model.target as M
 from sim.channel import LossyLink, run
-from sim.rc import RoceEndpoint
+from roce.rc import RoceEndpoint
 from sim.serve import (ModelGlue, PcapWriter, main, model_config)
 
 TARGET_IP, INIT_IP = "10.0.0.2", "10.0.0.1"

@@ -13,7 +13,7 @@ import pytest
 from amaranth.hdl import Assert, Assume, Cat, Elaboratable, Module, Signal
 
 from hw.headers import RING_ADD_DATA, ring_add_mask
-from hw.rtl.fetchadd import MaskedFetchAdd
+from hw.lib.fetchadd import MaskedFetchAdd
 from sim.formal import ProofFailed, prove, tools_available
 from tools import requires_tool
 

@@ -1,18 +1,18 @@
 # Ref: draft KBTP §Free-Block Ring (Head/Tail masked FetchAdd, slot Sequence, Block Offset all
-#      ones = consumed, "Block Offset before Sequence"), §Allocation; sim/ring.py
-#      (slot_free_for: the strict free check, initialize: the ring image); hw/rtl/ring_alloc.py,
-#      hw/rtl/kbtp_engine.py.
+#      ones = consumed, "Block Offset before Sequence"), §Allocation; model/ring.py
+#      (slot_free_for: the strict free check, initialize: the ring image); hw/kbtp/ring_alloc.py,
+#      hw/kbtp/engine.py.
 """Formal checks of the ring allocator *in the gateware*: bounded model checking (Yosys +
 yosys-smtbmc + Boolector) of the allocator unit, simulation of the whole engine around it.
 
 Two harnesses share the ring memory, the ghost state and every check:
 
-* :class:`UnitHarness`: the ring allocator unit (hw/rtl/ring_alloc.py) alone. Its environment
+* :class:`UnitHarness`: the ring allocator unit (hw/kbtp/ring_alloc.py) alone. Its environment
   is what the engine may do with it, every choice free in every cycle: an ALLOC, or a RETURN of
   the block the last ALLOC took, whenever no operation is outstanding; ``grant`` (the engine
   idle); host commands (FREE_BLOCK with any block, TAIL_FETCHADD whose slot the host writes
   late, through another port, at any time); memory-bus back-pressure.
-* :class:`RingHarness`: the whole :class:`~hw.rtl.kbtp_engine.KbtpEngine`, configured by register
+* :class:`RingHarness`: the whole :class:`~hw.kbtp.engine.KbtpEngine`, configured by register
   writes in its first cycles, with free RecvNotify beats (any QP-0 message), WorkRequest
   back-pressure, WorkCompletions (any status, so RDMA READ failures and the return of the block
   are included), host register commands and ``host_done``.
@@ -21,7 +21,7 @@ Only the ring is real memory: the Head and Tail counters and the N slots, kept a
 words with byte strobes, exactly what the bus writes.
 
 The start state is any ring image the draft's rules can produce with the engine idle
-(sim/ring.py ``initialize`` generalised): any Head ticket H (so 32-bit wrap is included), any
+(model/ring.py ``initialize`` generalised): any Head ticket H (so 32-bit wrap is included), any
 Tail ticket T with 0 <= T - H <= N, ticket x in [T - N, T) in slot x mod N, published (Sequence x,
 any Block Offset but all ones) when x >= H, consumed (Sequence x, all ones) otherwise; optionally
 the host holds one TAIL_FETCHADD ticket hu in [H, T) not yet written (its slot still holds
@@ -78,7 +78,7 @@ How it is run, and what that is worth (say it plainly):
   unit's arithmetic "sat" (sim/formal.py ``solver_sound``), so its "no counterexample" proves
   nothing. The engine BMC tests now run with Boolector (slow).
 
-The two mutants of the ring allocator (made here by text substitution of hw/rtl/ring_alloc.py,
+The two mutants of the ring allocator (made here by text substitution of hw/kbtp/ring_alloc.py,
 the file itself is untouched) are the draft's literal free check (slot consumed, Sequence not
 compared) and Sequence written before Block Offset.
 """
@@ -98,11 +98,10 @@ from amaranth.hdl import (Assert, Assume, Cat, ClockDomain, Const, Elaboratable,
 
 from hw.headers import (KBTP_VERSION, CommonHeader, CompletionDescriptor, DataDescriptor, Opcode,
                         pack)
-from hw.rtl import kbtp_engine, ring_alloc
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import REG_KBTP, RecvNotify, WcStatus
-from hw.rtl.kbtp_engine import Cmd, KbtpEngine, reg
-from hw.rtl.ring_alloc import RingAllocator
+from hw.kbtp import engine as kbtp_engine, ring_alloc
+from hw.iface import REG_KBTP, RecvNotify, Space, WcStatus
+from hw.kbtp.engine import Cmd, KbtpEngine, reg
+from hw.kbtp.ring_alloc import RingAllocator
 from sim.formal import ProofFailed, prove, solver_available, tools_available
 from tools import require_tool, requires_tool
 
@@ -492,7 +491,7 @@ class RingHarness(Elaboratable):
 
         # The host's late free of its TAIL_FETCHADD ticket, through another memory port: in a
         # cycle the engine's request is not accepted, Block Offset (only when the slot is free
-        # for it: consumed with Sequence h_u - N, sim/ring.py slot_free_for), then Sequence.
+        # for it: consumed with Sequence h_u - N, model/ring.py slot_free_for), then Sequence.
         with m.If(run & h_v & self.i_host_go & ~fire):
             for i in range(N):
                 with m.If(h_u[:n] == i):
@@ -537,7 +536,7 @@ class RingHarness(Elaboratable):
 
 
 class UnitHarness(RingHarness):
-    """The ring allocator unit (hw/rtl/ring_alloc.py) alone, in the same ring memory with the
+    """The ring allocator unit (hw/kbtp/ring_alloc.py) alone, in the same ring memory with the
     same ghost state and checks as :class:`RingHarness`. Its environment is what the engine
     does with it, with every choice free: configuration as constants (no configuration
     cycles), an ALLOC or a RETURN of the block the last ALLOC took whenever no operation is
@@ -608,16 +607,16 @@ class UnitHarness(RingHarness):
 # Mutants of the engine source (the file is not modified: its text is edited and loaded here).
 
 def _mutant(name, edits, unit=False):
-    """A mutant of the ring allocator (hw/rtl/ring_alloc.py, edited as text and loaded here);
+    """A mutant of the ring allocator (hw/kbtp/ring_alloc.py, edited as text and loaded here);
     the engine built on it, or with ``unit`` the unit itself."""
     src = Path(ring_alloc.__file__).read_text()
     for pat, rep in edits:
         src, k = re.subn(pat, rep, src, flags=re.S)
         assert k == 1, f"mutant {name}: pattern {pat!r} matched {k} times (unit changed?)"
-    modname = f"hw.rtl._ring_alloc_{name}"
+    modname = f"hw.kbtp._ring_alloc_{name}"
     spec = importlib.util.spec_from_loader(modname, loader=None)
     mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "hw.rtl"
+    mod.__package__ = "hw.kbtp"
     sys.modules[modname] = mod
     exec(compile(src, f"<{name}>", "exec"), mod.__dict__)
     if unit:
@@ -877,7 +876,7 @@ def test_literal_free_check_mutant_caught_in_simulation():
     there (``pool_bound=False``). With allocations serialised in this engine, a free N tickets
     after an unwritten one needs that extra block; within the pool bound the literal rule then
     passes (test_literal_check_within_the_pool_bound). It fails within the bound when
-    allocations run concurrently (sim/ring.py's explorer,
+    allocations run concurrently (model/ring.py's explorer,
     tests/test_ring_exhaustive.py::test_draft_literal_free_check_loses_a_block). The strict
     check keeps the ring intact in both cases."""
     img = dict(head=0, occ=2, hv=1, hdist=1)

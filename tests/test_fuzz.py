@@ -17,7 +17,7 @@ from scapy.layers.inet import IP                                       # noqa: E
 from scapy.layers.l2 import Ether                                      # noqa: E402
 
 from sim import fuzz as F                                              # noqa: E402
-from tests.scapy_roce import icrc_of, pcap_roce_frames                 # noqa: E402
+from sim.scapy_roce import icrc_of, pcap_roce_frames                 # noqa: E402
 
 
 def _mutator(seed=1):

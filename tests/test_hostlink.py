@@ -1,4 +1,4 @@
-# Ref: protocol in hw/rtl/hostlink.py. Oracles: amaranth.lib.crc's software
+# Ref: protocol in hw/target/hostlink.py. Oracles: amaranth.lib.crc's software
 #      CRC-8/SMBUS model and its published check value; a bit-level UART line model written here
 #      from the 8N1 definition; the demo target's documented map; plain Python lists/bytes.
 """Host link: the host-side UartLink drives the gateware bridge through a simulated UART line."""
@@ -14,7 +14,7 @@ from amaranth.sim import Simulator
 
 from host.link import (LinkError, LinkStatusError, LinkTimeout, UartLink, crc8,
                        encode_request)
-from hw.rtl.hostlink import (DEMO_ID, Cmd, HostBusDemoTarget, HostLinkUart, LinkStatus,
+from hw.target.hostlink import (DEMO_ID, Cmd, HostBusDemoTarget, HostLinkUart, LinkStatus,
                              UartRx)
 
 # Background testbenches are closed mid-wait when a test ends; Python reports that as unraisable.

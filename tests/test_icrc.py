@@ -7,8 +7,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from hw.rtl.icrc import IcrcCheck, IcrcInsert, crc32_step_py, ICRC_PREFIX_STATE
-from scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, icrc_of, pcap_roce_frames,
+from hw.net.icrc import IcrcCheck, IcrcInsert, crc32_step_py, ICRC_PREFIX_STATE
+from sim.scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, icrc_of, pcap_roce_frames,
                         random_ext_fields, roce_frame, roce_rx_beats, rx_meta_of, run_sim,
                         seeded, split_packets, zlib_icrc)
 

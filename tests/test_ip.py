@@ -7,8 +7,8 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from hw.rtl.ip import EthIpRx, EthIpTx
-from scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, random_ext_fields,
+from hw.net.ip import EthIpRx, EthIpTx
+from sim.scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, random_ext_fields,
                         roce_frame, run_sim, seeded, split_packets)
 
 OWN_MAC, OWN_MAC_S = 0x525400000001, "52:54:00:00:00:01"
@@ -26,7 +26,7 @@ def _ip(s):
 
 
 def reference_class(frame):
-    """Where a frame must go, decided with scapy from the drop rules of hw/rtl/ip.py (first failure wins)."""
+    """Where a frame must go, decided with scapy from the drop rules of hw/net/ip.py (first failure wins)."""
     if len(frame) < 42:
         return "short"
     eth = Ether(frame)

@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Free-Block Ring (allocation, deferred free), §Examples (deferred-free
-#      scenario); sim/ring.py (free writes only a consumed slot whose Sequence == u - N);
-#      hw/rtl/kbtp_engine.py.
+#      scenario); model/ring.py (free writes only a consumed slot whose Sequence == u - N);
+#      hw/kbtp/engine.py.
 """The engine's ring under frees that have taken their Tail ticket but not written their slot.
 
 * test_deferred_free_scenario: the draft's scenario, with the engine as the allocator. The host
@@ -21,9 +21,9 @@ from amaranth.sim import Simulator
 
 from host import codec
 from hw.headers import Opcode, ReqFlags
-from hw.rtl.kbtp_engine import Cmd, reg
+from hw.kbtp.engine import Cmd, reg
 from sim.hdl import stream_put
-from sim.model import InitiatorMemory
+from model.target import InitiatorMemory
 
 from test_kbtp_engine import (RAM_BYTES, Top, Transport, build, compare_image, configure, hello,
                               make_model, norm_model, ram_read, ram_write, reg_read, reg_write,

@@ -1,4 +1,4 @@
-# Ref: IEEE 802.3 §3.1.1, §4.2.3.3, §4.4.2; hw/rtl/stream.py; hw/rtl/width.py; hw/rtl/mac.py.
+# Ref: IEEE 802.3 §3.1.1, §4.2.3.3, §4.4.2; hw/lib/stream.py; hw/lib/width.py; hw/net/mac.py.
 """Amaranth-simulator unit tests: width converters, packet FIFO, GMII transmitter/receiver.
 
 Oracles: the bytes put in (converters, FIFO), a Python model of the Ethernet frame on the wire
@@ -13,8 +13,8 @@ import pytest
 from amaranth import ClockDomain, Elaboratable, Fragment, Module
 from amaranth.sim import Simulator
 
-from hw.rtl.mac import GmiiRx, GmiiTx, GmiiMac
-from hw.rtl.width import PacketFifo, StreamDownsizer, StreamUpsizer
+from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
+from hw.lib.width import PacketFifo, StreamDownsizer, StreamUpsizer
 from sim.hdl import packet_get, packet_put, packet_to_beats, stream_put
 
 CLK = 8e-9

@@ -1,4 +1,4 @@
-# Ref: hw/rtl/mac.py; tests/cocotb_mac.py (the bench); sim/hdl.py (runner); toolchain.md.
+# Ref: hw/net/mac.py; tests/cocotb_mac.py (the bench); sim/hdl.py (runner); toolchain.md.
 """pytest runner of the cocotb GMII MAC loopback bench, one Verilator build per width."""
 
 import json

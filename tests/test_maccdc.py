@@ -1,5 +1,5 @@
 # Ref: MAC at 125 MHz, core on its own clock; IEEE 802.3 §3.1.1, §4.2.3.3
-#      (frame, FCS, 60-octet minimum); hw/rtl/maccdc.py; hw/rtl/target.py (mac=False).
+#      (frame, FCS, 60-octet minimum); hw/net/maccdc.py; hw/target/target.py (mac=False).
 """MacCdc: GMII at 125 MHz on one side, 64-bit frame streams on a 20.83 MHz clock on the other.
 
 Oracles: the frames put in, their FCS from ``zlib.crc32`` (not the gateware's
@@ -13,7 +13,7 @@ import zlib
 from amaranth import ClockDomain, DomainRenamer, Module
 from amaranth.sim import Simulator
 
-from hw.rtl.maccdc import MAC_COUNTER_NAMES, MacCdc
+from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
 from sim.hdl import packet_get, packet_put
 
 GMII_PERIOD = 8e-9

@@ -1,4 +1,4 @@
-# Ref: hw/rtl/iface.py (MemBusSignature), hw/rtl/membus.py.
+# Ref: hw/iface.py (MemBusSignature), hw/lib/membus.py.
 """MemRam and MemArbiter in Amaranth's simulator: random masters against a Python dict memory.
 
 Each master writes only its own region and reads its region and a shared read-only region, so the
@@ -12,7 +12,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.rtl.membus import MemArbiter, MemRam
+from hw.lib.membus import MemArbiter, MemRam
 from sim.hdl import stream_get, stream_put
 
 WORDS = 256

@@ -1,10 +1,10 @@
 # Ref: draft KBTP §Target Memory Structures, §Allocation Quotas, §Session Establishment,
 #      §Operations, §Completion, §Direct Modes, §Status Codes, §Examples; layouts.md
-"""Tests of the golden model (sim.model) against independent oracles.
+"""Tests of the golden model (model.target) against independent oracles.
 
 Requests are built and completions, HELLO_ACKs, entries, slots and records are parsed or
 predicted with :mod:`struct` straight from the byte offsets of layouts.md and the draft's byte
-examples, so these tests share no code (and no bug) with host.codec, hw.headers or sim.ring.
+examples, so these tests share no code (and no bug) with host.codec, hw.headers or model.ring.
 """
 
 import random
@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from sim.model import (AccessError, Disconnect, InvalidateStag, MemWrite, RdmaRead, RdmaWrite,
+from model.target import (AccessError, Disconnect, InvalidateStag, MemWrite, RdmaRead, RdmaWrite,
                        SendMsg, TargetConfig, TargetModel, WriteImm)
 import struct
 

@@ -1,5 +1,5 @@
-# Ref: hw/rtl/qp.py (register maps in its docstring); hw/rtl/iface.py (QpConfig, MrEntry,
-#      REG_QP, REG_MR); hw/rtl/hostlink.py (HostBusSignature handshake).
+# Ref: hw/rdma/qp.py (register maps in its docstring); hw/iface.py (QpConfig, MrEntry,
+#      REG_QP, REG_MR); hw/target/hostlink.py (HostBusSignature handshake).
 """QP and MR tables: host-bus register read-back, the load strobe, decode errors, QPN lookup
 and the MR lookup against a brute-force Python reference on random tables and queries."""
 
@@ -8,14 +8,12 @@ import random
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import REG_MR, REG_QP
-from hw.rtl.qp import (MR_STRIDE, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
+from hw.iface import REG_MR, REG_QP, REG_TRANSPORT, Space
+from hw.rdma.qp import (MR_STRIDE, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
                        QpTable)
-from hw.rtl.iface import REG_TRANSPORT
 from tests.responder_bench import bus_access, mr_words
 
-#: Independent restatement of the QP register widths (docstring of hw/rtl/qp.py).
+#: Independent restatement of the QP register widths (docstring of hw/rdma/qp.py).
 QP_WIDTHS = {0x00: 3, 0x04: 24, 0x08: 24, 0x0C: 16, 0x10: 32, 0x14: 32, 0x18: 16, 0x1C: 3,
              0x20: 24, 0x24: 24, 0x28: 5, 0x2C: 3, 0x30: 3, 0x34: 32, 0x38: 8, 0x3C: 5}
 

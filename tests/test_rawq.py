@@ -1,4 +1,4 @@
-# Ref: hw/rtl/rawq.py (queue word formats); roce-layouts.md §7 (CM on QP1).
+# Ref: hw/rdma/rawq.py (queue word formats); roce-layouts.md §7 (CM on QP1).
 """Raw frame queues, QP1 filter and transmit mux in the Amaranth simulator.
 
 Oracles: the frames themselves (scapy-built, or the rdma_cm CM REQ of the rping capture) and
@@ -14,10 +14,10 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import rdpcap
 
-from hw.rtl.hostlink import Space
-from hw.rtl.rawq import FrameMux, QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
+from hw.iface import Space
+from hw.rdma.rawq import FrameMux, QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
 from sim.paths import DATA_DIR
-from tests.scapy_roce import (StreamDriver, frame_beats, pcap_roce_frames, roce_frame,
+from sim.scapy_roce import (StreamDriver, frame_beats, pcap_roce_frames, roce_frame,
                               roce_rx_beats, split_packets)
 
 MAC, IPV4 = 0x525400000001, 0x0A000001       # the rping capture's first guest

@@ -1,10 +1,10 @@
 # Ref: host/cm.py; roce-layouts.md §7 (CM: REQ/REP/RTU/DREQ/DREP/REJ, Starting PSN §7.8);
-#      hw/rtl/rawq.py (queue word formats).
-"""host/cm.py against the Python RC endpoint's CM (sim/rc_cm.py, the active side), without
+#      hw/rdma/rawq.py (queue word formats).
+"""host/cm.py against the Python RC endpoint's CM (roce/cm.py, the active side), without
 gateware: the raw frame queues are a word-level fake that follows the documented format (the
 gateware side of that format is tested in tests/test_rawq.py and tests/test_serve_hw.py).
 
-Oracle: the independent active-side CM of :class:`sim.rc.RoceEndpoint` must reach RTS with the
+Oracle: the independent active-side CM of :class:`roce.rc.RoceEndpoint` must reach RTS with the
 target's QPN and Starting PSN from the REP, and the QP programmed through the (fake) driver
 must carry the REQ's QPN, PSN, MTU, retry counts and addresses; REJ reason 1 when no QP is free;
 DREQ from either side completes with DREP.
@@ -12,18 +12,17 @@ DREQ from either side completes with DREP.
 
 import asyncio
 
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import REG_QP, QpState
-from hw.rtl.rawq import Q_RAW_RX, Q_RAW_TX
+from hw.iface import QpState, REG_QP, Space
+from hw.rdma.rawq import Q_RAW_RX, Q_RAW_TX
 from host.cm import CmServer
-from sim.rc import QPState, RoceEndpoint
-from sim.rc_frames import parse_frame
+from roce.rc import QPState, RoceEndpoint
+from roce.frames import parse_frame
 
 T_MAC, T_IP = "02:4b:42:54:50:01", "10.0.0.2"
 
 
 class FakeQueues:
-    """Q_RAW_RX / Q_RAW_TX words as documented in hw/rtl/rawq.py, plus register writes."""
+    """Q_RAW_RX / Q_RAW_TX words as documented in hw/rdma/rawq.py, plus register writes."""
 
     def __init__(self):
         self.rx = []            # frames waiting for the host

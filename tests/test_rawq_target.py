@@ -1,4 +1,4 @@
-# Ref: hw/rtl/target.py (raw queues wired in), hw/rtl/rawq.py (word formats); IEEE 802.3 clause
+# Ref: hw/target/target.py (raw queues wired in), hw/rdma/rawq.py (word formats); IEEE 802.3 clause
 #      35 (GMII preamble/SFD, FCS = CRC-32 LSB first); roce-layouts.md §7 (CM on QP1).
 """The raw frame queues inside the whole KbtpTarget, over GMII, in the Amaranth simulator.
 
@@ -11,10 +11,9 @@ import zlib
 
 import pytest
 
-from hw.rtl.hostlink import Space
-from hw.rtl.rawq import Q_RAW_RX
-from hw.rtl.regbank import TOP_COUNTER_BASE
-from hw.rtl.iface import REG_TOP
+from hw.iface import REG_TOP, Space
+from hw.rdma.rawq import Q_RAW_RX
+from hw.target.regbank import TOP_COUNTER_BASE
 from tests.test_rawq import IPV4, MAC, access, cm_req, pop_frame, push_frame, rc_frame, run
 
 
@@ -25,7 +24,7 @@ def gmii_octets(frame):
 
 @pytest.mark.parametrize("width", [8, 64])
 def test_target_raw_queues_over_gmii(width):
-    from hw.rtl.target import KbtpTarget, TOP_COUNTERS
+    from hw.target.target import KbtpTarget, TOP_COUNTERS
     dut = KbtpTarget(width, n_qp=2, mem_words=256, own_mac=MAC, own_ip=IPV4)
     req, rc = cm_req(), rc_frame()
     out = rc_frame(b"host frame " * 5, dqpn=0x22)[:120]

@@ -1,19 +1,19 @@
 # Ref: docs/roce-layouts.md §7 (CM on QP1), §7.8 (Starting PSN direction), §8 (ARP),
 #      §9 (C1 worked examples REQ/REP/RTU/DREQ/DREP). Oracle: the frames Linux rxe/rdma_cm sent in
 #      capture C1 (rping, frames 1065-1129), parsed independently with scapy.
-"""CM of sim.rc: our endpoint replaces either rping peer of capture C1 and must produce the same
+"""CM of roce.rc: our endpoint replaces either rping peer of capture C1 and must produce the same
 CM messages rxe produced; then two Python endpoints connect and disconnect through CM."""
 
 import struct
 
 from scapy.layers.l2 import ARP, Ether
 
-from scapy_roce import dissect_roce
+from sim.scapy_roce import dissect_roce
 from test_rc_frames import C1, frames
 from sim.channel import LossyLink, run
-from sim.rc import QPState, RoceEndpoint
-from sim.rc_cm import REJ_INVALID_SERVICE_ID, decode_mad
-from sim.rc_frames import ip_int
+from roce.rc import QPState, RoceEndpoint
+from roce.cm import REJ_INVALID_SERVICE_ID, decode_mad
+from roce.frames import ip_int
 
 MAC1, MAC2 = "52:54:00:00:00:01", "52:54:00:00:00:02"
 

@@ -1,13 +1,13 @@
 # Ref: docs/roce-layouts.md §6.2 (ePSN classes), §6.5 (ACK coalescing, NAK table,
 #      requester reactions), §6.6 (duplicates), §6.7 (retry counters), §4.3 (atomic alignment),
-#      §1.6 (what a receiver drops). Stimulus frames are built by scapy (tests/scapy_roce.py),
-#      answers dissected by scapy: an oracle that shares no code with sim/rc_frames.py.
-"""Negative paths and recovery details of the sim.rc endpoint."""
+#      §1.6 (what a receiver drops). Stimulus frames are built by scapy (sim/scapy_roce.py),
+#      answers dissected by scapy: an oracle that shares no code with roce/frames.py.
+"""Negative paths and recovery details of the roce.rc endpoint."""
 
-from scapy_roce import AtomicETH, IETH, RETH, dissect_roce, roce_frame
+from sim.scapy_roce import AtomicETH, IETH, RETH, dissect_roce, roce_frame
 from sim.channel import LossyLink, run
-from sim.rc import QPState, RoceEndpoint, WcStatus
-from sim.rc_frames import parse_frame
+from roce.rc import QPState, RoceEndpoint, WcStatus
+from roce.frames import parse_frame
 
 MAC1, MAC2 = "52:54:00:00:00:01", "52:54:00:00:00:02"
 BASE, RKEY, RKEY_NOATOMIC = 0x10000000, 0x1234, 0x55
@@ -256,7 +256,7 @@ def test_mutated_frames_with_valid_checksums_never_crash():
     import random
     import struct
 
-    from sim.rc_frames import icrc, ipv4_checksum
+    from roce.frames import icrc, ipv4_checksum
     from test_rc_frames import _mixed_traffic
 
     link, _, _ = _mixed_traffic(7)

@@ -1,7 +1,7 @@
 # Ref: docs/roce-layouts.md §1-§6 (framing, ICRC, PSN/ACK rules), §0.2 captures C2/C3;
 #      docs/softroce-vm.md. Oracles: scapy (Ether/IP/UDP/BTH, ICRC), and bytes that
 #      Linux rxe and the hand-written peer put on the wire in the captures.
-"""sim.rc framing against scapy, and the endpoint replayed against the rxe captures C2 / C3.
+"""roce.rc framing against scapy, and the endpoint replayed against the rxe captures C2 / C3.
 
 Replay: our endpoint takes the place of one side of capture C2 (rxe 10.0.0.1 QP 0x11 <->
 hand-written peer 10.0.0.2 QP 0xABC), is fed the other side's frames, and must answer with the
@@ -18,10 +18,10 @@ from scapy.all import rdpcap
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from scapy_roce import dissect_roce, icrc_of
+from sim.scapy_roce import dissect_roce, icrc_of
 from sim.channel import LossyLink, run
-from sim.rc import RoceEndpoint, WcStatus, rxe_udp_sport
-from sim.rc_frames import FrameError, parse_frame
+from roce.rc import RoceEndpoint, WcStatus, rxe_udp_sport
+from roce.frames import FrameError, parse_frame
 
 DATA = DATA_DIR
 C1 = DATA / "rxe-two-guests-pingpong-rping.pcap"

@@ -1,7 +1,7 @@
 # Ref: docs/roce-layouts.md §6 (PSNs, ACK coalescing, NAKs, duplicates, go-back-N
 #      retransmission, retry counters), §3 (opcodes), §7 (CM); issue 3 (RC peer under
 #      random loss, duplication and corruption).
-"""Two sim.rc endpoints over a LossyLink: a random mix of every operation in both directions,
+"""Two roce.rc endpoints over a LossyLink: a random mix of every operation in both directions,
 checked against a plain in-order model of the remote memory (the oracle: RC executes each QP's
 requests exactly once, in order).
 
@@ -14,7 +14,7 @@ import random
 import pytest
 
 from sim.channel import LossyLink, run
-from sim.rc import RoceEndpoint, WcStatus, WrOp
+from roce.rc import RoceEndpoint, WcStatus, WrOp
 
 MEM = 32 * 1024
 CTR_OFF, CAS_OFF = MEM - 16, MEM - 8        # 64-bit FetchAdd counter and CmpSwap word

@@ -1,5 +1,5 @@
-# Ref: roce-layouts.md §3, §6.3-§6.7 (RC requester rules); hw/rtl/requester.py;
-#      tests/scapy_roce.py.
+# Ref: roce-layouts.md §3, §6.3-§6.7 (RC requester rules); hw/rdma/requester.py;
+#      sim/scapy_roce.py.
 """RC requester in Amaranth's simulator, end to end through TxPath, RoceTxBuilder, RoceRxParser.
 
 Work requests go in; the request packets the gateware builds are dissected with scapy and fed to
@@ -18,13 +18,13 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.rtl.iface import QpState, WcStatus, WrOp
-from hw.rtl.membus import MemArbiter, MemRam
-from hw.rtl.requester import RespDemux, Requester, ack_timeout_cycles
-from hw.rtl.roce_hdr import RoceRxParser, RoceTxBuilder
-from hw.rtl.txpath import TxPath
+from hw.iface import QpState, WcStatus, WrOp
+from hw.lib.membus import MemArbiter, MemRam
+from hw.rdma.requester import RespDemux, Requester, ack_timeout_cycles
+from hw.rdma.roce_hdr import RoceRxParser, RoceTxBuilder
+from hw.rdma.txpath import TxPath
 from sim.hdl import beats_to_packet, stream_get, stream_put
-from tests.scapy_roce import AETH, dissect_roce, roce_frame, roce_rx_beats
+from sim.scapy_roce import AETH, dissect_roce, roce_frame, roce_rx_beats
 
 WORDS = 8192                    # 64 KiB of target memory
 CLK_HZ = 125e6

@@ -1,4 +1,4 @@
-# Ref: hw/rtl/requester.py (DmaWriter, RespDemux); hw/rtl/iface.py (MemBusSignature strobes);
+# Ref: hw/rdma/requester.py (DmaWriter, RespDemux); hw/iface.py (MemBusSignature strobes);
 #      roce-layouts.md §3 (response opcodes 0x0D-0x12).
 """DmaWriter against a Python byte image (any alignment, idles, back-pressure), and RespDemux
 routing of scapy-built frames through the real RoceRxParser."""
@@ -10,11 +10,11 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.rtl.membus import MemRam
-from hw.rtl.requester import DmaWriter, RespDemux
-from hw.rtl.roce_hdr import RoceRxParser
+from hw.lib.membus import MemRam
+from hw.rdma.requester import DmaWriter, RespDemux
+from hw.rdma.roce_hdr import RoceRxParser
 from sim.hdl import packet_get, packet_put, stream_get, stream_put
-from tests.scapy_roce import AETH, RETH, roce_frame, roce_rx_beats
+from sim.scapy_roce import AETH, RETH, roce_frame, roce_rx_beats
 
 WORDS = 512
 

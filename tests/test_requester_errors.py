@@ -5,8 +5,8 @@ rate of a 4 KiB WRITE. Bench and peer from tests/test_requester.py."""
 
 import pytest
 
-from hw.rtl.iface import QpState, WcStatus, WrOp
-from hw.rtl.requester import ack_timeout_cycles
+from hw.iface import QpState, WcStatus, WrOp
+from hw.rdma.requester import ack_timeout_cycles
 from tests.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, wr, VA0)
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from hw.rtl.iface import WcStatus, WrOp
-from hw.rtl.requester import ack_timeout_cycles, rnr_timer_cycles
+from hw.iface import WcStatus, WrOp
+from hw.rdma.requester import ack_timeout_cycles, rnr_timer_cycles
 from tests.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, mixed_wrs, wr,
                                   VA0)
 

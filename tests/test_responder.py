@@ -1,6 +1,6 @@
 # Ref: roce-layouts.md §3 (opcodes), §4 (RETH/AETH/AtomicETH), §6 (PSN, MSN, ACK rules);
 #      tests/responder_bench.py (bench and oracles).
-"""Responder: every request opcode executed for the Python RC peer (sim/rc.py), at widths 8 and
+"""Responder: every request opcode executed for the Python RC peer (roce/rc.py), at widths 8 and
 64, PMTU 256 and 1024, with idles and back-pressure; the peer's completions, an independently
 computed memory image and the expected receive notifications are the oracles."""
 
@@ -9,12 +9,12 @@ import random
 import pytest
 
 from hw.headers import BthOpcode as O
-from hw.rtl.iface import REG_MR
-from hw.rtl.qp import MR_STRIDE
-from sim.rc import QPState, WcStatus
+from hw.iface import REG_MR
+from hw.rdma.qp import MR_STRIDE
+from roce.rc import QPState, WcStatus
 from tests.responder_bench import (DUT_IP, DUT_MAC, MEM_BYTES, PEER_IP, PEER_MAC, PMTU_CODE, Env,
                                    bus_access, run, write_mr, write_qp)
-from sim.rc_frames import ip_int, mac_bytes
+from roce.frames import ip_int, mac_bytes
 
 DUT_QPN, PEER_QPN = 0x11, 0x20
 RECV_BASE, RECV_COUNT, RECV_LOG2 = 0x4000, 4, 12

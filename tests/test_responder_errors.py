@@ -9,8 +9,8 @@ opcode drops, ACK coalescing. Expected packets are computed from the frames sent
 import pytest
 
 from hw.headers import AETH, RETH, IETH, AethSyndrome as S, BthOpcode as O, pack
-from sim.rc import WcStatus
-from sim.rc_frames import PSN_MASK, ip_int, mac_bytes
+from roce.rc import WcStatus
+from roce.frames import PSN_MASK, ip_int, mac_bytes
 from tests.responder_bench import DUT_IP, DUT_MAC, run
 from tests.test_responder import (DUT_QPN, PEER_QPN, RECV_BASE, Oracle, configure, first_diff,
                                   make_env, peer_qp, repost_all)

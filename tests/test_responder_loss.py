@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §6.2-§6.7 (PSN classes, NAK once per episode, duplicates, go-back-N);
-#      sim/rc.py (the peer requester and its retransmission rules).
+#      roce/rc.py (the peer requester and its retransmission rules).
 """Responder under a lossy, duplicating link: random SEND / WRITE / READ / atomic traffic from
 the Python RC peer, frames lost or duplicated in both directions. Everything must complete
 successfully with the right data: the responder's duplicate, PSN-ahead and replay-cache rules
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sim.rc import WcStatus
+from roce.rc import WcStatus
 from tests.test_responder import Oracle, configure, first_diff, make_env, peer_qp
 from tests.test_responder import PEER_QPN
 from tests.responder_bench import run

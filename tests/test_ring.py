@@ -1,6 +1,6 @@
 # Ref: draft KBTP §Free-Block Ring, §Allocation Quotas, §Direct Modes, §InfiniBand and RoCEv2,
 #      §Examples (ring counter table, deferred-free scenario); RFC 7306 §3.1; layouts.md.
-"""Unit tests of sim/ring.py: masked FetchAdd, counters, slot images, the draft's scenarios.
+"""Unit tests of model/ring.py: masked FetchAdd, counters, slot images, the draft's scenarios.
 
 Oracles: the draft's worked table (literal numbers), a per-field and a bit-serial adder written
 here from the definition of the masked add, ``struct.pack`` for the slot and counter bytes, and
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hw.headers import RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, ring_add_mask
-from sim.ring import (MASK64, Allocator, DirectAllocator, Freer, RingEmpty, RingImage, RingStall,
+from model.ring import (MASK64, Allocator, DirectAllocator, Freer, RingEmpty, RingImage, RingStall,
                       SeqFreer, counter_fields, fetch_add, masked_fetch_add)
 
 u64 = st.integers(0, MASK64)

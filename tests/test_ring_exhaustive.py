@@ -3,7 +3,7 @@
 """Exhaustive exploration of concurrent allocations and frees on small rings.
 
 Every interleaving of single memory actions (FetchAdd, slot read, consume, consumed-check, Block
-Offset write, Sequence write, BIND) is explored by :func:`sim.ring.explore` (DFS over states with
+Offset write, Sequence write, BIND) is explored by :func:`model.ring.explore` (DFS over states with
 memoization). In every state: no block in two places, every block somewhere (ring slot, operation
 in flight, initiator's hand), quiescent occupancy = blocks in the ring. On every action: a ticket
 reads the slot written for that ticket (against a ghost record kept from the writers'
@@ -11,14 +11,14 @@ intentions), no slot is written before its previous content was consumed, and sl
 in ticket order. Termination: whenever operations are in flight one of them can proceed, and the
 state graph is acyclic, so every allocation completes.
 
-Frees use :class:`sim.ring.SeqFreer` (consumed AND Sequence == u - N) unless the case says
+Frees use :class:`model.ring.SeqFreer` (consumed AND Sequence == u - N) unless the case says
 ``free_check="consumed"`` (the draft's literal text); see
 test_draft_literal_free_check_loses_a_block for why.
 """
 
 import pytest
 
-from sim.ring import (Allocator, Freer, Initiator, InvariantViolation, RingWorld, SeqFreer,
+from model.ring import (Allocator, Freer, Initiator, InvariantViolation, RingWorld, SeqFreer,
                       explore)
 
 I = Initiator

@@ -9,7 +9,7 @@
    every allocation of ticket t must return exactly that block, and the memory image must show
    every block exactly once (slot, pending free, or an initiator's hand).
    Four variants: masked/unmasked counters x big/little-endian Block Offsets.
-2. :func:`test_random_interleavings` walks random paths through :class:`sim.ring.RingWorld`
+2. :func:`test_random_interleavings` walks random paths through :class:`model.ring.RingWorld`
    (one memory action per step, invariants checked at every step) on rings bigger than the
    exhaustive tests can cover.
 """
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule)
 
 from hw.headers import SLOT_EMPTY
-from sim.ring import (MASK32, Initiator, RingEmpty, RingImage, RingStall, RingWorld,
+from model.ring import (MASK32, Initiator, RingEmpty, RingImage, RingStall, RingWorld,
                       counter_fields)
 
 N_ORDER = 3

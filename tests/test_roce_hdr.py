@@ -8,11 +8,11 @@ from amaranth.lib.wiring import In, Out
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from hw.rtl.icrc import IcrcCheck, IcrcInsert
-from hw.rtl.ip import EthIpRx, EthIpTx
-from hw.rtl.roce_hdr import RoceRxHeader, RoceRxParser, RoceTxBuilder, RoceTxHeader
-from hw.rtl.stream import PacketStream
-from scapy_roce import (EXT_NAME, OPCODE_EXTS, StreamDriver, dissect_roce, frame_beats,
+from hw.net.icrc import IcrcCheck, IcrcInsert
+from hw.net.ip import EthIpRx, EthIpTx
+from hw.rdma.roce_hdr import RoceRxHeader, RoceRxParser, RoceTxBuilder, RoceTxHeader
+from hw.lib.stream import PacketStream
+from sim.scapy_roce import (EXT_NAME, OPCODE_EXTS, StreamDriver, dissect_roce, frame_beats,
                         icrc_of, pcap_roce_frames, random_ext_fields, roce_frame, roce_rx_beats,
                         rx_meta_of, run_sim, seeded, split_packets)
 

@@ -3,10 +3,10 @@
 """``kbtp-sim serve`` with the gateware backend against the Python RC endpoint, over UDP.
 
 The served process (Verilated KbtpTarget + host driver + host/cm.py) runs as ``python -m
-sim.serve serve``; the initiator is a :class:`sim.rc.RoceEndpoint` on its own
+sim.serve serve``; the initiator is a :class:`roce.rc.RoceEndpoint` on its own
 :class:`sim.serve.FrameServer` socket (the QEMU side of ``-netdev dgram``). It connects with
 CM (REQ/REP/RTU through the raw frame queues), sends HELLO, ALLOC_STORE, LOAD, FREE and GOODBYE
-as SENDs and exposes a registered buffer. Oracle: a golden model (:mod:`sim.model`) fed the same
+as SENDs and exposes a registered buffer. Oracle: a golden model (:mod:`model.target`) fed the same
 requests directly: every COMPLETION payload and the initiator's buffer after each request must
 be equal. Also: a connection beyond the target's QPs is refused with REJ "no QP available", an
 initiator DREQ is answered with DREP, a GOODBYE whose ACK was lost is ACKed again when
@@ -28,10 +28,10 @@ import pytest
 from host import codec
 from host.driver import GOODBYE_GRACE_MS
 from hw.headers import ROCE_UDP_PORT, BthOpcode, ReqFlags
-from hw.rtl.ip import ETH_IP_UDP_LEN
-from sim import model as M
+from hw.net.ip import ETH_IP_UDP_LEN
+import model.target as M
 from sim.serve import FrameServer, model_config
-from sim.rc import QPState, RoceEndpoint
+from roce.rc import QPState, RoceEndpoint
 from sim.serve_hw import HW, _mem_words
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,7 +201,7 @@ def test_cm_and_kbtp_operations(served):
           f"{time.monotonic() - t0:.1f} s, initiator counters {ini.ep.counters}")
     # Every RoCE frame the target sent has a valid ICRC (scapy recomputes it).
     from scapy.utils import rdpcap
-    from tests.scapy_roce import icrc_of
+    from sim.scapy_roce import icrc_of
     sent = [bytes(p) for p in rdpcap(str(tmp / "run.pcap"))
             if bytes(p)[6:12] == bytes.fromhex("024b42545001") and bytes(p)[12:14] == b"\x08\x00"]
     assert len(sent) > 20

@@ -3,7 +3,7 @@
 """``kbtp-sim serve --stats-file``: board time of each KBTP request, checked from the wire.
 
 The served gateware (the ECPIX-5 core, Verilated) is driven by a Python RC initiator
-(:class:`sim.rc.RoceEndpoint`, as in tests/test_serve_hw.py): HELLO, ALLOC_STORE by RDMA READ,
+(:class:`roce.rc.RoceEndpoint`, as in tests/test_serve_hw.py): HELLO, ALLOC_STORE by RDMA READ,
 LOAD, a LOAD refused with TOO_LARGE, FREE, a LOAD of the freed handle, and two LOADs in flight
 at once. Oracles:
 
@@ -28,7 +28,7 @@ import pytest
 
 from host import codec
 from hw.headers import ReqFlags
-from sim.rc import QPState
+from roce.rc import QPState
 from tests.test_serve_hw import BUF_RKEY, BUF_VA, Initiator, _free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ def test_block_census_finds_lost_and_duplicated_blocks():
     """The census itself: a fresh model image has every block in its ring; a block copied into
     a valid table entry is duplicated; a slot marked consumed with no owner loses a block."""
     from host import codec
-    from sim.model import TargetModel
+    from model.target import TargetModel
     from sim.system import block_census, model_config
     m = TargetModel(model_config(direct_partitions=1, direct_quota=4, masked=False))
     img = bytearray(m.mem[0:len(m.mem)])

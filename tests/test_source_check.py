@@ -1,6 +1,6 @@
 # Ref: issue 18 (Deliver item 5: source checks on every RC packet); Linux rxe check_addr()
-#      (a packet whose source is not the QP's path is dropped); hw/rtl/responder.py,
-#      hw/rtl/requester.py, hw/rtl/target.py (counter maps).
+#      (a packet whose source is not the QP's path is dropped); hw/rdma/responder.py,
+#      hw/rdma/requester.py, hw/target/target.py (counter maps).
 """Source checks: an RC packet whose IPv4 source address (RoCEv2 source GID) is not its QP's
 ``peer_ip`` is dropped and counted, however right its QPN, PSN and ICRC, on both sides:
 
@@ -11,7 +11,7 @@
   writes nothing; the genuine response (after a retransmission) completes the work request;
 - the UDP source port (ECMP entropy) and the source MAC (a router's) are not checked;
 - the counters are at their register addresses in the whole target (over GMII);
-- the Python RoCE stack (sim/rc.py, modelling rxe) does the same for its own QPs.
+- the Python RoCE stack (roce/rc.py, modelling rxe) does the same for its own QPs.
 """
 
 import zlib
@@ -19,13 +19,15 @@ import zlib
 import pytest
 
 from hw.headers import AETH, RETH, AtomicETH, AethSyndrome as S, BthOpcode as O, pack
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import REG_MR, REG_QP, REG_TRANSPORT, QpState, WcStatus, WrOp
-from hw.rtl.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
-from sim.rc_frames import PSN_MASK, build_roce, ip_int, mac_bytes
+from hw.iface import QpState, REG_MR, REG_QP, REG_TRANSPORT, Space, WcStatus, WrOp
+from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
+from roce.frames import PSN_MASK, build_roce, ip_int, mac_bytes
 from tests.responder_bench import DUT_IP, DUT_MAC, PEER_IP, PEER_MAC, run
 from tests.test_responder import DUT_QPN, RECV_BASE, make_env
 from tests.test_responder_errors import craft, fresh, summary
+# Imported here, not in the test: pytest rewrites a module's asserts when it is first
+# imported, and CPython 3.11 can fail to parse inside a deep simulator stack.
+from tests.test_rawq import access, run as run_sim
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -151,7 +153,7 @@ def _spoof_first_response(b, qp, pick, rewrite=None):
     """Peer ``qp`` of requester bench ``b``: the first response frame that ``pick(opcode)``
     selects is replaced by a copy from SPOOF_IP (``rewrite(fields)`` may change it); the
     genuine one is lost. Returns the list of spoofed (opcode, psn)."""
-    from tests.scapy_roce import dissect_roce, roce_frame, AETH as SAETH
+    from sim.scapy_roce import dissect_roce, roce_frame, AETH as SAETH
     peer = b.peers[qp]
     orig = peer.handle
     done = []
@@ -247,8 +249,7 @@ def test_target_counters_over_gmii(width):
     """KbtpTarget in Amaranth's simulator: a spoofed WRITE and a spoofed ACK in over GMII are
     dropped and counted at REG_TRANSPORT (responder) and REQ_COUNTER_BASE (requester); the
     genuine WRITE after them is executed and ACKed on GMII."""
-    from hw.rtl.target import (KbtpTarget, REQ_COUNTER_BASE, REQ_COUNTERS, RESP_COUNTERS)
-    from tests.test_rawq import access, run as run_sim
+    from hw.target.target import (KbtpTarget, REQ_COUNTER_BASE, REQ_COUNTERS, RESP_COUNTERS)
     t_mac, t_ip = 0x020000000001, "10.0.0.1"
     dut = KbtpTarget(width, n_qp=2, mem_words=256, own_mac=t_mac, own_ip=ip_int(t_ip))
     tx = []
@@ -313,12 +314,12 @@ def test_target_counters_over_gmii(width):
     assert body[42] == O.ACKNOWLEDGE.value and int.from_bytes(body[50:54], "big") & PSN_MASK == 5
 
 
-# ---- Python RoCE stack (sim/rc.py) ---------------------------------------------------------
+# ---- Python RoCE stack (roce/rc.py) ---------------------------------------------------------
 
 def test_model_requester_drops_spoofed_ack():
     """RoceEndpoint (the rxe model): a spoofed ACK to one of its requester QPs completes
     nothing and is counted; the genuine one completes the SEND."""
-    from sim.rc import RoceEndpoint, WcStatus as RcStatus
+    from roce.rc import RoceEndpoint, WcStatus as RcStatus
     ep = RoceEndpoint(PEER_MAC, PEER_IP, seed=1)
     ep.arp_table[ip_int(DUT_IP)] = mac_bytes(DUT_MAC)
     q = ep.create_qp(qpn=0x20, dest_qpn=DUT_QPN, remote_ip=DUT_IP, remote_mac=DUT_MAC,

@@ -1,4 +1,4 @@
-# Ref: tests/cocotb_system.py (the bench); hw/rtl/target.py; host/driver.py; sim/hdl.py.
+# Ref: tests/cocotb_system.py (the bench); hw/target/target.py; host/driver.py; sim/hdl.py.
 """pytest runner of the system bench: KbtpTarget with the KBTP engine, 4 QPs, the host driver,
 against the golden model (width 8; the same Verilator build as tests/test_target_cocotb.py)."""
 

@@ -1,4 +1,4 @@
-# Ref: hw/rtl/target.py (the top); tests/cocotb_target.py (the bench); sim/hdl.py (runner).
+# Ref: hw/target/target.py (the top); tests/cocotb_target.py (the bench); sim/hdl.py (runner).
 """pytest runner of the KbtpTarget system bench over GMII, one Verilator build per width."""
 
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hw.rtl.target import KbtpTarget
+from hw.target.target import KbtpTarget
 from sim.hdl import run_cocotb
 
 MEM_WORDS = 16384           # 128 KiB: room for a 64 KiB WRITE/READ plus the small regions

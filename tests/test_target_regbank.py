@@ -1,4 +1,4 @@
-# Ref: hw/rtl/regbank.py (host decoder, REG_TOP, MEM port, queues); hw/rtl/iface.py layouts.
+# Ref: hw/target/regbank.py (host decoder, REG_TOP, MEM port, queues); hw/iface.py layouts.
 """Host-side blocks of the target top in Amaranth's simulator.
 
 Oracles: Amaranth's own layout views of the queue streams (field by field against the values
@@ -14,10 +14,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
-from hw.rtl.hostlink import HostBusSignature, Space
-from hw.rtl.iface import REG_TOP, RecvNotify, WorkCompletion, WorkRequest, WrOp
-from hw.rtl.membus import MemRam
-from hw.rtl.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TARGET_ID, TOP_COUNTER_BASE,
+from hw.iface import (HostBusSignature, REG_TOP, RecvNotify, Space, WorkCompletion, WorkRequest,
+                     WrOp)
+from hw.lib.membus import MemRam
+from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TARGET_ID, TOP_COUNTER_BASE,
                             HostDecoder, HostMemPort, HostQueues, TopRegs)
 from tests.target_host import pack_record, record_words
 
@@ -179,5 +179,5 @@ def test_queues():
 def test_target_elaborates(width):
     """The whole top converts to RTLIL (all blocks wired, no driver conflicts)."""
     from amaranth.back import rtlil
-    from hw.rtl.target import KbtpTarget
+    from hw.target.target import KbtpTarget
     assert "module" in rtlil.convert(KbtpTarget(width, n_qp=2, mem_words=256))

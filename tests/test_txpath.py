@@ -1,8 +1,8 @@
-# Ref: roce-layouts.md §2-§4; hw/rtl/txpath.py.
+# Ref: roce-layouts.md §2-§4; hw/rdma/txpath.py.
 """TX path: DMA reader against a byte image; TxPath + RoceTxBuilder bytes checked with scapy.
 
 Oracles: the memory image itself (Python slices) for payloads, scapy's BTH/RETH/AETH/... layers
-(tests/scapy_roce.py, restated from roce-layouts.md independently of hw/headers.py) for headers.
+(sim/scapy_roce.py, restated from roce-layouts.md independently of hw/headers.py) for headers.
 """
 
 import random
@@ -12,12 +12,12 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.rtl.iface import QpState
-from hw.rtl.membus import MemRam
-from hw.rtl.roce_hdr import RoceTxBuilder
-from hw.rtl.txpath import DmaReader, TxPath
+from hw.iface import QpState
+from hw.lib.membus import MemRam
+from hw.rdma.roce_hdr import RoceTxBuilder
+from hw.rdma.txpath import DmaReader, TxPath
 from sim.hdl import beats_to_packet, packet_get, stream_get, stream_put
-from tests.scapy_roce import dissect_roce
+from sim.scapy_roce import dissect_roce
 
 WORDS = 1024
 

@@ -1,5 +1,5 @@
 # Ref: issue 7 item 2; sim/vltarget.py; sim/system.py; RFC 826 (ARP).
-#      hw/rtl/regbank.py (TOP_REGS, TARGET_ID); draft KBTP §Operations (ALLOC_STORE, LOAD).
+#      hw/target/regbank.py (TOP_REGS, TARGET_ID); draft KBTP §Operations (ALLOC_STORE, LOAD).
 """The Verilated target behind the C++ harness (sim/vltarget.py): ARP answered (scapy builds
 the request and parses the reply), host-bus registers, an RC exchange of KBTP requests through
 the host driver checked against the golden model and the peer's own buffers, and the harness's
@@ -13,13 +13,12 @@ from scapy.layers.l2 import ARP, Ether
 
 from host.port import TargetPort
 from hw.headers import Opcode, ReqFlags
-from hw.rtl.hostlink import Space
-from hw.rtl.iface import REG_TOP
-from hw.rtl.regbank import TARGET_ID, TOP_REGS
+from hw.iface import REG_TOP, Space
+from hw.target.regbank import TARGET_ID, TOP_REGS
 from sim.system import (P_IP, P_MAC, PERIOD_NS, T_IP, T_MAC, VlSystemBench, mixed,
                         mixed_checks, run_sync)
 from sim.vltarget import VlTarget
-from tests.test_kbtp_engine import build
+from sim.workload import build
 
 @pytest.fixture
 def vt():

@@ -1,5 +1,5 @@
 // Ref: issue 7: fast Verilator harness; sim/serve_hw.py (HostBus handshake, LightGmii
-//      framing: 7 x 0x55, 0xD5, frame, FCS, gap); hw/rtl/hostlink.py (host bus); IEEE 802.3 CRC-32.
+//      framing: 7 x 0x55, 0xD5, frame, FCS, gap); hw/target/hostlink.py (host bus); IEEE 802.3 CRC-32.
 //
 // C++ main around the Verilated KbtpTarget (class Vtop). It owns the clock, the GMII pins and the
 // host bus, and talks to sim/vltarget.py over stdin/stdout with a little-endian binary protocol,
@@ -21,7 +21,7 @@
 // it is on txd (it appears after the rising edge that starts that cycle).
 //
 // Two tops, chosen at compile time:
-// - default: hw/rtl/target.py KbtpTarget, one clock (clk), GMII ports rxd.., host bus host__*;
+// - default: hw/target/target.py KbtpTarget, one clock (clk), GMII ports rxd.., host bus host__*;
 // - KBTP_CORE_DIV=n: the board's core (boards/cores.py KbtpCore, as the bitstream holds it):
 //   GMII (gmii__*) and the MAC in ``sync`` (clk), everything after the MAC and the host bus
 //   (bus__*) in ``core`` (core_clk), whose period is n GMII cycles (ECPIX-5: 125 MHz / 6 =
@@ -53,7 +53,7 @@
 namespace {
 
 constexpr int ACK_LIMIT = 10000;
-constexpr uint8_t SPACE_MEM = 1;          // hw/rtl/hostlink.py Space.MEM
+constexpr uint8_t SPACE_MEM = 1;          // hw/target/hostlink.py Space.MEM
 
 Vtop* top;
 uint64_t cyc = 0;

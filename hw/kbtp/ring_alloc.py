@@ -1,0 +1,303 @@
+# Ref: draft KBTP §Free-Block Ring (Head/Tail counters, masked FetchAdd Add Data/Add Mask, Ring
+#      Slot Sequence + Block Offset, all ones = consumed, "Block Offset before Sequence"),
+#      §Block Unmapped Store (allocation), §Block Free; docs/layouts.md (Ring Slot,
+#      counter layout); model/ring.py (slot_free_for: the strict free check).
+"""The ring allocator: every access of the KBTP engine to the shared free-block ring.
+
+One unit behind one memory-bus master, so that the ring's rules live in one place that can be
+proven on its own: tests/test_formal_ring.py model-checks this unit (bounded, every input free,
+from every idle image of a 2-slot ring; an allocation takes 13 cycles here, 39 inside the
+engine), and checks the engine around it with the same ghost checks in simulation.
+
+Operations
+----------
+ALLOC (``start`` with ``op`` = :attr:`RingOp.ALLOC`)
+    Read Tail, read Head; if Tail ticket == Head ticket the ring is empty (``empty``, the
+    engine answers NO_SPACE); else masked FetchAdd on Head (the old value's ticket t is ours),
+    then re-read slot t mod N until its Sequence == t and its Block Offset is not all ones,
+    take the Block Offset (``block``) and write all ones into it (consume). While the slot
+    waits for its free, pending host commands and a deferred free are served from the poll.
+RETURN (``op`` = :attr:`RingOp.RETURN`, ``block_in``)
+    A block the engine took and could not fill (its RDMA READ failed) goes back to the ring
+    (model/target.py Readings 10): first the deferred free, if any, is finished; then a free of
+    ``block_in`` (below), finished before ``done``.
+Host commands (``cmd_valid`` / ``cmd_kind`` / ``cmd_arg``, served when ``grant`` is high and the
+unit is idle, or from an allocation's slot poll)
+    TAIL_FETCHADD: masked FetchAdd on Tail, old value in ``cmd_result`` (the host frees that
+    ticket's slot itself). FREE_BLOCK: the same FetchAdd for ticket u, then the strict free
+    check: the slot u mod N is written only when it is consumed AND its Sequence == u - N
+    (model/ring.py ``slot_free_for``; the draft's "consumed" alone loses blocks under
+    concurrent frees), Block Offset first, then Sequence. A free that cannot write yet is
+    *deferred* (``deferred``; one at a time) and retried whenever the unit is idle and granted,
+    or polling a slot.
+
+Ports
+-----
+ring_base, head_addr, tail_addr : In(ADDR_BITS); ring_order : In(5); masked : In(1)
+    Configuration (engine registers). ``masked`` 1: the draft's Add Data / Add Mask; 0:
+    InfiniBand unmasked FetchAdd, slot = 16 * (ticket mod N).
+start : In(1), op : In(RingOp), block_in : In(64)
+    Operation request, held until ``ack``.
+ack : Out(1)
+    The request is taken this cycle (the unit was idle).
+done : Out(1)
+    One-cycle strobe: the operation has finished; ``empty`` and ``block`` are its result.
+empty : Out(1), block : Out(64), occupancy : Out(32)
+    ALLOC result: ring empty / the block taken; Tail - Head at the last ALLOC's check.
+stall : Out(1)
+    One-cycle strobe per re-read of a slot that does not hold its ticket's block yet.
+grant : In(1)
+    The unit may start host-command work from idle now (the engine is idle and not taking a
+    message this cycle).
+idle : Out(1)
+    The unit is idle (no operation, no memory access in flight).
+cmd_valid : In(1), cmd_kind : In(2), cmd_arg : In(64)
+    A host command (:class:`Cmd`), held until ``cmd_ack``.
+cmd_ack : Out(1), cmd_result : Out(64)
+    One-cycle strobe when the command's Tail FetchAdd is written; the counter value before it.
+deferred : Out(1)
+    A free holds its Tail ticket and waits for its slot.
+mem : Out(MemBusSignature())
+"""
+
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import enum, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import RING_ADD_DATA, RING_ADD_DATA_UNMASKED, SLOT_EMPTY, RingSlot
+
+from hw.lib.fetchadd import masked_add_value
+from hw.iface import ADDR_BITS, MemBusSignature
+from hw.lib.membus import be_field, bswap64, read_words
+
+__all__ = ["RingAllocator", "RingOp", "Cmd"]
+
+
+class RingOp(enum.Enum, shape=1):
+    ALLOC = 0
+    RETURN = 1
+
+
+class Cmd:
+    """Host command codes (the engine's CMD register)."""
+    TAIL_FETCHADD = 1
+    FREE_BLOCK = 2
+
+
+class RingAllocator(wiring.Component):
+    """Free-block ring allocator (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__({
+            "ring_base": In(ADDR_BITS), "ring_order": In(5), "head_addr": In(ADDR_BITS),
+            "tail_addr": In(ADDR_BITS), "masked": In(1),
+            "start": In(1), "op": In(RingOp), "block_in": In(64),
+            "ack": Out(1), "done": Out(1), "empty": Out(1), "block": Out(64),
+            "occupancy": Out(32), "stall": Out(1),
+            "grant": In(1), "idle": Out(1),
+            "cmd_valid": In(1), "cmd_kind": In(2), "cmd_arg": In(64),
+            "cmd_ack": Out(1), "cmd_result": Out(64), "deferred": Out(1),
+            "mem": Out(MemBusSignature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        req, rsp = self.mem.req, self.mem.rsp
+        EMPTY = SLOT_EMPTY
+
+        n_slots = Signal(33)
+        m.d.comb += n_slots.eq(1 << self.ring_order)
+        # Add Data / Add Mask as 64-bit signals (as a plain expression the mask is 127 bits
+        # wide: a 64-bit constant shifted by up to 35).
+        add_data = Signal(64)
+        add_mask = Signal(64)
+        m.d.comb += [add_data.eq(Mux(self.masked, RING_ADD_DATA, RING_ADD_DATA_UNMASKED)),
+                     add_mask.eq(Mux(self.masked, (1 << 63) | (1 << 31) |
+                                     (Const(1, 64) << (self.ring_order + 3))[:64], 0))]
+        ctr = Signal(64)            # counter value read (little-endian memory = value)
+        ctr_new = Signal(64)
+        rbuf = Signal(128)          # the read routine's buffer (big-endian octets)
+        m.d.comb += ctr.eq(bswap64(rbuf[:64]))     # the last counter read
+        m.d.comb += ctr_new.eq(masked_add_value(ctr, add_data, add_mask, 64))
+        ctr_ticket = ctr[32:]
+        ctr_off = Signal(32)
+        m.d.comb += ctr_off.eq(Mux(self.masked, ctr[:32] & ((n_slots << 4) - 1),
+                                   (ctr_ticket & (n_slots - 1)) << 4))
+        tail_ticket = Signal(32)
+        ticket = Signal(32)         # the allocation's Head ticket
+        slot_off = Signal(32)       # ... and its slot's offset
+
+        # Read routine: up to 2 words from rd_addr into rbuf.
+        rd_addr = Signal(ADDR_BITS)
+        rd_issue = Signal(2)        # words still to request
+        rd_wait = Signal(2)         # responses still to come
+        RET = ["A_TAIL_GOT", "A_HEAD_CHK", "A_SLOT_CHK", "FR_TAIL_W", "FR_SLOT_CHK"]
+        rd_ret = Signal(range(len(RET)))
+
+        def read(addr, words, ret):
+            return [rd_addr.eq(addr), rd_issue.eq(words), rd_wait.eq(words),
+                    rd_ret.eq(RET.index(ret))]
+
+        sl_seq = be_field(rbuf, 16, RingSlot, "sequence")
+        sl_boff = be_field(rbuf, 16, RingSlot, "block_offset")
+
+        # Free routine state.
+        fr_cmd = Signal()           # the free is a host command (else a RETURN)
+        fr_block = Signal(64)       # block being freed
+        fr_u = Signal(32)           # its Tail ticket
+        fr_o = Signal(32)           # its slot offset
+        FRET = ["IDLE", "A_SLOT_RD", "R_WAIT", "R_DONE"]
+        f_ret = Signal(range(len(FRET)))
+
+        def take_cmd(ret):
+            """Serve the host command: Tail FetchAdd first (its read now)."""
+            return [fr_cmd.eq(1), fr_block.eq(self.cmd_arg), f_ret.eq(FRET.index(ret)),
+                    *read(self.tail_addr, 1, "FR_TAIL_W")]
+
+        def retry(ret):
+            """Retry the deferred free: re-read its slot."""
+            return [f_ret.eq(FRET.index(ret)), *read(self.ring_base + fr_o, 2, "FR_SLOT_CHK")]
+
+        block_r = Signal(64)
+        empty_r = Signal()
+        occ_r = Signal(32)
+        res_r = Signal(64)
+        deferred = Signal()
+        m.d.comb += [self.block.eq(block_r), self.empty.eq(empty_r), self.occupancy.eq(occ_r),
+                     self.cmd_result.eq(res_r), self.deferred.eq(deferred)]
+
+        with m.FSM(name="ring"):
+            with m.State("IDLE"):
+                m.d.comb += self.idle.eq(1)
+                with m.If(self.start):
+                    m.d.comb += self.ack.eq(1)
+                    with m.If(self.op == RingOp.ALLOC):
+                        m.d.sync += read(self.tail_addr, 1, "A_TAIL_GOT")
+                        m.next = "READ"
+                    with m.Else():
+                        m.d.sync += fr_block.eq(self.block_in)
+                        m.next = "R_WAIT"
+                with m.Elif(self.grant & self.cmd_valid):
+                    m.d.sync += take_cmd("IDLE")
+                    m.next = "READ"
+                with m.Elif(self.grant & deferred):
+                    m.d.sync += retry("IDLE")
+                    m.next = "READ"
+
+            with m.State("READ"):
+                read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET)
+
+            # -------- ALLOC: ring-empty check, masked FetchAdd on Head, slot poll, consume
+            with m.State("A_TAIL_GOT"):
+                m.d.sync += tail_ticket.eq(bswap64(rbuf[:64])[32:])
+                m.d.sync += read(self.head_addr, 1, "A_HEAD_CHK")
+                m.next = "READ"
+
+            with m.State("A_HEAD_CHK"):
+                m.d.sync += occ_r.eq(tail_ticket - ctr_ticket)
+                with m.If(tail_ticket == ctr_ticket):
+                    m.d.sync += empty_r.eq(1)
+                    m.next = "DONE"
+                with m.Else():
+                    m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.head_addr),
+                                 req.payload.we.eq(1), req.payload.wdata.eq(ctr_new),
+                                 req.payload.wstrb.eq(0xFF)]
+                    with m.If(req.ready):
+                        m.d.sync += [ticket.eq(ctr_ticket), slot_off.eq(ctr_off),
+                                     empty_r.eq(0),
+                                     read(self.ring_base + ctr_off, 2, "A_SLOT_CHK")]
+                        m.next = "READ"
+
+            with m.State("A_SLOT_RD"):
+                m.d.sync += read(self.ring_base + slot_off, 2, "A_SLOT_CHK")
+                m.next = "READ"
+
+            with m.State("A_SLOT_CHK"):
+                with m.If((sl_seq == ticket) & (sl_boff != EMPTY)):
+                    m.d.sync += block_r.eq(sl_boff)
+                    m.next = "A_CONSUME"
+                with m.Else():
+                    # The slot still awaits the free of this ticket: poll, serving host frees.
+                    m.d.comb += self.stall.eq(1)
+                    with m.If(self.cmd_valid):
+                        m.d.sync += take_cmd("A_SLOT_RD")
+                    with m.Elif(deferred):
+                        m.d.sync += retry("A_SLOT_RD")
+                    with m.Else():
+                        m.d.sync += read(self.ring_base + slot_off, 2, "A_SLOT_CHK")
+                    m.next = "READ"
+
+            with m.State("A_CONSUME"):
+                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + slot_off + 8),
+                             req.payload.we.eq(1), req.payload.wdata.eq(EMPTY),
+                             req.payload.wstrb.eq(0xFF)]
+                with m.If(req.ready):
+                    m.next = "DONE"
+
+            with m.State("DONE"):
+                m.d.comb += self.done.eq(1)
+                m.next = "IDLE"
+
+            # -------- RETURN: finish the deferred free first (one at a time), then free ours
+            with m.State("R_WAIT"):
+                with m.If(deferred):
+                    m.d.sync += retry("R_WAIT")
+                with m.Else():
+                    m.d.sync += [fr_cmd.eq(0), f_ret.eq(FRET.index("R_DONE")),
+                                 read(self.tail_addr, 1, "FR_TAIL_W")]
+                m.next = "READ"
+
+            with m.State("R_DONE"):
+                with m.If(deferred):
+                    # Write the returned block before completing.
+                    m.d.sync += retry("R_DONE")
+                    m.next = "READ"
+                with m.Else():
+                    m.next = "DONE"
+
+            # -------- frees: Tail FetchAdd, then the strict slot check (model/ring.py)
+            with m.State("FR_TAIL_W"):
+                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.tail_addr),
+                             req.payload.we.eq(1), req.payload.wdata.eq(ctr_new),
+                             req.payload.wstrb.eq(0xFF)]
+                with m.If(req.ready):
+                    m.d.sync += [fr_u.eq(ctr_ticket), fr_o.eq(ctr_off)]
+                    with m.If(fr_cmd):
+                        m.d.comb += self.cmd_ack.eq(1)
+                        m.d.sync += res_r.eq(ctr)
+                    with m.If(fr_cmd & (self.cmd_kind == Cmd.TAIL_FETCHADD)):
+                        m.next = "FR_RET"
+                    with m.Else():
+                        m.d.sync += [deferred.eq(1),
+                                     read(self.ring_base + ctr_off, 2, "FR_SLOT_CHK")]
+                        m.next = "READ"
+
+            with m.State("FR_SLOT_CHK"):
+                with m.If((sl_boff == EMPTY) & (sl_seq == (fr_u - n_slots[:32])[:32])):
+                    m.next = "FR_W_BO"
+                with m.Else():
+                    m.next = "FR_RET"
+
+            with m.State("FR_W_BO"):
+                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + fr_o + 8),
+                             req.payload.we.eq(1), req.payload.wdata.eq(bswap64(fr_block)),
+                             req.payload.wstrb.eq(0xFF)]
+                with m.If(req.ready):
+                    m.next = "FR_W_SEQ"
+
+            with m.State("FR_W_SEQ"):
+                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + fr_o),
+                             req.payload.we.eq(1),
+                             req.payload.wdata.eq(bswap64(Cat(Const(0, 32), fr_u))),
+                             req.payload.wstrb.eq(0x0F)]
+                with m.If(req.ready):
+                    m.d.sync += deferred.eq(0)
+                    m.next = "FR_RET"
+
+            with m.State("FR_RET"):
+                with m.Switch(f_ret):
+                    for i, name in enumerate(FRET):
+                        with m.Case(i):
+                            m.next = name
+        return m

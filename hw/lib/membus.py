@@ -1,0 +1,174 @@
+# Ref: hw/iface.py (MemBusSignature); draft KBTP §Free-Block Ring and §Block Unmapped Store
+#      (ordering: a write accepted before another request is visible to it).
+"""Target memory: a block-RAM model behind :class:`~hw.iface.MemBusSignature`, and an
+arbiter that merges several masters into one bus in a single global order.
+
+Why our own bus instead of AXI4: every master here moves whole 8-octet words in order and needs
+no IDs, bursts or separate write-response channel; one request stream and one in-order response
+stream keep each master a small FSM and make the order of writes (which the draft's memory rules
+depend on) the order in which the arbiter accepts them.
+"""
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import fifo, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import wire_fields
+
+from hw.iface import MEM_DATA_BITS, MemBusSignature
+
+__all__ = ["MemRam", "MemArbiter", "be_field", "bswap64", "read_words"]
+
+
+def bswap64(x):
+    """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
+    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
+
+
+def be_field(buf, total, struct, name, base=0):
+    """The slice of a big-endian buffer of ``total`` octets (octet 0 = most significant, as
+    :func:`bswap64` and :func:`read_words` leave words) holding field ``name`` of a hw.headers
+    layout placed at octet ``base``."""
+    for fname, off, bits, _ in wire_fields(struct):
+        if fname == name:
+            off += base
+            return buf[8 * (total - off - bits // 8):8 * (total - off)]
+    raise KeyError(name)
+
+
+def read_words(m, mem, addr, issue, wait, buf, ret, states):
+    """The body of a master's word-read FSM state, shared by the KBTP engine and the ring
+    allocator: request ``issue`` words from ``addr`` on, shift each response into ``buf``
+    (big-endian octets, the newest word in the low 64 bits); with the last response (``wait``
+    counts the responses still to come) go to state ``states[ret]``."""
+    req, rsp = mem.req, mem.rsp
+    m.d.comb += [req.valid.eq(issue != 0), req.payload.addr.eq(addr), req.payload.we.eq(0),
+                 rsp.ready.eq(1)]
+    with m.If(req.valid & req.ready):
+        m.d.sync += [issue.eq(issue - 1), addr.eq(addr + 8)]
+    with m.If(rsp.valid):
+        m.d.sync += [buf.eq(Cat(bswap64(rsp.payload.rdata), buf[:-64])), wait.eq(wait - 1)]
+        with m.If(wait == 1):
+            with m.Switch(ret):
+                for i, name in enumerate(states):
+                    with m.Case(i):
+                        m.next = name
+
+
+class MemRam(wiring.Component):
+    """Word RAM of ``depth`` 8-octet words, base address 0, one request per cycle, read latency 1.
+
+    Ports
+    -----
+    bus : In(MemBusSignature)
+    Parameters
+    ----------
+    depth : int
+        words; addresses at or above ``8 * depth`` wrap (the arbiter's clients must stay inside).
+    init : list[int]
+        initial word contents (little-endian octet lanes), e.g. from a golden-model image.
+    """
+
+    def __init__(self, depth, init=()):
+        self.depth = depth
+        super().__init__({"bus": In(MemBusSignature())})
+        #: The storage, reachable by testbenches (``ctx.get(ram.mem.data[i])``) for image checks.
+        self.mem = Memory(shape=MEM_DATA_BITS, depth=depth, init=list(init))
+
+    @staticmethod
+    def words_from_bytes(image):
+        image = bytes(image) + bytes(-len(image) % 8)
+        return [int.from_bytes(image[i:i + 8], "little") for i in range(0, len(image), 8)]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = self.mem
+        wr = mem.write_port(granularity=8)
+        rd = mem.read_port()
+        abits = max(1, (self.depth - 1).bit_length())
+        req, rsp = self.bus.req, self.bus.rsp
+
+        pending = Signal()          # a read result is in rd.data, waiting for rsp.ready
+        m.d.comb += [
+            rsp.payload.rdata.eq(rd.data),
+            rsp.valid.eq(pending),
+            # Accept a new request unless a read result is stuck.
+            req.ready.eq(~pending | rsp.ready),
+            rd.addr.eq(req.payload.addr[3:3 + abits]),
+            rd.en.eq(req.valid & req.ready & ~req.payload.we),
+            wr.addr.eq(req.payload.addr[3:3 + abits]),
+            wr.data.eq(req.payload.wdata),
+        ]
+        with m.If(req.valid & req.ready & req.payload.we):
+            m.d.comb += wr.en.eq(req.payload.wstrb)
+        with m.If(rsp.ready & pending):
+            m.d.sync += pending.eq(0)
+        with m.If(req.valid & req.ready & ~req.payload.we):
+            m.d.sync += pending.eq(1)
+        return m
+
+
+class MemArbiter(wiring.Component):
+    """Round-robin arbiter of ``n`` masters onto one bus; responses routed back in order.
+
+    Ports
+    -----
+    masters : In(MemBusSignature()).array(n)
+    bus : Out(MemBusSignature())
+    Parameters
+    ----------
+    outstanding : int
+        reads in flight the arbiter can track (depth of its return-route FIFO).
+    """
+
+    def __init__(self, n, outstanding=8):
+        self.n = n
+        self.outstanding = outstanding
+        super().__init__({"masters": In(MemBusSignature()).array(n),
+                          "bus": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        idbits = max(1, (n - 1).bit_length())
+        # SyncFIFO (not Buffered): its output is readable the cycle after the write, when the RAM
+        # answers, so back-to-back reads run at one word per cycle.
+        m.submodules.route = route = fifo.SyncFIFO(width=idbits, depth=self.outstanding)
+
+        last = Signal(idbits)       # last master granted; the search starts after it
+        grant = Signal(idbits)
+        any_valid = Signal()
+        # Round-robin: the first valid master after `last`, wrapping.
+        for off in reversed(range(1, n + 1)):
+            idx = Signal(idbits, name=f"cand{off}")
+            m.d.comb += idx.eq((last + off) % n)
+            with m.Switch(idx):
+                for i in range(n):
+                    with m.Case(i):
+                        with m.If(self.masters[i].req.valid):
+                            m.d.comb += [grant.eq(i), any_valid.eq(1)]
+
+        out = self.bus.req
+        for i in range(n):
+            with m.If(grant == i):
+                m.d.comb += out.payload.eq(self.masters[i].req.payload)
+        is_read = ~out.payload.we
+        # A read needs room to remember where its response goes.
+        can_issue = any_valid & (~is_read | route.w_rdy)
+        m.d.comb += out.valid.eq(can_issue)
+        for i in range(n):
+            m.d.comb += self.masters[i].req.ready.eq((grant == i) & can_issue & out.ready)
+        with m.If(out.valid & out.ready):
+            m.d.sync += last.eq(grant)
+        m.d.comb += [route.w_data.eq(grant), route.w_en.eq(out.valid & out.ready & is_read)]
+
+        # Responses: in order, to the master at the head of the route FIFO.
+        rsp = self.bus.rsp
+        for i in range(n):
+            m.d.comb += self.masters[i].rsp.payload.eq(rsp.payload)
+            with m.If(route.r_rdy & (route.r_data == i)):
+                m.d.comb += [self.masters[i].rsp.valid.eq(rsp.valid),
+                             rsp.ready.eq(self.masters[i].rsp.ready)]
+        m.d.comb += route.r_en.eq(rsp.valid & rsp.ready)
+        return m

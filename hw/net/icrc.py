@@ -1,0 +1,434 @@
+# Ref: roce-layouts.md §5 (ICRC: coverage, masks, algorithm, byte order), §1.1 (ICRC located by
+#      the UDP length); docs/softroce-vm.md ("Rules a peer of rxe must follow").
+"""RoCEv2 ICRC check (receive, store-and-forward) and generation (transmit), width-parametric.
+
+The ICRC is CRC-32/IEEE 802.3 (``zlib.crc32``) over 8 octets of 0xFF, the IPv4 header with TOS,
+TTL and header checksum set to 0xFF, the UDP header with its checksum set to 0xFF, the BTH with
+octet 4 set to 0xFF, the extended headers, payload and pad. It goes on the wire least
+significant octet first.
+
+The IPv4 and UDP headers are not in the RoCE stream (it starts at the BTH); they are rebuilt
+from the metadata, which carries every covered field, and folded into the CRC in one wide
+step when a packet starts. The CRC itself is :mod:`amaranth.lib.crc`'s catalog
+``CRC32_ETHERNET``: its parallel update matrices (one per number of valid octets in a beat)
+give the next register value for keep-masked beats.
+"""
+
+import functools
+
+from amaranth import *
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.crc import catalog
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import IPv4Header, UDPHeader, ROCE_UDP_PORT
+from hw.net.ip import (OctetPacker, RoceRxMeta, RoceTxMeta, lanes, octets_be, roce_rx_layout,
+                       roce_tx_layout, _keep_count, IP_PROTO_UDP)
+from hw.lib.stream import packet_layout
+
+__all__ = ["crc32_step", "crc32_step_py", "crc32_value", "ICRC_PREFIX_STATE", "PacketFifo",
+           "IcrcCheck", "IcrcInsert", "masked_ipudp_octets", "BTH_MASKED_OCTET"]
+
+_ALGO = catalog.CRC32_ETHERNET
+#: BTH octet whose value is replaced by 0xFF for the ICRC (FECN, BECN, resv6).
+BTH_MASKED_OCTET = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _masks(n_bits):
+    """For each next-state bit, the mask over ``Cat(state, reflected data)`` to XOR together.
+
+    Built from :mod:`amaranth.lib.crc`'s own F/G matrices for a data word of ``n_bits``.
+    """
+    f, g = _ALGO(n_bits)._matrices()
+    masks = []
+    for i in range(32):
+        mk = 0
+        for j in range(32):
+            if f[j][i]:
+                mk |= 1 << j
+        for j in range(n_bits):
+            if g[j][i]:
+                mk |= 1 << (32 + j)
+        masks.append(mk)
+    return tuple(masks)
+
+
+def crc32_step(m, state, octets):
+    """Next CRC register after ``octets`` (list of 8-bit values in wire order), combinationally.
+
+    ``state`` is the raw register as :class:`amaranth.lib.crc.Processor` keeps it (initial
+    value 0xFFFFFFFF, not reflected, no output XOR). The operands go through named signals of
+    ``m``: without them every output bit would carry its own copy of the input expression
+    tree, which the simulator compiles (and elaboration walks) once per use.
+    """
+    word = Signal(8 * len(octets))
+    vec = Signal(32 + 8 * len(octets))
+    m.d.comb += word.eq(Cat(*octets))           # first octet in the low bits, as on a beat
+    m.d.comb += vec.eq(Cat(state, word[::-1]))  # the algorithm reflects its input word
+    return Cat(*[(vec & mk).xor() for mk in _masks(8 * len(octets))])
+
+
+def crc32_step_py(state, octets):
+    """Software twin of :func:`crc32_step` on ints (used for constants)."""
+    word = int.from_bytes(bytes(octets), "little")
+    refl = int(f"{word:0{8 * len(octets)}b}"[::-1], 2)
+    vec = state | (refl << 32)
+    return sum(((bin(vec & mk).count("1") & 1) << i)
+               for i, mk in enumerate(_masks(8 * len(octets))))
+
+
+def crc32_value(state):
+    """Output CRC (the ``zlib.crc32`` value) of a register: reflect, then invert."""
+    return state[::-1] ^ 0xFFFFFFFF
+
+
+#: Register value after the 8 octets of 0xFF that stand in for the InfiniBand LRH.
+ICRC_PREFIX_STATE = crc32_step_py(_ALGO.initial_crc, [0xFF] * 8)
+#: Register value after a message followed by its own CRC, least significant octet first.
+_RESIDUE_REG = int(f"{_ALGO(8).residue():032b}"[::-1], 2)
+
+
+def masked_ipudp_octets(m, *, tos_ttl_masked=True, total_length, ip_id, ip_flags, src_ip,
+                        dst_ip, udp_src_port, udp_length):
+    """The 28 octets of IPv4 + UDP header as the ICRC sees them (masked fields = 0xFF)."""
+    ip = Signal(IPv4Header)
+    udp = Signal(UDPHeader)
+    m.d.comb += [
+        ip.version.eq(4), ip.ihl.eq(5), ip.tos.eq(0xFF), ip.total_length.eq(total_length),
+        ip.identification.eq(ip_id), ip.flags.eq(ip_flags), ip.fragment_offset.eq(0),
+        ip.ttl.eq(0xFF), ip.protocol.eq(IP_PROTO_UDP), ip.checksum.eq(0xFFFF),
+        ip.src.eq(src_ip), ip.dst.eq(dst_ip),
+        udp.src_port.eq(udp_src_port), udp.dst_port.eq(ROCE_UDP_PORT),
+        udp.length.eq(udp_length), udp.checksum.eq(0xFFFF),
+    ]
+    return octets_be(ip.as_value(), 20) + octets_be(udp.as_value(), 8)
+
+
+class _BeatCrc:
+    """CRC register advanced by keep-masked beats of a RoCE stream (BTH octet 4 masked).
+
+    ``start_state`` is used instead of the register on the first beat of a packet.
+    """
+
+    def __init__(self, width):
+        self.width = width
+
+    def add(self, m, *, fire, first, pos, beat, keep, start_state):
+        nl = self.width // 8
+        self.reg = Signal(32)
+        octs = lanes(beat, nl)
+        # BTH octet 4 is fixed at a static lane of a static beat.
+        b4, l4 = divmod(BTH_MASKED_OCTET, nl)
+        octs = [Mux(pos == b4 * nl, 0xFF, o) if j == l4 else o for j, o in enumerate(octs)]
+        # Named signals keep the expression trees shallow (elaboration walks them per use).
+        start_sig = Signal(32)
+        src = Signal(32)
+        m.d.comb += [start_sig.eq(start_state), src.eq(Mux(first, start_sig, self.reg))]
+        masked = Signal(self.width)
+        m.d.comb += masked.eq(Cat(*octs))
+        octs = lanes(masked, nl)
+        self.next = Signal(32)
+        n = Signal(range(nl + 1))
+        m.d.comb += n.eq(_keep_count(keep, nl))
+        # A full beat goes through the nl-octet matrix. A partial one (the last beat of a
+        # packet: k < nl valid octets, contiguous from lane 0) goes through a chain of the
+        # nl/2-, nl/4-, ..., 1-octet matrices, one per set bit of k, largest first, each over
+        # the octets after those already taken. Why not one matrix per k as before: at width
+        # 64 the eight matrices made each ICRC unit about 3.9k LUT4 of the ECPIX-5 build;
+        # the chain needs four, about half the XOR terms, and is several XOR levels deeper,
+        # which the core clock (CORE_FREQ) has room for.
+        chained = src
+        size = nl // 2
+        while size:
+            # Octets taken before this step: the bits of k above `size` (a multiple of 2*size).
+            above = n[(size * 2).bit_length() - 1:]
+            chunk = Signal(8 * size, name=f"crc_chunk{size}")
+            with m.Switch(above):
+                for a in range(nl // (2 * size)):
+                    with m.Case(a):
+                        m.d.comb += chunk.eq(Cat(*octs[2 * size * a:2 * size * a + size]))
+            stepped = Signal(32, name=f"crc_after{size}")
+            m.d.comb += stepped.eq(Mux(n & size, crc32_step(m, chained, lanes(chunk, size)),
+                                       chained))
+            chained, size = stepped, size // 2
+        with m.If(n == nl):
+            m.d.comb += self.next.eq(crc32_step(m, src, octs))
+        with m.Else():
+            m.d.comb += self.next.eq(chained)
+        with m.If(fire):
+            m.d.sync += self.reg.eq(self.next)
+        return self
+
+
+class PacketFifo(wiring.Component):
+    """Store-and-forward packet FIFO with commit / discard, carrying per-packet side data.
+
+    A packet becomes visible at the output only once its last beat was written with
+    ``commit``; a last beat written with ``discard`` rolls the write pointer back. A packet
+    larger than the whole buffer is dropped (``cnt_overflow``); while earlier packets wait to
+    drain, a full buffer back-pressures the input.
+
+    Parameters
+    ----------
+    width : int
+    depth : int
+        Data beats (power of two not required).
+    side : shape
+        Per-packet side data, sampled with the last beat.
+    max_packets : int
+        Depth of the side-data FIFO (packets stored at once).
+
+    Ports
+    -----
+    i : In(stream {data, keep, last, side})
+    commit, discard : In(1)
+        Qualify the last input beat (exactly one of them with ``i.p.last``).
+    o : Out(stream {data, keep, last, side})
+    cnt_overflow : Out(32)
+    """
+
+    def __init__(self, width, depth, side, max_packets=8):
+        self._width = width
+        self._depth = depth
+        self._side = side
+        self._max_packets = max_packets
+        layout = data.StructLayout({**dict(packet_layout(width).members), "side": side})
+        super().__init__({
+            "i": In(stream.Signature(layout)),
+            "commit": In(1),
+            "discard": In(1),
+            "o": Out(stream.Signature(layout)),
+            "cnt_overflow": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        depth = self._depth
+        beat = packet_layout(self._width)
+        m.submodules.mem = mem = Memory(shape=beat, depth=depth, init=[])
+        wp = mem.write_port()
+        rp = mem.read_port()
+        m.submodules.sides = sides = fifo.SyncFIFOBuffered(
+            width=Shape.cast(self._side).width, depth=self._max_packets)
+
+        def inc(p):
+            return Mux(p == depth - 1, 0, p + 1)
+
+        wr = Signal(range(depth))         # next write address
+        wr_commit = Signal(range(depth))  # end of the last committed packet
+        rd = Signal(range(depth))         # next read address
+        dropping = Signal()               # the current input packet overflowed
+
+        full = inc(wr) == rd
+        # Nothing committed left to drain: a full buffer holds only the current packet.
+        stuck = full & (wr_commit == rd)
+        m.d.comb += self.i.ready.eq((~full | stuck | dropping) & sides.w_rdy)
+        i_fire = self.i.valid & self.i.ready
+        write = i_fire & ~full & ~dropping
+        m.d.comb += [
+            wp.addr.eq(wr),
+            wp.data.eq(Cat(self.i.p.data, self.i.p.keep, self.i.p.last)),
+            wp.en.eq(write),
+        ]
+        ok_end = i_fire & self.i.p.last & self.commit & ~dropping & ~(full & ~write)
+        m.d.comb += [sides.w_data.eq(self.i.p.side), sides.w_en.eq(ok_end)]
+        with m.If(i_fire):
+            with m.If(self.i.p.last):
+                m.d.sync += dropping.eq(0)
+                with m.If(ok_end):
+                    m.d.sync += [wr.eq(inc(wr)), wr_commit.eq(inc(wr))]
+                with m.Else():
+                    m.d.sync += wr.eq(wr_commit)
+                with m.If(dropping | stuck):
+                    m.d.sync += self.cnt_overflow.eq(self.cnt_overflow + 1)
+            with m.Elif(stuck):
+                m.d.sync += [dropping.eq(1), wr.eq(wr_commit)]
+            with m.Elif(write):
+                m.d.sync += wr.eq(inc(wr))
+
+        # Read side: a registered output stage in front of the synchronous read port.
+        ov = Signal()
+        o_fire = self.o.valid & self.o.ready
+        load = (~ov | o_fire) & (rd != wr_commit)
+        m.d.comb += [rp.addr.eq(rd), rp.en.eq(load)]
+        rdata = Signal(beat)
+        m.d.comb += rdata.eq(rp.data)
+        m.d.comb += [
+            self.o.valid.eq(ov & sides.r_rdy),
+            self.o.p.data.eq(rdata.data),
+            self.o.p.keep.eq(rdata.keep),
+            self.o.p.last.eq(rdata.last),
+            self.o.p.side.eq(sides.r_data),
+            sides.r_en.eq(o_fire & rdata.last),
+        ]
+        with m.If(load):
+            m.d.sync += [ov.eq(1), rd.eq(inc(rd))]
+        with m.Elif(o_fire):
+            m.d.sync += ov.eq(0)
+        return m
+
+
+class IcrcCheck(wiring.Component):
+    """Check the ICRC of received RoCE packets; forward good ones, drop bad ones.
+
+    The input is what :class:`~hw.net.ip.EthIpRx` emits: BTH .. ICRC, UDP length − 8 octets,
+    with :data:`~hw.net.ip.RoceRxMeta` on every beat. The CRC runs over every octet, the ICRC
+    included: a correct packet leaves the register at the CRC's residue, so the ICRC never has
+    to be located. Packets are buffered whole (:class:`PacketFifo`) and released only when good.
+    The output is the input unchanged (ICRC still present).
+
+    A packet is good only if it also has exactly ``meta.udp_length − 8`` octets. EthIpRx
+    forwards a frame that ends before its UDP length (and counts it ``truncated``); if its last
+    four octets are the ICRC of what did arrive (the IPv4 and UDP lengths are covered, so only
+    a forger makes one), the CRC alone would pass it, and the parser would promise the
+    consumers a payload of the UDP length that never comes: one such frame stopped the receive
+    path (found by sim/fuzz.py). Such packets are dropped here and counted only by EthIpRx.
+
+    Parameters
+    ----------
+    width : int
+    depth : int
+        Buffer beats; must hold the largest packet (PMTU 4096 + 64 octets) to pass it.
+
+    Ports
+    -----
+    i, o : stream of :func:`~hw.net.ip.roce_rx_layout`
+    cnt_ok, cnt_bad, cnt_overflow : Out(32)
+    """
+
+    def __init__(self, width, depth=1024, max_packets=8):
+        self._width = width
+        self._depth = depth
+        self._max_packets = max_packets
+        sig = stream.Signature(roce_rx_layout(width))
+        super().__init__({
+            "i": In(sig), "o": Out(sig),
+            "cnt_ok": Out(32), "cnt_bad": Out(32), "cnt_overflow": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nl = self._width // 8
+        m.submodules.fifo = pf = PacketFifo(self._width, self._depth, RoceRxMeta,
+                                            self._max_packets)
+        m.d.comb += [
+            self.o.valid.eq(pf.o.valid), pf.o.ready.eq(self.o.ready),
+            self.o.p.data.eq(pf.o.p.data), self.o.p.keep.eq(pf.o.p.keep),
+            self.o.p.last.eq(pf.o.p.last), self.o.p.meta.eq(pf.o.p.side),
+            self.cnt_overflow.eq(pf.cnt_overflow),
+        ]
+        fire = self.i.valid & self.i.ready
+        first = Signal(init=1)
+        pos = Signal(17)
+        with m.If(fire):
+            m.d.sync += [first.eq(self.i.p.last),
+                         pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))]
+
+        meta = self.i.p.meta
+        hdr = masked_ipudp_octets(m, total_length=meta.udp_length + 20, ip_id=meta.ip_id,
+                                  ip_flags=meta.ip_flags, src_ip=meta.src_ip,
+                                  dst_ip=meta.dst_ip, udp_src_port=meta.udp_src_port,
+                                  udp_length=meta.udp_length)
+        start = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), hdr)
+        crc = _BeatCrc(self._width).add(m, fire=fire, first=first, pos=pos, beat=self.i.p.data,
+                                        keep=self.i.p.keep, start_state=start)
+        # Octets of the packet so far, this beat included (pos saturates past 64 KiB).
+        length_ok = (pos + _keep_count(self.i.p.keep, nl)) == (meta.udp_length - 8)
+        crc_ok = crc.next == _RESIDUE_REG
+        good = crc_ok & length_ok
+        m.d.comb += [
+            pf.i.valid.eq(self.i.valid),
+            self.i.ready.eq(pf.i.ready),
+            pf.i.p.data.eq(self.i.p.data), pf.i.p.keep.eq(self.i.p.keep),
+            pf.i.p.last.eq(self.i.p.last), pf.i.p.side.eq(meta),
+            pf.commit.eq(good), pf.discard.eq(~good),
+        ]
+        with m.If(fire & self.i.p.last):
+            with m.If(good):
+                m.d.sync += self.cnt_ok.eq(self.cnt_ok + 1)
+            with m.Elif(length_ok):
+                m.d.sync += self.cnt_bad.eq(self.cnt_bad + 1)
+        return m
+
+
+class IcrcInsert(wiring.Component):
+    """Append the ICRC to a transmitted RoCE packet.
+
+    The input carries BTH .. pad (``meta.length − 4`` octets) with
+    :data:`~hw.net.ip.RoceTxMeta`; the output carries the same plus the 4 ICRC octets, least
+    significant first, with the metadata unchanged. The IPv4/UDP fields the ICRC covers are
+    those :class:`~hw.net.ip.EthIpTx` will send: total length ``meta.length + 28``,
+    identification ``meta.ip_id``, DF, source ``own_ip``, destination ``meta.dst_ip``, UDP
+    source port ``meta.udp_src_port``, UDP length ``meta.length + 8``.
+
+    Ports
+    -----
+    i, o : stream of :func:`~hw.net.ip.roce_tx_layout`
+    own_ip : In(32)
+    """
+
+    def __init__(self, width):
+        self._width = width
+        sig = stream.Signature(roce_tx_layout(width))
+        super().__init__({"i": In(sig), "o": Out(sig), "own_ip": In(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nl = self._width, self._width // 8
+        m.submodules.packer = packer = OctetPacker(w, RoceTxMeta)
+        m.d.comb += [
+            self.o.valid.eq(packer.o.valid), packer.o.ready.eq(self.o.ready),
+            self.o.p.data.eq(packer.o.p.data), self.o.p.keep.eq(packer.o.p.keep),
+            self.o.p.last.eq(packer.o.p.last), self.o.p.meta.eq(packer.o.p.side),
+        ]
+        fire = self.i.valid & self.i.ready
+        first = Signal(init=1)
+        pos = Signal(17)
+        with m.If(fire):
+            m.d.sync += [first.eq(self.i.p.last),
+                         pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))]
+        meta = self.i.p.meta
+        hdr = masked_ipudp_octets(m, total_length=meta.length + 28, ip_id=meta.ip_id,
+                                  ip_flags=0b010, src_ip=self.own_ip, dst_ip=meta.dst_ip,
+                                  udp_src_port=meta.udp_src_port, udp_length=meta.length + 8)
+        start = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), hdr)
+        crc = _BeatCrc(w).add(m, fire=fire, first=first, pos=pos, beat=self.i.p.data,
+                              keep=self.i.p.keep, start_state=start)
+
+        # The ICRC octets follow the last data beat through the packer, at most nl per beat.
+        icrc = Signal(32)
+        tail_meta = Signal(RoceTxMeta)
+        sent = Signal(range(5))
+        icrc_octets = lanes(icrc, 4)
+        with m.FSM(name="icrc"):
+            with m.State("Packet Data"):
+                m.d.comb += [
+                    packer.i.valid.eq(self.i.valid),
+                    packer.i.p.data.eq(self.i.p.data),
+                    packer.i.p.lo.eq(0),
+                    packer.i.p.n.eq(_keep_count(self.i.p.keep, nl)),
+                    packer.i.p.last.eq(0),
+                    packer.i.p.side.eq(meta),
+                    self.i.ready.eq(packer.i.ready),
+                ]
+                with m.If(fire & self.i.p.last):
+                    m.d.sync += [icrc.eq(crc32_value(crc.next)), tail_meta.eq(meta),
+                                 sent.eq(0)]
+                    m.next = "ICRC"
+            with m.State("ICRC"):
+                with m.Switch(sent):
+                    for s in range(4):
+                        with m.Case(s):
+                            k = min(nl, 4 - s)
+                            octs = icrc_octets[s:s + k] + [Const(0, 8)] * (nl - k)
+                            m.d.comb += [packer.i.p.data.eq(Cat(*octs)), packer.i.p.n.eq(k),
+                                         packer.i.p.last.eq(s + k >= 4)]
+                m.d.comb += [packer.i.valid.eq(1), packer.i.p.lo.eq(0),
+                             packer.i.p.side.eq(tail_meta)]
+                with m.If(packer.i.ready):
+                    m.d.sync += sent.eq(sent + min(nl, 4))
+                    with m.If(packer.i.p.last):
+                        m.next = "Packet Data"
+        return m

@@ -1,0 +1,566 @@
+# Ref: roce-layouts.md §1 (Ethernet/IPv4/UDP as rxe sends and checks them), §8 (ARP);
+#      RFC 791 (IPv4 header checksum), RFC 768 (UDP); docs/softroce-vm.md.
+"""Ethernet / IPv4 / UDP receive demultiplexer and transmit framer, width-parametric.
+
+Also holds the small width-generic helpers the other network blocks share (:mod:`arp`,
+:mod:`icrc`, :mod:`roce_hdr`): octet slicing, header capture over a stream, and
+:class:`OctetPacker`, the one realignment engine used wherever octets are stripped, prepended or
+appended in a :func:`~hw.lib.stream.PacketStream`.
+
+Conventions (see :mod:`hw.lib.stream`): lane 0 of ``data`` is the first octet on the wire.
+A header value is the big-endian load of its octets, so the layouts of :mod:`hw.headers` apply.
+"""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import (EthernetHeader, IPv4Header, UDPHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4,
+                        ROCE_UDP_PORT)
+from hw.lib.stream import PacketStream, packet_layout
+
+__all__ = [
+    "octets_be", "be_value", "lanes", "lane_region", "HeaderCapture", "ones_sum",
+    "ipv4_checksum", "OctetPacker", "RoceRxMeta", "RoceTxMeta", "roce_rx_layout",
+    "roce_tx_layout", "EthIpRx", "EthIpTx", "ETH_IP_UDP_LEN", "IP_PROTO_UDP",
+]
+
+#: Octets of Ethernet II + IPv4 (no options) + UDP headers before the BTH.
+ETH_IP_UDP_LEN = 14 + 20 + 8
+IP_PROTO_UDP = 17
+BROADCAST_MAC = (1 << 48) - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Octet helpers
+# --------------------------------------------------------------------------------------------
+
+def octets_be(value, n):
+    """Octets of a big-endian ``n``-octet value, in wire order (first octet first)."""
+    return [value[(n - 1 - p) * 8:(n - p) * 8] for p in range(n)]
+
+
+def be_value(octets):
+    """Big-endian value of octets given in wire order (inverse of :func:`octets_be`)."""
+    return Cat(*reversed(octets))
+
+
+def lanes(bits, n_lanes):
+    """The ``n_lanes`` octets of a beat, lane 0 (first on the wire) first."""
+    return [bits[i * 8:(i + 1) * 8] for i in range(n_lanes)]
+
+
+def _signed(v):
+    """Zero-extend a value by one bit and read it as signed, so that differences are signed."""
+    v = Value.cast(v)
+    return Cat(v, Const(0, 1)).as_signed()
+
+
+def lane_region(m, pos, start, end, n_lanes, name):
+    """Lanes of the beat at octet position ``pos`` that fall into octets ``[start, end)``.
+
+    Returns ``(lo, n, reaches_end)``: the first lane inside the region, the number of lanes
+    inside it, and whether the region ends inside (or exactly at the end of) this beat.
+    ``start``/``end`` may be constants or signals; all arithmetic is on wide signed values so
+    that beats wholly before or after the region give ``n = 0``.
+    """
+    w = 20
+    rel_s = Signal(signed(w), name=f"{name}_rs")
+    rel_e = Signal(signed(w), name=f"{name}_re")
+    lo = Signal(range(n_lanes + 1), name=f"{name}_lo")
+    hi = Signal(range(n_lanes + 1), name=f"{name}_hi")
+    n = Signal(range(n_lanes + 1), name=f"{name}_n")
+    reaches = Signal(name=f"{name}_end")
+    m.d.comb += [
+        rel_s.eq(_signed(start) - _signed(pos)),
+        rel_e.eq(_signed(end) - _signed(pos)),
+        lo.eq(Mux(rel_s <= 0, 0, Mux(rel_s >= n_lanes, n_lanes, rel_s))),
+        hi.eq(Mux(rel_e <= 0, 0, Mux(rel_e >= n_lanes, n_lanes, rel_e))),
+        n.eq(Mux(hi > lo, hi - lo, 0)),
+        reaches.eq(rel_e <= n_lanes),
+    ]
+    return lo, n, reaches
+
+
+class HeaderCapture:
+    """Capture the first ``n`` octets of a packet from a stream, beat by beat.
+
+    Not a component: call :meth:`add` inside the owner's ``elaborate``. ``pos`` is the octet
+    position of lane 0 of the current beat and ``fire`` the beat's handshake.
+
+    Attributes after :meth:`add`
+    ----------------------------
+    reg : list of Signal(8)
+        Octets captured by earlier beats (registered).
+    now : list of Value
+        Octets as seen including the current beat: the header is complete in the beat that
+        carries its last octet, without waiting a cycle.
+    """
+
+    def __init__(self, n, width, name="hdr"):
+        self.n = n
+        self.width = width
+        self.name = name
+
+    def add(self, m, pos, beat_data, fire):
+        n_lanes = self.width // 8
+        self.reg = [Signal(8, name=f"{self.name}{p}") for p in range(self.n)]
+        self.now = []
+        beat = lanes(beat_data, n_lanes)
+        for p in range(self.n):
+            here = pos == (p // n_lanes) * n_lanes
+            with m.If(fire & here):
+                m.d.sync += self.reg[p].eq(beat[p % n_lanes])
+            self.now.append(Mux(here, beat[p % n_lanes], self.reg[p]))
+        return self
+
+    def value(self, start, size, *, now=True):
+        """Big-endian value of octets ``[start, start + size)``."""
+        src = self.now if now else self.reg
+        return be_value(src[start:start + size])
+
+
+def ones_sum(words):
+    """16-bit one's-complement sum (end-around carry) of a list of 16-bit values."""
+    total = sum(words[1:], words[0])
+    # 10 words of 16 bits fit in 20 bits: two folds are enough.
+    fold = total[:16] + total[16:]
+    return (fold[:16] + fold[16:])[:16]
+
+
+def ipv4_checksum(header_value):
+    """Checksum of a 20-octet IPv4 header value whose checksum field is zero."""
+    words = [header_value[(9 - k) * 16:(10 - k) * 16] for k in range(10)]
+    return ~ones_sum(words) & 0xFFFF
+
+
+# --------------------------------------------------------------------------------------------
+# OctetPacker: the one realignment engine
+# --------------------------------------------------------------------------------------------
+
+class OctetPacker(wiring.Component):
+    """Compact octets from arbitrary lane windows into a dense :func:`PacketStream`.
+
+    Each input beat names a contiguous window of its lanes (``lo`` .. ``lo + n - 1``) whose
+    octets follow, in order, the octets already buffered. The output is dense: every beat full
+    but the last of a packet. Stripping a header, prepending or appending octets and trimming
+    to a length are all "choose the window per beat" in the producer; this block does the
+    variable shift. Throughput is one beat per cycle.
+
+    A packet whose windows hold no octet at all produces no output (empty packets vanish).
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits (multiple of 8).
+    side : shape or None
+        Optional side data (e.g. metadata) carried along; the value of the most recently
+        accepted input beat is presented with every output beat of the packet.
+
+    Ports
+    -----
+    i : In(stream) with payload ``{data, lo, n, last[, side]}``
+    o : Out(stream) with payload ``{data, keep, last[, side]}``
+    """
+
+    def __init__(self, width, side=None):
+        self._width = width
+        self._lanes = width // 8
+        self._side = side
+        in_fields = {"data": width, "lo": range(self._lanes + 1), "n": range(self._lanes + 1),
+                     "last": 1}
+        out_fields = dict(packet_layout(width).members)
+        if side is not None:
+            in_fields["side"] = side
+            out_fields["side"] = side
+        super().__init__({
+            "i": In(stream.Signature(data.StructLayout(in_fields))),
+            "o": Out(stream.Signature(data.StructLayout(out_fields))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nl = self._width, self._lanes
+        buf = Signal(2 * w)
+        cnt = Signal(range(2 * nl + 1))
+        pend = Signal()     # the packet's last input beat is buffered: flush, accept nothing
+
+        full = cnt >= nl
+        m.d.comb += [
+            self.o.valid.eq(full | (pend & (cnt != 0))),
+            self.o.p.data.eq(buf[:w]),
+            self.o.p.keep.eq(Cat(*[cnt > j for j in range(nl)])),
+            self.o.p.last.eq(pend & (cnt <= nl)),
+        ]
+        if self._side is not None:
+            side_r = Signal(self._side)
+            m.d.comb += self.o.p.side.eq(side_r)
+
+        o_fire = self.o.valid & self.o.ready
+        buf1 = Signal(2 * w)
+        cnt1 = Signal(range(2 * nl + 1))
+        pend1 = Signal()
+        with m.If(o_fire & self.o.p.last):
+            m.d.comb += [buf1.eq(0), cnt1.eq(0)]
+        with m.Elif(o_fire):
+            m.d.comb += [buf1.eq(buf >> w), cnt1.eq(cnt - nl)]
+        with m.Else():
+            m.d.comb += [buf1.eq(buf), cnt1.eq(cnt)]
+        # An input "last" with nothing buffered is an empty packet: drop the flag at once.
+        m.d.comb += pend1.eq(pend & ~(o_fire & self.o.p.last) & (cnt != 0))
+        m.d.comb += self.i.ready.eq(~pend1 & (cnt1 < nl))
+
+        i_fire = self.i.valid & self.i.ready
+        mask = Cat(*[Mux(self.i.p.n > j, 0xFF, 0x00) for j in range(nl)])
+        window = (self.i.p.data >> (self.i.p.lo * 8))[:w] & mask
+        shifted = (window << (cnt1 * 8))[:2 * w]
+        with m.If(i_fire):
+            m.d.sync += [buf.eq(buf1 | shifted), cnt.eq(cnt1 + self.i.p.n),
+                         pend.eq(self.i.p.last)]
+            if self._side is not None:
+                m.d.sync += side_r.eq(self.i.p.side)
+        with m.Else():
+            m.d.sync += [buf.eq(buf1), cnt.eq(cnt1), pend.eq(pend1)]
+        return m
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata and stream layouts
+# --------------------------------------------------------------------------------------------
+
+#: Receive sideband of a RoCE packet (held constant on every beat of the packet).
+RoceRxMeta = data.StructLayout({
+    "src_mac": 48,
+    "src_ip": 32,
+    "dst_ip": 32,
+    "ip_id": 16,
+    "ip_flags": 3,
+    "tos": 8,
+    "ttl": 8,
+    "udp_src_port": 16,
+    "udp_length": 16,     # UDP length: 8 + BTH .. ICRC
+})
+
+#: Transmit sideband of a RoCE packet (held constant on every beat of the packet).
+RoceTxMeta = data.StructLayout({
+    "dst_mac": 48,
+    "dst_ip": 32,
+    "udp_src_port": 16,
+    "length": 16,         # octets BTH .. ICRC inclusive (UDP length - 8)
+    "ip_id": 16,          # covered by the ICRC: must be known before the ICRC is computed
+    "tos": 8,
+})
+
+
+def roce_rx_layout(width):
+    """Payload layout of the receive RoCE stream: a packet stream plus :data:`RoceRxMeta`."""
+    return data.StructLayout({**dict(packet_layout(width).members), "meta": RoceRxMeta})
+
+
+def roce_tx_layout(width):
+    """Payload layout of the transmit RoCE stream: a packet stream plus :data:`RoceTxMeta`."""
+    return data.StructLayout({**dict(packet_layout(width).members), "meta": RoceTxMeta})
+
+
+def _keep_count(keep, n_lanes):
+    """Number of valid lanes of a contiguous keep mask."""
+    return sum((keep[j] for j in range(n_lanes)), Const(0, range(n_lanes + 1)))
+
+
+# --------------------------------------------------------------------------------------------
+# Receive
+# --------------------------------------------------------------------------------------------
+
+class EthIpRx(wiring.Component):
+    """Ethernet frame demultiplexer: ARP to one port, RoCEv2 (UDP 4791) to another.
+
+    A RoCE packet leaves on ``roce`` starting at the BTH and trimmed to the UDP length (BTH ..
+    ICRC inclusive; Ethernet padding removed), with :data:`RoceRxMeta` on every beat. An ARP
+    frame leaves on ``arp`` as its first 42 octets (Ethernet header + ARP body), padding
+    removed. Everything else is dropped and counted by the first failing check, in this order:
+    EtherType, destination MAC (ours; broadcast also for ARP), IPv4 format (version 4, IHL 5, no
+    fragment), header checksum, destination IP, protocol UDP, UDP port 4791, lengths
+    (UDP length >= 24, IPv4 total length = 20 + UDP length).
+
+    Ports
+    -----
+    i : In(PacketStream(width))
+        Frames, Ethernet header first, FCS already removed.
+    roce : Out(stream of :func:`roce_rx_layout`)
+    arp : Out(PacketStream(width))
+    own_mac, own_ip : In
+        Configuration.
+    cnt_* : Out(32)
+        Frame counters: ``roce``, ``arp``, and drop reasons ``ethertype``, ``mac``,
+        ``ip_format``, ``checksum``, ``ip``, ``not_udp``, ``port``, ``length``, ``short``
+        (frame ended inside the 42 header octets), plus ``truncated`` (RoCE frame shorter than
+        its UDP length: forwarded, the ICRC check will reject it).
+    """
+
+    COUNTERS = ("roce", "arp", "ethertype", "mac", "ip_format", "checksum", "ip", "not_udp",
+                "port", "length", "short", "truncated")
+
+    def __init__(self, width):
+        self._width = width
+        members = {
+            "i": In(PacketStream(width)),
+            "roce": Out(stream.Signature(roce_rx_layout(width))),
+            "arp": Out(PacketStream(width)),
+            "own_mac": In(48),
+            "own_ip": In(32),
+        }
+        for c in self.COUNTERS:
+            members[f"cnt_{c}"] = Out(32)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nl = self._width, self._width // 8
+        n_hdr = ETH_IP_UDP_LEN
+        m.submodules.packer = packer = OctetPacker(w, RoceRxMeta)
+        wiring.connect(m, wiring.flipped(self.roce), packer.o)
+
+        pos = Signal(17)
+        fire = self.i.valid & self.i.ready
+        cap = HeaderCapture(n_hdr, w, "rxh").add(m, pos, self.i.p.data, fire)
+
+        eth = EthernetHeader(cap.value(0, 14))
+        ip = IPv4Header(cap.value(14, 20))
+        udp = UDPHeader(cap.value(34, 8))
+        ip_words = [cap.value(14 + 2 * k, 2) for k in range(10)]
+        csum_ok = ones_sum(ip_words) == 0xFFFF
+
+        # Per-frame state.
+        HDR, PASS, DROP = 0, 1, 2
+        mode = Signal(2)
+        meta = Signal(RoceRxMeta)
+        roce_end = Signal(17)              # frame octet position just after the ICRC
+        arp_busy = Signal()
+        arp_idx = Signal(range((n_hdr + nl - 1) // nl + 1))
+
+        decision_beat = pos == ((n_hdr - 1) // nl) * nl
+        is_arp = eth.ethertype == ETHERTYPE_ARP
+        is_ip = eth.ethertype == ETHERTYPE_IPV4
+        # One-hot over the decisions taken at the decision beat ("short" and "truncated" are
+        # counted from the frame's end instead: bits for them would be constant-only).
+        decisions = [c for c in self.COUNTERS if c not in ("short", "truncated")]
+        reason = Signal(len(decisions))
+        idx = {c: k for k, c in enumerate(decisions)}
+        with m.If(is_arp):
+            with m.If((eth.dst == self.own_mac) | (eth.dst == BROADCAST_MAC)):
+                m.d.comb += reason[idx["arp"]].eq(1)
+            with m.Else():
+                m.d.comb += reason[idx["mac"]].eq(1)
+        with m.Elif(~is_ip):
+            m.d.comb += reason[idx["ethertype"]].eq(1)
+        with m.Elif(eth.dst != self.own_mac):
+            m.d.comb += reason[idx["mac"]].eq(1)
+        with m.Elif((ip.version != 4) | (ip.ihl != 5) | ip.flags[0] |
+                    (ip.fragment_offset != 0)):
+            # flags[0] is MF: the 3-bit flags field is (reserved, DF, MF) from its MSB.
+            m.d.comb += reason[idx["ip_format"]].eq(1)
+        with m.Elif(~csum_ok):
+            m.d.comb += reason[idx["checksum"]].eq(1)
+        with m.Elif(ip.dst != self.own_ip):
+            m.d.comb += reason[idx["ip"]].eq(1)
+        with m.Elif(ip.protocol != IP_PROTO_UDP):
+            m.d.comb += reason[idx["not_udp"]].eq(1)
+        with m.Elif(udp.dst_port != ROCE_UDP_PORT):
+            m.d.comb += reason[idx["port"]].eq(1)
+        with m.Elif((udp.length < 8 + 12 + 4) | (ip.total_length != udp.length + 20)):
+            m.d.comb += reason[idx["length"]].eq(1)
+        with m.Else():
+            m.d.comb += reason[idx["roce"]].eq(1)
+
+        # RoCE octets of this beat: [42, 42 + UDP length - 8).
+        now_end = Signal(17)
+        m.d.comb += now_end.eq(Mux(mode == PASS, roce_end, n_hdr + udp.length - 8))
+        # A frame shorter than its UDP length ends where its last beat's keep says.
+        frame_end = pos + _keep_count(self.i.p.keep, nl)
+        cut_end = Mux(self.i.p.last & (frame_end < now_end), frame_end, now_end)
+        lo, n, reaches = lane_region(m, pos, n_hdr, cut_end, nl, "rr")
+        pass_now = (mode == PASS) | ((mode == HDR) & decision_beat & reason[idx["roce"]])
+        meta_now = Signal(RoceRxMeta)
+        with m.If(mode == PASS):
+            m.d.comb += meta_now.eq(meta)
+        with m.Else():
+            m.d.comb += [
+                meta_now.src_mac.eq(eth.src), meta_now.src_ip.eq(ip.src),
+                meta_now.dst_ip.eq(ip.dst), meta_now.ip_id.eq(ip.identification),
+                meta_now.ip_flags.eq(ip.flags), meta_now.tos.eq(ip.tos),
+                meta_now.ttl.eq(ip.ttl), meta_now.udp_src_port.eq(udp.src_port),
+                meta_now.udp_length.eq(udp.length),
+            ]
+        m.d.comb += [
+            packer.i.valid.eq(self.i.valid & pass_now),
+            packer.i.p.data.eq(self.i.p.data),
+            packer.i.p.lo.eq(lo),
+            packer.i.p.n.eq(n),
+            packer.i.p.last.eq(self.i.p.last | reaches),
+            packer.i.p.side.eq(meta_now),
+        ]
+        # A new header may not overwrite the captured ARP frame before it has been sent.
+        m.d.comb += self.i.ready.eq(
+            Mux(pass_now, packer.i.ready, ~((mode == HDR) & arp_busy)))
+
+        with m.If(fire):
+            m.d.sync += pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))
+            with m.If(self.i.p.last):
+                m.d.sync += mode.eq(HDR)
+            with m.Elif((mode == HDR) & decision_beat):
+                m.d.sync += mode.eq(Mux(reason[idx["roce"]] & ~reaches, PASS, DROP))
+            with m.Elif((mode == PASS) & reaches):
+                m.d.sync += mode.eq(DROP)
+            with m.If((mode == HDR) & decision_beat):
+                m.d.sync += [meta.eq(meta_now), roce_end.eq(now_end)]
+                with m.If(reason[idx["arp"]]):
+                    m.d.sync += [arp_busy.eq(1), arp_idx.eq(0)]
+
+        # Counters: one per decided frame; "short" for frames ending inside the headers;
+        # "truncated" for RoCE frames ending before their UDP length.
+        counters = {c: getattr(self, f"cnt_{c}") for c in self.COUNTERS}
+        decided = fire & (mode == HDR) & decision_beat
+        for c in decisions:
+            with m.If(decided & reason[idx[c]]):
+                m.d.sync += counters[c].eq(counters[c] + 1)
+        with m.If(fire & (mode == HDR) & ~decision_beat & self.i.p.last):
+            m.d.sync += counters["short"].eq(counters["short"] + 1)
+        with m.If(fire & pass_now & self.i.p.last & (frame_end < now_end)):
+            m.d.sync += counters["truncated"].eq(counters["truncated"] + 1)
+
+        # ARP frame out of the capture register (42 octets = Ethernet + ARP body exactly).
+        n_arp_beats = (n_hdr + nl - 1) // nl
+        with m.Switch(arp_idx):
+            for b in range(n_arp_beats):
+                with m.Case(b):
+                    octs = [cap.reg[b * nl + j] if b * nl + j < n_hdr else Const(0, 8)
+                            for j in range(nl)]
+                    m.d.comb += [
+                        self.arp.p.data.eq(Cat(*octs)),
+                        self.arp.p.keep.eq(Cat(*[Const(b * nl + j < n_hdr, 1)
+                                                 for j in range(nl)])),
+                        self.arp.p.last.eq(b == n_arp_beats - 1),
+                    ]
+        m.d.comb += self.arp.valid.eq(arp_busy)
+        with m.If(self.arp.valid & self.arp.ready):
+            m.d.sync += arp_idx.eq(arp_idx + 1)
+            with m.If(self.arp.p.last):
+                m.d.sync += arp_busy.eq(0)
+        return m
+
+
+# --------------------------------------------------------------------------------------------
+# Transmit
+# --------------------------------------------------------------------------------------------
+
+class EthIpTx(wiring.Component):
+    """Frame a RoCE packet in Ethernet + IPv4 + UDP; merge ARP frames.
+
+    The IPv4 header is built as rxe builds it (roce-layouts.md §1.3): version 4, IHL 5, TOS and
+    identification from the metadata, DF set, TTL 64, protocol 17, a correct header checksum,
+    source = ``own_ip``. UDP: source port from the metadata, destination 4791, checksum 0.
+    Ethernet: destination from the metadata, source ``own_mac``, EtherType 0x0800. ARP frames
+    (complete, Ethernet header included) pass unchanged; the arbiter switches only between
+    frames and prefers ARP.
+
+    Ports
+    -----
+    roce : In(stream of :func:`roce_tx_layout`)
+        BTH .. ICRC (``meta.length`` octets), metadata constant over the packet.
+    arp : In(PacketStream(width))
+    o : Out(PacketStream(width))
+    own_mac, own_ip : In
+    cnt_roce, cnt_arp : Out(32)
+    """
+
+    def __init__(self, width):
+        self._width = width
+        super().__init__({
+            "roce": In(stream.Signature(roce_tx_layout(width))),
+            "arp": In(PacketStream(width)),
+            "o": Out(PacketStream(width)),
+            "own_mac": In(48),
+            "own_ip": In(32),
+            "cnt_roce": Out(32),
+            "cnt_arp": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nl = self._width, self._width // 8
+        n_hdr = ETH_IP_UDP_LEN
+        n_hdr_beats = (n_hdr + nl - 1) // nl
+        m.submodules.packer = packer = OctetPacker(w)
+        m.d.comb += [
+            self.o.valid.eq(packer.o.valid),
+            self.o.p.eq(packer.o.p),
+            packer.o.ready.eq(self.o.ready),
+        ]
+
+        meta = self.roce.p.meta
+        eth = Signal(EthernetHeader)
+        ip = Signal(IPv4Header)
+        udp = Signal(UDPHeader)
+        ip_nocsum = Signal(IPv4Header)
+        m.d.comb += [
+            eth.dst.eq(meta.dst_mac), eth.src.eq(self.own_mac), eth.ethertype.eq(ETHERTYPE_IPV4),
+            ip_nocsum.version.eq(4), ip_nocsum.ihl.eq(5), ip_nocsum.tos.eq(meta.tos),
+            ip_nocsum.total_length.eq(meta.length + 28),
+            ip_nocsum.identification.eq(meta.ip_id),
+            ip_nocsum.flags.eq(0b010), ip_nocsum.fragment_offset.eq(0),
+            ip_nocsum.ttl.eq(64), ip_nocsum.protocol.eq(IP_PROTO_UDP),
+            ip_nocsum.src.eq(self.own_ip), ip_nocsum.dst.eq(meta.dst_ip),
+            ip.eq(ip_nocsum),
+            ip.checksum.eq(ipv4_checksum(ip_nocsum.as_value())),
+            udp.src_port.eq(meta.udp_src_port), udp.dst_port.eq(ROCE_UDP_PORT),
+            udp.length.eq(meta.length + 8), udp.checksum.eq(0),
+        ]
+        hdr = (octets_be(eth.as_value(), 14) + octets_be(ip.as_value(), 20)
+               + octets_be(udp.as_value(), 8))
+
+        hidx = Signal(range(n_hdr_beats + 1))
+        with m.FSM(name="tx"):
+            with m.State("Idle"):
+                with m.If(self.arp.valid):
+                    m.next = "ARP Frame"
+                with m.Elif(self.roce.valid):
+                    m.d.sync += hidx.eq(0)
+                    m.next = "Frame Header"
+            with m.State("ARP Frame"):
+                m.d.comb += [
+                    packer.i.valid.eq(self.arp.valid),
+                    packer.i.p.data.eq(self.arp.p.data),
+                    packer.i.p.lo.eq(0),
+                    packer.i.p.n.eq(_keep_count(self.arp.p.keep, nl)),
+                    packer.i.p.last.eq(self.arp.p.last),
+                    self.arp.ready.eq(packer.i.ready),
+                ]
+                with m.If(self.arp.valid & self.arp.ready & self.arp.p.last):
+                    m.d.sync += self.cnt_arp.eq(self.cnt_arp + 1)
+                    m.next = "Idle"
+            with m.State("Frame Header"):
+                with m.Switch(hidx):
+                    for b in range(n_hdr_beats):
+                        with m.Case(b):
+                            octs = [hdr[b * nl + j] if b * nl + j < n_hdr else Const(0, 8)
+                                    for j in range(nl)]
+                            m.d.comb += [packer.i.p.data.eq(Cat(*octs)),
+                                         packer.i.p.n.eq(min(nl, n_hdr - b * nl))]
+                m.d.comb += [packer.i.valid.eq(1), packer.i.p.lo.eq(0), packer.i.p.last.eq(0)]
+                with m.If(packer.i.ready):
+                    m.d.sync += hidx.eq(hidx + 1)
+                    with m.If(hidx == n_hdr_beats - 1):
+                        m.next = "RoCE Packet"
+            with m.State("RoCE Packet"):
+                m.d.comb += [
+                    packer.i.valid.eq(self.roce.valid),
+                    packer.i.p.data.eq(self.roce.p.data),
+                    packer.i.p.lo.eq(0),
+                    packer.i.p.n.eq(_keep_count(self.roce.p.keep, nl)),
+                    packer.i.p.last.eq(self.roce.p.last),
+                    self.roce.ready.eq(packer.i.ready),
+                ]
+                with m.If(self.roce.valid & self.roce.ready & self.roce.p.last):
+                    m.d.sync += self.cnt_roce.eq(self.cnt_roce + 1)
+                    m.next = "Idle"
+        return m

@@ -1,0 +1,369 @@
+# Ref: IEEE 802.3 §3.1.1 (frame: preamble, SFD, FCS), §4.2.3.3 (minimum frame 64 octets, pad),
+#      §4.4.2 (interframe gap 96 bit times), §35.2 (GMII TXD/TX_EN/TX_ER, RXD/RX_DV/RX_ER);
+#      hw/lib/stream.py (PacketStream); amaranth.lib.crc catalog CRC32_ETHERNET.
+"""Gigabit Ethernet MAC over GMII: receiver, transmitter, and the two with width conversion.
+
+Everything runs in one clock domain, ``sync`` = the GMII 125 MHz clock (RX and TX clocks are
+assumed to be the same, as on a GMII/RGMII PHY whose RX clock is taken as the design clock or
+re-timed before the MAC). The GMII side moves one octet per cycle; a ``PacketStream(64)`` side
+therefore runs at 1/8 duty (one beat every 8 cycles at most on line rate).
+
+Bad frames on receive
+---------------------
+A stream cannot take back beats already passed on, and the FCS is only known after the last
+octet. :class:`GmiiRx` therefore buffers each frame in a :class:`~hw.lib.width.PacketFifo` and
+commits it only when it ends well; a frame with ``rx_er``, a bad FCS, fewer than 64 octets
+(FCS included), or that did not fit in the buffer is discarded and counted. Downstream blocks
+see only good frames, without the FCS. Latency: a frame appears after its last octet.
+
+Transmit
+--------
+:class:`GmiiTx` sends preamble (7 x 0x55), SFD (0xD5), the frame, zero padding up to 60 octets,
+the FCS, and at least 12 idle octets. Its ``i.ready`` is low outside the frame data. GMII cannot
+pause inside a frame, so an input that runs dry mid-frame is an underrun: ``tx_er`` is raised
+on the octets that should have been data (the receiver then drops the frame) and it is counted.
+:class:`GmiiMac` puts a store-and-forward :class:`PacketFifo` in front of the transmitter so
+that this cannot happen for frames that fit the FIFO.
+"""
+
+from amaranth import *
+from amaranth.lib import crc, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.lib.stream import PacketStream, RegisterSlice
+from hw.lib.width import PacketFifo, StreamDownsizer, StreamUpsizer
+
+__all__ = ["GmiiRx", "GmiiTx", "GmiiMac", "PREAMBLE", "SFD", "MIN_FRAME", "IFG"]
+
+PREAMBLE = 0x55
+SFD = 0xD5
+MIN_FRAME = 64          # octets, FCS included
+FCS_LEN = 4
+IFG = 12                # octets of idle between frames
+
+
+def _fcs_crc():
+    return crc.catalog.CRC32_ETHERNET(data_width=8).create()
+
+
+class GmiiRx(wiring.Component):
+    """GMII receiver: strips preamble/SFD/FCS, drops bad frames, buffers good ones.
+
+    Parameters
+    ----------
+    depth : int
+        Frame buffer size in octets (power of two). Frames longer than ``depth`` octets are
+        dropped as overflows; so are frames arriving while the buffer is full.
+
+    Ports
+    -----
+    rxd : In(8); rx_dv, rx_er : In(1)
+        GMII receive side, sampled on the ``sync`` clock (registered once inside).
+    o : Out(PacketStream(8))
+        Good frames, destination MAC first, without FCS.
+    frames_ok, fcs_errors, runts, rx_errors, overflows : Out(32)
+        Frame counters (wrapping). A bad frame counts once, under the first of: ``rx_errors``
+        (rx_er seen while rx_dv), ``runts`` (< 64 octets with FCS), ``fcs_errors``,
+        ``overflows`` (did not fit in the buffer).
+    """
+
+    def __init__(self, depth=2048):
+        self._depth = depth
+        super().__init__({
+            "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+            "o": Out(PacketStream(8)),
+            "frames_ok": Out(32), "fcs_errors": Out(32), "runts": Out(32),
+            "rx_errors": Out(32), "overflows": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fifo = fifo = PacketFifo(8, self._depth, registered_ready=True)
+        m.submodules.crc = fcs = _fcs_crc()
+        wiring.connect(m, wiring.flipped(self.o), fifo.r)
+
+        # Input register: GMII inputs come straight from pins.
+        rxd = Signal(8)
+        dv = Signal()
+        er = Signal()
+        m.d.sync += [rxd.eq(self.rxd), dv.eq(self.rx_dv), er.eq(self.rx_er)]
+
+        # The last four octets of a frame are its FCS, which is known only when rx_dv falls; a
+        # five-octet delay line holds them back, so that an octet is written to the buffer once
+        # four more have followed it, and the final data octet (with last=1) when rx_dv falls.
+        delay = Array(Signal(8, name=f"delay{i}") for i in range(5))
+        count = Signal(range(MIN_FRAME + 1))     # octets since SFD, saturating at MIN_FRAME
+        got_er = Signal()
+        overflow = Signal()
+        short = Signal()
+
+        # keep is set next to data below, not as a lone constant: Amaranth's Verilog puts a
+        # lone constant assignment to part of a signal in an `always @*` with nothing to
+        # trigger it, which Icarus and Verilator never run (the bit then stays 0).
+        m.d.comb += fcs.data.eq(rxd)
+
+        def await_frame():
+            with m.If(dv & (rxd == PREAMBLE)):
+                m.next = "Preamble"
+            with m.Elif(dv & (rxd == SFD)):
+                # A PHY may shorten the preamble; the SFD alone starts a frame.
+                m.d.comb += fcs.start.eq(1)
+                m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
+                m.next = "Frame Data"
+            with m.Elif(dv):
+                m.next = "Drop"
+
+        with m.FSM(name="rx"):
+            with m.State("Idle"):
+                await_frame()
+
+            with m.State("Preamble"):
+                with m.If(~dv):
+                    m.next = "Idle"
+                with m.Elif(rxd == SFD):
+                    m.d.comb += fcs.start.eq(1)
+                    m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
+                    m.next = "Frame Data"
+                with m.Elif(rxd != PREAMBLE):
+                    m.next = "Drop"
+
+            with m.State("Frame Data"):
+                with m.If(dv):
+                    m.d.comb += fcs.valid.eq(1)
+                    m.d.sync += [delay[0].eq(rxd)] + [delay[i].eq(delay[i - 1])
+                                                      for i in range(1, 5)]
+                    with m.If(count != MIN_FRAME):
+                        m.d.sync += count.eq(count + 1)
+                    with m.If(er):
+                        m.d.sync += got_er.eq(1)
+                    # delay[4] is a data octet once five octets are in (count >= 5 before this).
+                    with m.If(count >= 5):
+                        m.d.comb += [
+                            fifo.w.valid.eq(1),
+                            fifo.w.payload.data.eq(delay[4]),
+                            fifo.w.payload.keep.eq(1),
+                            fifo.w.payload.last.eq(0),
+                        ]
+                        with m.If(~fifo.w.ready):
+                            m.d.sync += overflow.eq(1)
+                with m.Else():
+                    # End of frame: delay[4] is the last data octet, delay[0..3] the FCS, and
+                    # the CRC register has taken every octet (match_detected valid now and
+                    # held: the CRC takes no octet until the next SFD). The verdict is given
+                    # in the next cycle ("Frame End") from registered flags, so the CRC
+                    # compare and the checks do not chain into the FIFO's pointer update
+                    # (the 125 MHz critical path on ECPIX-5).
+                    with m.If(count >= 5):
+                        m.d.comb += [
+                            fifo.w.valid.eq(1),
+                            fifo.w.payload.data.eq(delay[4]),
+                            fifo.w.payload.keep.eq(1),
+                            fifo.w.payload.last.eq(1),
+                        ]
+                        with m.If(~fifo.w.ready):
+                            m.d.sync += overflow.eq(1)
+                    m.d.sync += short.eq(count < MIN_FRAME)
+                    m.next = "Frame End"
+
+            with m.State("Frame End"):
+                with m.If(got_er):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
+                with m.Elif(short):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.runts.eq(self.runts + 1)
+                with m.Elif(~fcs.match_detected):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.fcs_errors.eq(self.fcs_errors + 1)
+                with m.Elif(overflow):
+                    m.d.comb += fifo.w_discard.eq(1)
+                    m.d.sync += self.overflows.eq(self.overflows + 1)
+                with m.Else():
+                    m.d.comb += fifo.w_commit.eq(1)
+                    m.d.sync += self.frames_ok.eq(self.frames_ok + 1)
+                # As in Idle: a PHY that shrinks the gap to one octet may start the next
+                # frame (even with its SFD) right now. The verdict above reads the flags
+                # before the SFD clears them.
+                m.next = "Idle"
+                await_frame()
+
+            with m.State("Drop"):
+                # Carrier without a valid preamble/SFD: ignore until it ends.
+                with m.If(~dv):
+                    m.next = "Idle"
+        return m
+
+
+class GmiiTx(wiring.Component):
+    """GMII transmitter: preamble, SFD, data, pad to 60, FCS, inter-frame gap.
+
+    Ports
+    -----
+    i : In(PacketStream(8))
+        Frames from destination MAC on, without FCS. ``ready`` is high only while frame data
+        is being sent.
+    txd : Out(8); tx_en, tx_er : Out(1)
+        GMII transmit side, registered.
+    frames, underruns : Out(32)
+        Frames sent; frames during which the input ran dry (sent with ``tx_er``).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "i": In(PacketStream(8)),
+            "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
+            "frames": Out(32), "underruns": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.crc = fcs = _fcs_crc()
+
+        txd = Signal(8)
+        en = Signal()
+        er = Signal()
+        m.d.sync += [self.txd.eq(txd), self.tx_en.eq(en), self.tx_er.eq(er)]
+
+        n = Signal(range(64))            # octet counter within preamble / pad / FCS / IFG
+        length = Signal(range(61))       # frame octets sent so far, saturating at 60
+        underrun = Signal()
+        fcs_bytes = Array(fcs.crc[8 * i:8 * i + 8] for i in range(4))
+
+        with m.FSM(name="tx"):
+            with m.State("Idle"):
+                with m.If(self.i.valid):
+                    m.d.sync += n.eq(0)
+                    m.next = "Preamble"
+
+            with m.State("Preamble"):
+                m.d.comb += [txd.eq(PREAMBLE), en.eq(1)]
+                m.d.sync += n.eq(n + 1)
+                with m.If(n == 6):
+                    m.next = "Start Delimiter"
+
+            with m.State("Start Delimiter"):
+                m.d.comb += [txd.eq(SFD), en.eq(1), fcs.start.eq(1)]
+                m.d.sync += [length.eq(0), underrun.eq(0)]
+                m.next = "Frame Data"
+
+            with m.State("Frame Data"):
+                m.d.comb += [en.eq(1), self.i.ready.eq(1)]
+                with m.If(self.i.valid):
+                    m.d.comb += [txd.eq(self.i.payload.data), fcs.data.eq(self.i.payload.data),
+                                 fcs.valid.eq(1)]
+                    with m.If(length != 60):
+                        m.d.sync += length.eq(length + 1)
+                    with m.If(self.i.payload.last):
+                        with m.If(length >= 59):
+                            m.d.sync += n.eq(0)
+                            m.next = "FCS"
+                        with m.Else():
+                            m.next = "Pad"
+                with m.Else():
+                    # Underrun: GMII cannot pause inside a frame; poison it and wait.
+                    m.d.comb += er.eq(1)
+                    m.d.sync += underrun.eq(1)
+
+            with m.State("Pad"):
+                m.d.comb += [txd.eq(0), en.eq(1), fcs.data.eq(0), fcs.valid.eq(1)]
+                m.d.sync += length.eq(length + 1)
+                with m.If(length == 59):
+                    m.d.sync += n.eq(0)
+                    m.next = "FCS"
+
+            with m.State("FCS"):
+                # The CRC of all data and pad octets is in fcs.crc now (it is not fed here);
+                # Ethernet sends it least significant octet first.
+                m.d.comb += [txd.eq(fcs_bytes[n[:2]]), en.eq(1)]
+                m.d.sync += n.eq(n + 1)
+                with m.If(n == 3):
+                    m.d.sync += [n.eq(0), self.frames.eq(self.frames + 1)]
+                    with m.If(underrun):
+                        m.d.sync += self.underruns.eq(self.underruns + 1)
+                    m.next = "Gap"
+
+            with m.State("Gap"):
+                # IFG - 1 octets here plus at least one in Idle: IFG idle octets in all.
+                m.d.sync += n.eq(n + 1)
+                with m.If(n == IFG - 2):
+                    m.next = "Idle"
+        return m
+
+
+class GmiiMac(wiring.Component):
+    """GMII MAC with a ``PacketStream(width)`` user side.
+
+    Receive: :class:`GmiiRx` (frame buffer, bad frames dropped) -> :class:`StreamUpsizer`.
+    Transmit: store-and-forward :class:`PacketFifo` at ``width`` -> :class:`StreamDownsizer`
+    -> :class:`GmiiTx`; a frame starts on the wire only once it is wholly in the FIFO, so the
+    transmitter never underruns whatever idles the user side has.
+
+    One clock domain (``sync``, the 125 MHz GMII clock). At ``width=64`` the user streams carry
+    at most one beat per 8 cycles at line rate (1/8 duty).
+
+    Parameters
+    ----------
+    width : int
+        User-side data width: 8, 16, 32, 64 (any multiple of 8 dividing into whole octets).
+    rx_depth, tx_depth : int
+        Receive and transmit buffer sizes in octets (powers of two, >= one largest frame).
+
+    Ports
+    -----
+    rxd, rx_dv, rx_er : In; txd, tx_en, tx_er : Out
+        GMII.
+    rx : Out(PacketStream(width))
+        Received good frames without FCS.
+    tx : In(PacketStream(width))
+        Frames to send, without FCS (padded to 60 octets and FCS added here). A frame longer
+        than ``tx_depth`` octets would stall the stream forever: keep frames within the MTU.
+    rx_frames_ok, rx_fcs_errors, rx_runts, rx_errors, rx_overflows, tx_frames, tx_underruns
+        Out(32) counters (see :class:`GmiiRx`, :class:`GmiiTx`).
+    """
+
+    def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048):
+        if width % 8 or width <= 0:
+            raise ValueError(f"width {width} is not a positive multiple of 8")
+        if tx_depth % (width // 8):
+            raise ValueError("tx_depth must be a multiple of the lane count")
+        self._width, self._rx_depth, self._tx_depth = width, rx_depth, tx_depth
+        super().__init__({
+            "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+            "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
+            "rx": Out(PacketStream(width)),
+            "tx": In(PacketStream(width)),
+            "rx_frames_ok": Out(32), "rx_fcs_errors": Out(32), "rx_runts": Out(32),
+            "rx_errors": Out(32), "rx_overflows": Out(32),
+            "tx_frames": Out(32), "tx_underruns": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth)
+        m.submodules.gmii_tx = tx = GmiiTx()
+        m.submodules.rx_up = up = StreamUpsizer(8, w)
+        m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8))
+        m.submodules.tx_down = down = StreamDownsizer(w, 8)
+
+        m.d.comb += [
+            rx.rxd.eq(self.rxd), rx.rx_dv.eq(self.rx_dv), rx.rx_er.eq(self.rx_er),
+            self.txd.eq(tx.txd), self.tx_en.eq(tx.tx_en), self.tx_er.eq(tx.tx_er),
+            self.rx_frames_ok.eq(rx.frames_ok), self.rx_fcs_errors.eq(rx.fcs_errors),
+            self.rx_runts.eq(rx.runts), self.rx_errors.eq(rx.rx_errors),
+            self.rx_overflows.eq(rx.overflows),
+            self.tx_frames.eq(tx.frames), self.tx_underruns.eq(tx.underruns),
+        ]
+        wiring.connect(m, rx.o, up.i)
+        wiring.connect(m, up.o, wiring.flipped(self.rx))
+
+        wiring.connect(m, wiring.flipped(self.tx), fifo.w)
+        m.d.comb += fifo.w_commit.eq(self.tx.valid & self.tx.ready & self.tx.payload.last)
+        # A register slice after the FIFO's block-RAM read port: the RAM's clock-to-out plus
+        # the transmitter's CRC update was the 125 MHz critical path on the Versa's 45F
+        # (8.9 ns, board core ``mac-cdc``).
+        m.submodules.tx_slice = tx_slice = RegisterSlice(w)
+        wiring.connect(m, fifo.r, tx_slice.i)
+        wiring.connect(m, tx_slice.o, down.i)
+        wiring.connect(m, down.o, tx.i)
+        return m

@@ -1,0 +1,128 @@
+# Ref: issue 6: MAC at 125 MHz, the rest in its own `core` domain.
+#      hw/net/mac.py GmiiMac; hw/lib/width.py sizers; amaranth docs stdlib/fifo.rst (AsyncFIFO),
+#      stdlib/cdc.rst (PulseSynchronizer); hw/target/target.py MAC_COUNTERS.
+"""A GMII MAC in the GMII clock domain with its frame streams in another (core) domain.
+
+::
+
+    GMII (mac, 125 MHz) -> GmiiMac(8).rx -> slice -> StreamUpsizer(8, w) -> slice -> AsyncFIFO
+                                                                              -> rx (core)
+    GMII <- GmiiMac(8).tx <- slice <- StreamDownsizer(w, 8) <- slice <- AsyncFIFO <- tx (core)
+    (slice: RegisterSlice, a skid buffer that cuts the valid/data and ready paths)
+    MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
+
+The MAC keeps its own frame buffers (bad frames are dropped there, and transmission starts
+only once a whole frame is buffered), so the asynchronous FIFOs only have to absorb the clock
+ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles, which a
+core clock above 125/8 MHz drains.
+"""
+
+from amaranth import DomainRenamer, Module, Signal
+from amaranth.lib import cdc, data, fifo, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.net.mac import GmiiMac
+from hw.lib.stream import PacketStream, RegisterSlice
+from hw.lib.width import StreamDownsizer, StreamUpsizer
+
+__all__ = ["MacCdc", "MAC_COUNTER_NAMES"]
+
+#: GmiiMac counter ports, in the order of ``hw.target.target.MAC_COUNTERS``.
+MAC_COUNTER_NAMES = ("rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors", "rx_overflows",
+                     "tx_frames", "tx_underruns")
+
+
+class MacCdc(wiring.Component):
+    """:class:`~hw.net.mac.GmiiMac` (8 bits) in ``mac_domain``, user side in ``core_domain``.
+
+    Parameters
+    ----------
+    width : int
+        User-side data width (multiple of 8).
+    mac_domain, core_domain : str
+        Clock domains of the GMII side and of the user side.
+    fifo_depth : int
+        Depth in wide beats of each asynchronous FIFO (power of two).
+    rx_depth, tx_depth : int
+        The MAC's frame buffers in octets (see :class:`~hw.net.mac.GmiiMac`).
+
+    Ports
+    -----
+    rxd, rx_dv, rx_er : In; txd, tx_en, tx_er : Out
+        GMII, in ``mac_domain``.
+    rx : Out(PacketStream(width)), tx : In(PacketStream(width))
+        Frames without FCS, in ``core_domain``.
+    counters : Out(32).array(7)
+        The MAC's counters (:data:`MAC_COUNTER_NAMES`) recounted in ``core_domain``. Events of
+        one counter closer than a few core cycles may count once; the MAC's events are a frame
+        apart (at least 64 octet times), so this only matters for a core clock below ~25 %
+        of the MAC's.
+    """
+
+    def __init__(self, width=64, *, mac_domain="sync", core_domain="core", fifo_depth=16,
+                 rx_depth=2048, tx_depth=2048):
+        self._w, self._md, self._cd = width, mac_domain, core_domain
+        self._fifo_depth, self._rx_depth, self._tx_depth = fifo_depth, rx_depth, tx_depth
+        super().__init__({
+            "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+            "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
+            "rx": Out(PacketStream(width)), "tx": In(PacketStream(width)),
+            "counters": Out(32).array(len(MAC_COUNTER_NAMES)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w, md, cd = self._w, self._md, self._cd
+        rename = DomainRenamer({"sync": md})
+        m.submodules.mac = mac = rename(GmiiMac(8, rx_depth=self._rx_depth,
+                                                tx_depth=self._tx_depth))
+        m.submodules.up = up = rename(StreamUpsizer(8, w))
+        m.submodules.down = down = rename(StreamDownsizer(w, 8))
+        bits = data.Layout.cast(self.rx.payload.shape()).size
+        m.submodules.rx_fifo = rxf = fifo.AsyncFIFO(width=bits, depth=self._fifo_depth,
+                                                    w_domain=md, r_domain=cd)
+        m.submodules.tx_fifo = txf = fifo.AsyncFIFO(width=bits, depth=self._fifo_depth,
+                                                    w_domain=cd, r_domain=md)
+
+        m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
+                     self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
+
+        # Register slices (skid buffers) on each side of the sizers, in the MAC domain: without
+        # them the receive path starts the upsizer from the MAC buffer's block-RAM read data
+        # (7.2 ns on the Versa's 45F), and the transmit path chains the MAC FIFO's full check,
+        # the downsizer's ready, the async FIFO's read enable, pointer and storage read into
+        # one 125 MHz path (9 levels, 9.0 ns placed on ECPIX-5, board core ``mac-cdc``).
+        m.submodules.rx_slice8 = rx_slice8 = rename(RegisterSlice(8))
+        m.submodules.rx_slice = rx_slice = rename(RegisterSlice(w))
+        m.submodules.tx_slice = tx_slice = rename(RegisterSlice(w))
+        m.submodules.tx_slice8 = tx_slice8 = rename(RegisterSlice(8))
+
+        # Receive: MAC -> slice -> upsizer -> slice -> async FIFO -> rx.
+        wiring.connect(m, mac.rx, rx_slice8.i)
+        wiring.connect(m, rx_slice8.o, up.i)
+        wiring.connect(m, up.o, rx_slice.i)
+        m.d.comb += [rxf.w_data.eq(rx_slice.o.payload.as_value()), rxf.w_en.eq(rx_slice.o.valid),
+                     rx_slice.o.ready.eq(rxf.w_rdy),
+                     self.rx.payload.eq(rxf.r_data), self.rx.valid.eq(rxf.r_rdy),
+                     rxf.r_en.eq(self.rx.ready)]
+        # Transmit: tx -> async FIFO -> slice -> downsizer -> slice -> MAC.
+        m.d.comb += [txf.w_data.eq(self.tx.payload.as_value()), txf.w_en.eq(self.tx.valid),
+                     self.tx.ready.eq(txf.w_rdy),
+                     tx_slice.i.payload.eq(txf.r_data), tx_slice.i.valid.eq(txf.r_rdy),
+                     txf.r_en.eq(tx_slice.i.ready)]
+        wiring.connect(m, tx_slice.o, down.i)
+        wiring.connect(m, down.o, tx_slice8.i)
+        wiring.connect(m, tx_slice8.o, mac.tx)
+
+        # Counters: the MAC's counters step by one, so a toggle of bit 0 is an event; events
+        # cross as pulses.
+        for k, name in enumerate(MAC_COUNTER_NAMES):
+            src = getattr(mac, name)
+            prev = Signal(name=f"{name}_prev")
+            event = Signal(name=f"{name}_event")
+            m.d[md] += [prev.eq(src[0]), event.eq(src[0] != prev)]
+            m.submodules[f"ps_{name}"] = ps = cdc.PulseSynchronizer(md, cd)
+            m.d.comb += ps.i.eq(event)
+            with m.If(ps.o):
+                m.d[cd] += self.counters[k].eq(self.counters[k] + 1)
+        return m

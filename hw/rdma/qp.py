@@ -1,0 +1,300 @@
+# Ref: roce-layouts.md §1.4 (UDP source port), §1.5 (PMTU codes), §6 (PSNs, retry counters);
+#      hw/iface.py (QpConfig, MrEntry, REG_QP, REG_MR); hw/target/hostlink.py (HostBusSignature).
+"""Host-written QP and memory-region tables.
+
+Both tables are :class:`~hw.target.hostlink.HostBusSignature` targets that answer only inside
+their own window of ``Space.REG`` (so a top level may OR the ``ack``/``err``/``rdata`` of
+several targets: outside its window a table drives all three low). Inside the window an
+address that names no register is answered with ``ack`` + ``err``. Every register reads back.
+Fields narrower than 32 bits read back zero-extended; writes ignore the upper bits.
+
+QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
+
+    0x00 state           QpState; a write raises load[i] for one cycle (PSN reload)
+    0x04 local_qpn       24 bits
+    0x08 remote_qpn      24 bits
+    0x0C peer_mac_hi     peer MAC bits 47:32
+    0x10 peer_mac_lo     peer MAC bits 31:0
+    0x14 peer_ip         IPv4 address (big-endian value, 10.0.0.1 = 0x0A000001)
+    0x18 udp_sport       16 bits
+    0x1C pmtu            IB MTU code (1 = 256 ... 5 = 4096)
+    0x20 rq_psn          first PSN expected from the peer
+    0x24 sq_psn          first PSN sent
+    0x28 timeout         5-bit local ACK timeout code
+    0x2C retry_cnt       3 bits
+    0x30 rnr_retry       3 bits
+    0x34 recv_base       target-memory address of receive buffer 0
+    0x38 recv_count      number of receive buffers
+    0x3C recv_size_log2  each receive buffer is 2**recv_size_log2 octets
+
+MR register map (MR ``j`` at ``REG_MR + 0x40 * j``; word offsets)::
+
+    0x00 control         bit 0 valid, bit 1 read, bit 2 write, bit 3 atomic
+    0x04 qp_mask         bit i: QP table index i may use this region
+    0x08 rkey
+    0x0C va_hi           Tagged Offset bits 63:32
+    0x10 va_lo           Tagged Offset bits 31:0
+    0x14 length          octets
+    0x18 laddr           target-memory address of ``va``
+"""
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import enum, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QPN_BITS, QP_INDEX_BITS, QpConfig,
+                     QpState, REG_MR, REG_QP, REG_TRANSPORT, Space)
+
+__all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
+           "QP_REGS", "MR_REGS", "qp_lookup", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
+
+#: Where the responder's counters sit (REG_TRANSPORT + 4 * index of responder.COUNTERS); the
+#: requester's may follow from REG_TRANSPORT + 0x100.
+RESPONDER_COUNTERS_BASE = REG_TRANSPORT
+
+QP_STRIDE = 0x100
+MR_STRIDE = 0x40
+
+#: QP register word offset -> (field path, low bit of the field held by the word, bits).
+QP_REGS = {
+    0x00: ("state", 0, 3), 0x04: ("local_qpn", 0, 24), 0x08: ("remote_qpn", 0, 24),
+    0x0C: ("peer_mac", 32, 16), 0x10: ("peer_mac", 0, 32), 0x14: ("peer_ip", 0, 32),
+    0x18: ("udp_sport", 0, 16), 0x1C: ("pmtu", 0, 3), 0x20: ("rq_psn", 0, 24),
+    0x24: ("sq_psn", 0, 24), 0x28: ("timeout", 0, 5), 0x2C: ("retry_cnt", 0, 3),
+    0x30: ("rnr_retry", 0, 3), 0x34: ("recv_base", 0, 32), 0x38: ("recv_count", 0, 8),
+    0x3C: ("recv_size_log2", 0, 5),
+}
+#: MR register word offset -> (field path, low bit, bits); 0x00 packs valid + rights.
+MR_REGS = {
+    0x04: ("qp_mask", 0, 16), 0x08: ("rkey", 0, 32), 0x0C: ("va", 32, 32),
+    0x10: ("va", 0, 32), 0x14: ("length", 0, 32), 0x18: ("laddr", 0, 32),
+}
+
+
+class MrAccess(enum.Enum, shape=2):
+    READ = 0
+    WRITE = 1
+    ATOMIC = 2
+
+
+class MrError(enum.Enum, shape=2):
+    NONE = 0
+    BAD_KEY = 1         # no valid region with this R_Key usable by this QP
+    RANGE = 2           # [va, va + length) not inside the region
+    RIGHTS = 3          # region does not grant the access kind
+
+
+class MrLookupSignature(wiring.Signature):
+    """Lookup port, seen from the asker. Inputs are sampled every cycle; the answer to the
+    inputs of cycle t is on ``ok``/``laddr``/``error`` in cycle t + 1 (one register stage)."""
+
+    def __init__(self):
+        super().__init__({
+            "rkey": Out(32), "va": Out(64), "length": Out(32), "qp": Out(QP_INDEX_BITS),
+            "access": Out(MrAccess),
+            "ok": In(1), "laddr": In(ADDR_BITS), "error": In(MrError),
+        })
+
+
+def qp_lookup(m, cfgs, qpn, name="qpl"):
+    """Combinational compare of ``qpn`` with every entry's ``local_qpn``.
+
+    Returns ``(index, hit)`` signals; the lowest matching index wins. Entries in RESET never
+    match (a zero QPN register must not capture QPN 0 traffic).
+    """
+    n = len(cfgs)
+    index = Signal(QP_INDEX_BITS, name=f"{name}_index")
+    hit = Signal(name=f"{name}_hit")
+    for i in reversed(range(n)):
+        with m.If((cfgs[i].local_qpn == qpn) & (cfgs[i].state != QpState.RESET)):
+            m.d.comb += [index.eq(i), hit.eq(1)]
+    return index, hit
+
+
+def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
+    """Common decode: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
+    ``write_of(i, off, wdata)`` -> list of sync statements."""
+    in_win = (bus.space == Space.REG) & (bus.addr >= base) & (bus.addr < base + stride * n)
+    rel = Signal(32)
+    m.d.comb += rel.eq(bus.addr - base)
+    with m.If(in_win & (bus.re | bus.we)):
+        m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
+        for i in range(n):
+            for off in sorted(words):
+                with m.If(rel == i * stride + off):
+                    m.d.comb += bus.err.eq(0)
+                    with m.If(bus.re):
+                        m.d.comb += bus.rdata.eq(read_of(i, off))
+                    with m.Else():
+                        m.d.sync += write_of(i, off, bus.wdata)
+
+
+class QpTable(wiring.Component):
+    """Host-writable :data:`~hw.iface.QpConfig` of ``n_qp`` queue pairs.
+
+    Ports
+    -----
+    bus : In(HostBusSignature)      register map in the module docstring
+    cfg : Out(QpConfig).array(n_qp) current configuration
+    load : Out(n_qp)                bit i high for one cycle after the host writes QP i's state
+    lookup_qpn : In(QPN_BITS)       local QPN to find (combinational)
+    lookup_index : Out(QP_INDEX_BITS), lookup_hit : Out(1)
+    """
+
+    def __init__(self, n_qp):
+        if not 1 <= n_qp <= 1 << QP_INDEX_BITS:
+            raise ValueError(f"n_qp {n_qp} out of range")
+        self.n_qp = n_qp
+        super().__init__({
+            "bus": In(HostBusSignature()),
+            "cfg": Out(QpConfig).array(n_qp),
+            "load": Out(n_qp),
+            "lookup_qpn": In(QPN_BITS), "lookup_index": Out(QP_INDEX_BITS),
+            "lookup_hit": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        m.d.sync += self.load.eq(0)
+
+        def field(i, path):
+            return getattr(self.cfg[i], path).as_value() \
+                if hasattr(getattr(self.cfg[i], path), "as_value") else getattr(self.cfg[i], path)
+
+        def read_of(i, off):
+            path, lo, bits = QP_REGS[off]
+            return field(i, path)[lo:lo + bits]
+
+        def write_of(i, off, wdata):
+            path, lo, bits = QP_REGS[off]
+            stmts = [field(i, path)[lo:lo + bits].eq(wdata[:bits])]
+            if path == "state":
+                stmts.append(self.load[i].eq(1))
+            return stmts
+
+        _reg_target(m, bus, REG_QP, QP_STRIDE, self.n_qp, QP_REGS, read_of, write_of)
+        idx, hit = qp_lookup(m, self.cfg, self.lookup_qpn)
+        m.d.comb += [self.lookup_index.eq(idx), self.lookup_hit.eq(hit)]
+        return m
+
+
+class MrTable(wiring.Component):
+    """Host-writable :data:`~hw.iface.MrEntry` table of ``n_mr`` regions plus a lookup port.
+
+    Lookup: the region whose ``valid`` is set, whose ``rkey`` equals the asked R_Key and whose
+    ``qp_mask`` has the asking QP's bit (lowest index wins); then ``va >= region.va`` and
+    ``va + length <= region.va + region.length`` (``length`` 0 is inside whenever ``va`` is in
+    ``[region.va, region.va + region.length]``), then the right for ``access``.
+    ``laddr = region.laddr + (va - region.va)``. Error precedence: BAD_KEY, RANGE, RIGHTS.
+
+    An ``inv_valid`` strobe clears ``valid`` of every region whose ``rkey`` is ``inv_rkey``
+    (SEND with Invalidate); ``inv_found`` says (combinationally, whether or not ``inv_valid``
+    is high) that a valid region has R_Key ``inv_rkey``.
+
+    Ports
+    -----
+    bus : In(HostBusSignature)
+    lookup : In(MrLookupSignature)
+    entries : Out(MrEntry).array(n_mr)
+    inv_valid : In(1), inv_rkey : In(32), inv_found : Out(1)
+    """
+
+    def __init__(self, n_mr):
+        self.n_mr = n_mr
+        super().__init__({
+            "bus": In(HostBusSignature()),
+            "lookup": In(MrLookupSignature()),
+            "entries": Out(MrEntry).array(n_mr),
+            "inv_valid": In(1), "inv_rkey": In(32), "inv_found": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus, lk = self.bus, self.lookup
+        words = set(MR_REGS) | {0x00}
+
+        def read_of(j, off):
+            e = self.entries[j]
+            if off == 0x00:
+                return Cat(e.valid, e.rights.read, e.rights.write, e.rights.atomic)
+            path, lo, bits = MR_REGS[off]
+            return getattr(e, path)[lo:lo + bits]
+
+        def write_of(j, off, wdata):
+            e = self.entries[j]
+            if off == 0x00:
+                return [e.valid.eq(wdata[0]), e.rights.read.eq(wdata[1]),
+                        e.rights.write.eq(wdata[2]), e.rights.atomic.eq(wdata[3])]
+            path, lo, bits = MR_REGS[off]
+            return [getattr(e, path)[lo:lo + bits].eq(wdata[:bits])]
+
+        _reg_target(m, bus, REG_MR, MR_STRIDE, self.n_mr, words, read_of, write_of)
+
+        # Invalidate (after the bus write statements: a same-cycle host write of control loses).
+        for j in range(self.n_mr):
+            e = self.entries[j]
+            hit = e.valid & (e.rkey == self.inv_rkey)
+            with m.If(hit):
+                m.d.comb += self.inv_found.eq(1)
+                with m.If(self.inv_valid):
+                    m.d.sync += e.valid.eq(0)
+
+        # Lookup: key match (combinational), then range/rights, registered once.
+        sel = Signal(range(self.n_mr))
+        found = Signal()
+        for j in reversed(range(self.n_mr)):
+            e = self.entries[j]
+            with m.If(e.valid & (e.rkey == lk.rkey) & (e.qp_mask.bit_select(lk.qp, 1))):
+                m.d.comb += [sel.eq(j), found.eq(1)]
+        e = Signal(MrEntry)
+        with m.Switch(sel):
+            for j in range(self.n_mr):
+                with m.Case(j):
+                    m.d.comb += e.eq(self.entries[j])
+        off = Signal(65)
+        end = Signal(66)
+        m.d.comb += [off.eq(lk.va - e.va), end.eq(off[:64] + lk.length)]
+        in_range = (lk.va >= e.va) & (end <= e.length)
+        right = Mux(lk.access == MrAccess.READ, e.rights.read,
+                    Mux(lk.access == MrAccess.WRITE, e.rights.write, e.rights.atomic))
+        err = Signal(MrError)
+        with m.If(~found):
+            m.d.comb += err.eq(MrError.BAD_KEY)
+        with m.Elif(~in_range):
+            m.d.comb += err.eq(MrError.RANGE)
+        with m.Elif(~right):
+            m.d.comb += err.eq(MrError.RIGHTS)
+        m.d.sync += [lk.ok.eq(err == MrError.NONE), lk.error.eq(err),
+                     lk.laddr.eq(e.laddr + off[:ADDR_BITS])]
+        return m
+
+
+class CounterBank(wiring.Component):
+    """Read-only 32-bit registers at ``base + 4 * k`` showing ``counters[k]``.
+
+    Same bus rules as the tables: silent outside ``[base, base + 4 * n)``, writes inside are
+    refused with ``err``. Typical use: ``CounterBank(len(COUNTERS))`` with ``counters[k]``
+    driven by ``getattr(responder, COUNTERS[k])``.
+
+    Ports
+    -----
+    bus : In(HostBusSignature)
+    counters : In(32).array(n)
+    """
+
+    def __init__(self, n, base=RESPONDER_COUNTERS_BASE):
+        self.n, self.base = n, base
+        super().__init__({"bus": In(HostBusSignature()), "counters": In(32).array(n)})
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        in_win = (bus.space == Space.REG) & (bus.addr >= self.base) & \
+            (bus.addr < self.base + 4 * self.n)
+        with m.If(in_win & (bus.re | bus.we)):
+            m.d.comb += [bus.ack.eq(1), bus.err.eq(bus.we | (bus.addr[0:2] != 0))]
+            for k in range(self.n):
+                with m.If(bus.re & (bus.addr[2:] == (self.base >> 2) + k)):
+                    m.d.comb += bus.rdata.eq(self.counters[k])
+        return m

@@ -1,0 +1,260 @@
+# Ref: roce-layouts.md §1.3 (IPv4 fields), §2 (BTH), §3 (opcodes).
+#      (RespTx / TxReq); hw/iface.py (MemBusSignature, QpConfig); hw/rdma/roce_hdr.py.
+"""Transmit path of the RC transport: merges packet requests of the responder and the requester.
+
+Each source hands over one :data:`TxReq` record per packet: the transport header fields it
+decides (opcode, PSN, AckReq, AETH, RETH, ImmDt, IETH, AtomicAckETH) and where the payload lies
+in target memory. The TX path completes the header from the QP's configuration (destination
+QPN, peer MAC/IP, UDP source port, P_Key), fetches the payload with a :class:`DmaReader` and
+presents a :data:`~hw.rdma.roce_hdr.RoceTxHeader` record plus a payload packet, ready for
+:class:`~hw.rdma.roce_hdr.RoceTxBuilder`. Sources are served round robin, one packet at a time.
+
+Why the payload is read here and not by the sources: retransmissions (requester) and READ
+responses (responder) both need "octets at laddr, length" at the moment the packet leaves, and
+one reader in front of the single output keeps the memory traffic in packet order.
+"""
+
+from amaranth import *
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import RETH, AETH, AtomicAckETH, ImmDt, IETH
+from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpConfig
+from hw.rdma.roce_hdr import RoceTxHeader
+from hw.lib.stream import PacketStream
+
+__all__ = ["TxReq", "DmaReadCmd", "DmaReader", "TxPath", "connect_fields", "select_cfg"]
+
+#: One packet to send (superset of the responder's ``RespTx``, same names and shapes).
+TxReq = data.StructLayout({
+    "qp": QP_INDEX_BITS,        # local QP table index: selects the QpConfig used for addressing
+    "opcode": 8,                # BthOpcode
+    "psn": 24,
+    "aeth": AETH,
+    "atomic_ack": AtomicAckETH,
+    "laddr": ADDR_BITS,         # payload source in target memory, any alignment
+    "length": 16,               # payload octets; 0 = no payload
+    "ackreq": 1,                # BTH AckReq (requester: last packet of a message)
+    "reth": RETH,
+    "imm": ImmDt,
+    "ieth": IETH,
+})
+
+DmaReadCmd = data.StructLayout({"addr": ADDR_BITS, "length": 16})
+
+#: Default P_Key (roce-layouts.md §2: rxe sends 0xFFFF).
+DEFAULT_PKEY = 0xFFFF
+
+
+def connect_fields(m, src, dst):
+    """Connect stream ``src`` to stream ``dst`` copying the payload fields both layouts share
+    by name (e.g. a responder ``RespTx`` stream into a :data:`TxReq` source port)."""
+    m.d.comb += [dst.valid.eq(src.valid), src.ready.eq(dst.ready)]
+    names = dict(dst.payload.shape().members)
+    for name in dict(src.payload.shape().members):
+        if name in names:
+            m.d.comb += getattr(dst.payload, name).eq(getattr(src.payload, name))
+
+
+def select_cfg(m, cfgs, index, name="cfg_sel"):
+    """Combinational multiplexer: ``cfgs[index]`` as a new ``QpConfig`` signal."""
+    out = Signal(QpConfig, name=name)
+    with m.Switch(index):
+        for i, c in enumerate(cfgs):
+            with m.Case(i):
+                m.d.comb += out.eq(c)
+    return out
+
+
+class DmaReader(wiring.Component):
+    """Read ``length`` octets at any byte address into one packet of ``PacketStream(width)``.
+
+    Reads are issued one word per cycle while the response buffer has room (at most ``depth``
+    in flight or buffered); a gearbox drops the octets before ``addr`` in the first word and
+    after the end in the last one and re-slices the words into ``width``-bit beats.
+
+    Ports
+    -----
+    cmd : In(stream of :data:`DmaReadCmd`)  (``length`` > 0)
+    o : Out(PacketStream(width))
+    mem : Out(MemBusSignature())
+    """
+
+    def __init__(self, width, depth=8):
+        if width % 8 or not 8 <= width <= 64:
+            raise ValueError("DmaReader supports widths of 8 to 64 bits")
+        self._width = width
+        self._depth = depth
+        super().__init__({
+            "cmd": In(stream.Signature(DmaReadCmd)),
+            "o": Out(PacketStream(width)),
+            "mem": Out(MemBusSignature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nl, depth = self._width, self._width // 8, self._depth
+        m.submodules.rbuf = rbuf = fifo.SyncFIFOBuffered(width=64, depth=depth)
+
+        busy = Signal()
+        addr = Signal(ADDR_BITS)
+        words = Signal(16)          # words still to request
+        inflight = Signal(range(depth + 1))   # requested, not yet popped from rbuf
+        remain = Signal(17)         # octets still to pop
+        first = Signal()            # next popped word is the first one
+        ending = Signal()           # the last word is in the gearbox
+
+        # Command: the whole span of aligned words that covers [addr, addr + length).
+        with m.If(~busy):
+            m.d.comb += self.cmd.ready.eq(1)
+            with m.If(self.cmd.valid):
+                a, n = self.cmd.p.addr, self.cmd.p.length
+                m.d.sync += [busy.eq(1), addr.eq(a), remain.eq(n), first.eq(1),
+                             words.eq((a[:3] + n + 7) >> 3), ending.eq(0)]
+
+        # Issue reads.
+        req = self.mem.req
+        m.d.comb += [req.p.addr.eq(Cat(Const(0, 3), addr[3:])), req.p.we.eq(0),
+                     req.valid.eq(busy & (words != 0) & (inflight < depth))]
+        issued = req.valid & req.ready
+        with m.If(issued):
+            m.d.sync += [addr.eq(addr + 8), words.eq(words - 1)]
+        m.d.comb += [rbuf.w_data.eq(self.mem.rsp.p.rdata), rbuf.w_en.eq(self.mem.rsp.valid),
+                     self.mem.rsp.ready.eq(1)]     # room is guaranteed by `inflight`
+
+        # Gearbox: `cnt` valid octets at the bottom of `buf`, the rest zero.
+        nb = 16 + nl
+        buf = Signal(8 * nb)
+        cnt = Signal(range(nb + 1))
+        out_n = Signal(range(nl + 1))
+        o = self.o
+        m.d.comb += [
+            o.valid.eq(busy & ((cnt >= nl) | (ending & (cnt != 0)))),
+            o.p.data.eq(buf[:w]),
+            o.p.last.eq(ending & (cnt <= nl)),
+        ]
+        for j in range(nl):
+            m.d.comb += o.p.keep[j].eq(cnt > j)
+        with m.If(o.valid & o.ready):
+            m.d.comb += out_n.eq(Mux(cnt >= nl, nl, cnt))
+
+        # The first word starts at the command's offset within its word; the others at 0.
+        addr_lo = Signal(3)
+        with m.If(~busy & self.cmd.valid):
+            m.d.sync += addr_lo.eq(self.cmd.p.addr[:3])
+        lo = Signal(3)
+        n = Signal(4)
+        m.d.comb += lo.eq(Mux(first, addr_lo, 0))
+        avail = Signal(4)
+        m.d.comb += [avail.eq(8 - lo), n.eq(Mux(remain < avail, remain, avail))]
+        take = Signal()
+        m.d.comb += take.eq(busy & rbuf.r_rdy & ~ending & (cnt <= nb - 8))
+        m.d.comb += rbuf.r_en.eq(take)
+
+        word = Signal(64)
+        m.d.comb += word.eq((rbuf.r_data >> (lo * 8)) & ((Const(1, 65) << (n * 8)) - 1)[:64])
+        kept = Signal(8 * nb)
+        m.d.comb += kept.eq(buf >> (out_n * 8))
+        ins = Signal(8 * nb)
+        base = Signal(range(nb + 1))        # where the new octets go once out_n have left
+        m.d.comb += [base.eq(cnt - out_n), ins.eq((word << (base * 8))[:8 * nb])]
+        m.d.sync += [buf.eq(kept | Mux(take, ins, 0)),
+                     cnt.eq(cnt - out_n + Mux(take, n, 0))]
+        with m.If(take):
+            m.d.sync += [first.eq(0), remain.eq(remain - n)]
+            with m.If(remain <= avail):
+                m.d.sync += ending.eq(1)
+        m.d.sync += inflight.eq(inflight + issued - take)
+        with m.If(o.valid & o.ready & o.p.last):
+            m.d.sync += [busy.eq(0), ending.eq(0), cnt.eq(0), buf.eq(0)]
+        return m
+
+
+class TxPath(wiring.Component):
+    """Merge :data:`TxReq` streams into RoceTxBuilder records and payload packets.
+
+    Parameters
+    ----------
+    width : int
+        payload datapath width (8 .. 64 bits).
+    n_sources : int
+        number of :data:`TxReq` sources (e.g. 0 = responder, 1 = requester).
+    n_qp : int
+        QP table entries (for the ``cfg`` ports).
+
+    Ports
+    -----
+    src : In(stream of TxReq).array(n_sources)
+        one beat per packet; taken when the TX path starts the packet.
+    cfg : In(QpConfig).array(n_qp)
+    hdr : Out(stream of RoceTxHeader)  -> RoceTxBuilder.hdr (held until the packet is built)
+    payload : Out(PacketStream(width))  -> RoceTxBuilder.payload
+    mem : Out(MemBusSignature())  payload reads
+    cnt_packets : Out(32)
+    """
+
+    def __init__(self, width, n_sources, n_qp):
+        self._width = width
+        self._n_src = n_sources
+        self._n_qp = n_qp
+        super().__init__({
+            "src": In(stream.Signature(TxReq)).array(n_sources),
+            "cfg": In(QpConfig).array(n_qp),
+            "hdr": Out(stream.Signature(RoceTxHeader)),
+            "payload": Out(PacketStream(self._width)),
+            "mem": Out(MemBusSignature()),
+            "cnt_packets": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._n_src
+        m.submodules.dma = dma = DmaReader(self._width)
+        wiring.connect(m, dma.mem, wiring.flipped(self.mem))
+        wiring.connect(m, dma.o, wiring.flipped(self.payload))
+
+        rec = Signal(TxReq)
+        busy = Signal()
+        cmd_done = Signal()
+        ip_id = Signal(16)
+        last = Signal(range(max(n, 2)))     # last source served: the search starts after it
+
+        # Round robin over sources, one packet each.
+        grant = Signal(range(max(n, 2)))
+        any_valid = Signal()
+        for off in reversed(range(1, n + 1)):
+            idx = Signal(range(max(n, 2)), name=f"cand{off}")
+            m.d.comb += idx.eq((last + off) % n)
+            with m.Switch(idx):
+                for i in range(n):
+                    with m.Case(i):
+                        with m.If(self.src[i].valid):
+                            m.d.comb += [grant.eq(i), any_valid.eq(1)]
+        with m.If(~busy & any_valid):
+            for i in range(n):
+                with m.If(grant == i):
+                    m.d.comb += self.src[i].ready.eq(1)
+                    m.d.sync += rec.eq(self.src[i].p)
+            m.d.sync += [busy.eq(1), last.eq(grant), cmd_done.eq(0)]
+
+        cfg = select_cfg(m, self.cfg, rec.qp)
+        h = self.hdr.p
+        m.d.comb += [
+            h.bth.opcode.eq(rec.opcode), h.bth.psn.eq(rec.psn), h.bth.ackreq.eq(rec.ackreq),
+            h.bth.pkey.eq(DEFAULT_PKEY), h.bth.dest_qp.eq(cfg.remote_qpn),
+            h.reth.eq(rec.reth), h.aeth.eq(rec.aeth), h.atomic_ack.eq(rec.atomic_ack),
+            h.imm.eq(rec.imm), h.ieth.eq(rec.ieth),
+            h.payload_len.eq(rec.length),
+            h.meta.dst_mac.eq(cfg.peer_mac), h.meta.dst_ip.eq(cfg.peer_ip),
+            h.meta.udp_src_port.eq(cfg.udp_sport), h.meta.ip_id.eq(ip_id),
+            self.hdr.valid.eq(busy),
+            dma.cmd.valid.eq(busy & ~cmd_done & (rec.length != 0)),
+            dma.cmd.p.addr.eq(rec.laddr), dma.cmd.p.length.eq(rec.length),
+        ]
+        with m.If(dma.cmd.valid & dma.cmd.ready):
+            m.d.sync += cmd_done.eq(1)
+        # RoceTxBuilder takes the record when the whole packet has been built.
+        with m.If(self.hdr.valid & self.hdr.ready):
+            m.d.sync += [busy.eq(0), ip_id.eq(ip_id + 1),
+                         self.cnt_packets.eq(self.cnt_packets + 1)]
+        return m

@@ -1,0 +1,340 @@
+# Ref: hw/iface.py (architecture, register map).
+#      roce-layouts.md §1-§6 (what the blocks implement); hw/target/regbank.py (host map).
+"""The whole target in one gateware top: GMII in, GMII out, a host bus, target memory.
+
+Data flow::
+
+    GMII rx -> GmiiMac.rx -> EthIpRx -+-> arp  -> ArpResponder ------------------+
+                 |                    +-> roce -> QpFilter -> IcrcCheck           |
+                 |                                -> RoceRxParser                 |
+                                                  -> RespDemux -+-> Responder --+ |
+                                                                +-> Requester -+| |
+                      TxPath (src 0 responder, src 1 requester) <--------------++ |
+                        -> RoceTxBuilder -> IcrcInsert -> EthIpTx.roce            |
+                                                          EthIpTx.arp <-----------+
+                                        EthIpTx.o -> FrameMux -> GmiiMac.tx -> GMII tx
+                 |                                       ^
+                 +-> (tap) RawQueues: QP1 frames -> host  +-- host frames (RawQueues.tx)
+
+Memory: MemArbiter(5) = responder, requester (READ response data), TxPath (payload reads),
+host port, KBTP engine -> MemRam(mem_words).
+
+Consumers (``engine=True``, the default)::
+
+    Responder.notify -> KbtpEngine.notify;  KbtpEngine.hostq -> HostQueues Q_NOTIFY (slow path)
+    KbtpEngine.wr, HostQueues Q_WR -> RecordMerge (wr_id bit 15 := source) -> Requester.wr
+    Requester.wc -> wr_id bit 15 ? HostQueues Q_WC (bit cleared) : KbtpEngine.wc
+    KbtpEngine.repost, HostQueues Q_REPOST -> RecordMerge -> Responder.repost
+
+so the host's work-request ids are 15 bits. With the engine's fast path disabled (its CTRL
+reset value) every message goes to the host, as with ``engine=False``, where the host queues
+are wired straight to the responder and requester. The engine's registers are at REG_KBTP
+(map in :mod:`hw.kbtp.engine`).
+
+Host map (``host`` port, :class:`~hw.target.hostlink.HostBusSignature`):
+``Space.REG`` REG_TOP (see :data:`TOP_COUNTERS`), REG_QP (QpTable), REG_MR (MrTable),
+REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x100, see
+:data:`REQ_COUNTERS`, followed by :data:`REQ_STATUS`: the bitmap of QPs in error, and the
+number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine;
+``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3 (:mod:`hw.target.regbank`) and the raw
+frame queues 4 = ``Q_RAW_RX`` (pop) and 5 = ``Q_RAW_TX`` (push) of :mod:`hw.rdma.rawq` (word
+formats there).
+
+QP1 / CM slow path (:mod:`hw.rdma.rawq`): every received frame is also seen by RawQueues, which
+keeps the UDP/4791 frames to our MAC/IP whose BTH Dest QP is 1 (whole frame, Ethernet header
+through ICRC) for the host; QpFilter removes those packets from the RC path before the ICRC
+check. Frames the host pushes (complete, without FCS) join the MAC transmit stream between two
+frames of the RC path (FrameMux at the EthIpTx output, at the datapath width).
+"""
+
+from types import SimpleNamespace
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, fifo, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT,
+                     RecvNotify, RecvRepost, Space, WorkRequest)
+from hw.net.icrc import IcrcCheck, IcrcInsert
+from hw.kbtp.engine import KbtpEngine
+from hw.lib.stream import PacketStream, RecordMerge
+from hw.net.ip import EthIpRx, EthIpTx
+from hw.net.arp import ArpResponder
+from hw.net.mac import GmiiMac
+from hw.lib.membus import MemArbiter, MemRam
+from hw.rdma.rawq import FrameMux, QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
+from hw.rdma.qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
+from hw.target.regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
+from hw.rdma.requester import RespDemux, Requester
+from hw.rdma.responder import COUNTERS as RESP_COUNTERS
+from hw.rdma.responder import Responder
+from hw.rdma.roce_hdr import RoceRxParser, RoceTxBuilder
+from hw.rdma.txpath import TxPath, connect_fields
+
+__all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_STATUS",
+           "REQ_COUNTER_BASE", "HOST_WR_TAG", "MAC_COUNTERS"]
+
+#: REG_TOP counters, in register order (REG_TOP + TOP_COUNTER_BASE + 4 * k): (block, port).
+TOP_COUNTERS = (
+    [("mac", n) for n in ("rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors",
+                          "rx_overflows", "tx_frames", "tx_underruns")]
+    + [("ethrx", f"cnt_{n}") for n in EthIpRx.COUNTERS]
+    + [("arp", "cnt_answered"), ("arp", "cnt_ignored"),
+       ("icrc", "cnt_ok"), ("icrc", "cnt_bad"), ("icrc", "cnt_overflow"),
+       ("prs", "cnt_packets"), ("prs", "cnt_bad_opcode"), ("prs", "cnt_malformed"),
+       ("bld", "cnt_packets"), ("txp", "cnt_packets"),
+       ("ethtx", "cnt_roce"), ("ethtx", "cnt_arp")]
+    # Raw frame queues (QP1 / CM slow path), hw/rdma/rawq.py.
+    + [("rawq", "cnt_rx_frames"), ("rawq", "cnt_rx_drops"), ("rawq", "cnt_tx_frames"),
+       ("rawq", "cnt_tx_drops"), ("qpf", "cnt_dropped")])
+
+REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale",
+                "cnt_src_mismatch")
+REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
+#: Read after REQ_COUNTERS: QPs in error (bit i = QP i), error events (count).
+REQ_STATUS = ("qp_error", "error_events")
+#: Bit of WorkRequest.wr_id that marks a host work request (set by the merge, cleared on return).
+HOST_WR_TAG = 1 << 15
+#: The MAC's counters among TOP_COUNTERS, in order (``mac_counters`` ports with ``mac=False``).
+MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
+
+
+class KbtpTarget(wiring.Component):
+    """RoCEv2 RC target (responder + requester) over GMII, host-configured.
+
+    Parameters
+    ----------
+    width : int
+        Internal datapath width in bits (8 or 64).
+    n_qp, n_mr : int
+        QP and MR table sizes.
+    mem_words : int
+        Target memory size in 8-octet words.
+    init : list of int
+        Initial memory words (little-endian lanes).
+    clk_hz, timer_scale : float, int
+        Requester timers (see :class:`~hw.rdma.requester.Requester`).
+    own_mac, own_ip : int
+        Reset values of the own-address registers.
+    raw_rx_octets, raw_tx_octets, raw_rx_frames : int
+        Sizes of the raw frame queues (:class:`~hw.rdma.rawq.RawQueues`).
+    notify_depth : int
+        Depth of the RecvNotify FIFO in front of the engine (default 16 per QP). The host must
+        post no more receive buffers in all (sum of the QPs' ``recv_count``) than this.
+    mac_depth : int
+        Octets of each of the MAC's receive and transmit frame buffers (``mac=True``; a power of
+        two): the largest frame is path MTU 4096 + 82 octets of headers, so 8192.
+    mac : bool
+        ``True`` (default): the GMII MAC is inside and the ports are GMII pins. ``False``: no
+        MAC; the frame streams and the MAC's counters are ports instead (for a MAC in another
+        clock domain, e.g. boards.cores.KbtpCore).
+
+    Ports
+    -----
+    rxd : In(8), rx_dv, rx_er : In(1); txd : Out(8), tx_en, tx_er : Out(1)
+        GMII (``mac=True``).
+    rx : In(PacketStream(width)), tx : Out(PacketStream(width))
+        ``mac=False``: good received frames without FCS, frames to send without FCS (what
+        :class:`~hw.net.mac.GmiiMac` hands over / takes). ``rx`` must not be stalled by more
+        than the MAC's receive buffer allows (the raw queues tap it without back-pressure).
+    mac_counters : In(32).array(len(MAC_COUNTERS))
+        ``mac=False``: the MAC's counters (:data:`MAC_COUNTERS` order) for REG_TOP.
+    host : In(HostBusSignature)
+
+    Attributes
+    ----------
+    engine : bool
+        KBTP engine in the consumer path (see the module docstring).
+    """
+
+    def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
+                 timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
+                 queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
+                 raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
+                 mac_depth=8192):
+        self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
+        self.init = list(init)
+        self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
+        self.own_mac, self.own_ip = own_mac, own_ip
+        # Largest packet (PMTU 4096 + headers) in beats, with margin for two queued packets.
+        self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
+        self.queue_depth = queue_depth
+        self.engine, self.n_ranges = engine, n_ranges
+        #: Receive buffers the host may post in all (sum of recv_count over the QPs).
+        self.notify_depth = notify_depth or 16 * n_qp
+        self.mac_depth = mac_depth
+        self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
+                        rx_frames=raw_rx_frames)
+        self.mac = mac
+        if mac:
+            ports = {"rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
+                     "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1)}
+        else:
+            ports = {"rx": In(PacketStream(width)), "tx": Out(PacketStream(width)),
+                     "mac_counters": In(32).array(len(MAC_COUNTERS))}
+        super().__init__({**ports, "host": In(HostBusSignature())})
+        self.ram = MemRam(mem_words, init=self.init)
+
+    def elaborate(self, platform):
+        m = Module()
+        w, nq = self.width, self.n_qp
+        sm = m.submodules
+        if self.mac:
+            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_depth, tx_depth=self.mac_depth)
+        else:
+            # The MAC lives outside: its user-side streams and counters are our ports.
+            mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
+                                  **dict(zip(MAC_COUNTERS, self.mac_counters)))
+        sm.ethrx = ethrx = EthIpRx(w)
+        sm.arp = arp = ArpResponder(w)
+        sm.icrc = icrc = IcrcCheck(w, depth=self.icrc_depth)
+        sm.prs = prs = RoceRxParser(w)
+        sm.dmx = dmx = RespDemux(w)
+        sm.resp = resp = Responder(w, nq)
+        sm.req = req = Requester(w, nq, self.sq_depth, self.clk_hz, self.timer_scale)
+        sm.txp = txp = TxPath(w, 2, nq)
+        sm.bld = bld = RoceTxBuilder(w)
+        sm.icrcins = icrcins = IcrcInsert(w)
+        sm.ethtx = ethtx = EthIpTx(w)
+        sm.qpt = qpt = QpTable(nq)
+        sm.mrt = mrt = MrTable(self.n_mr)
+        sm.arb = arb = MemArbiter(5 if self.engine else 4)
+        sm.ram = ram = self.ram
+        sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
+        sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)
+        sm.qcnt = qcnt = CounterBank(len(REQ_COUNTERS) + len(REQ_STATUS), base=REQ_COUNTER_BASE)
+        sm.hmem = hmem = HostMemPort(self.mem_words * 8)
+        sm.hq = hq = HostQueues(self.queue_depth)
+        sm.rawq = rawq = RawQueues(w, **self.raw)
+        sm.qpf = qpf = QpFilter(w)
+        sm.txmux = txmux = FrameMux(w, 2)
+        windows = [
+            [(Space.REG, REG_TOP, 0x1000)],
+            [(Space.REG, REG_QP, QP_STRIDE * nq)],
+            [(Space.REG, REG_MR, MR_STRIDE * self.n_mr)],
+            [(Space.REG, REG_TRANSPORT, 4 * len(RESP_COUNTERS))],
+            [(Space.REG, REQ_COUNTER_BASE, 4 * (len(REQ_COUNTERS) + len(REQ_STATUS)))],
+            [(Space.MEM, 0, 1 << 32)],
+            [(Space.QUEUE, 0, 4)],
+            [(Space.QUEUE, Q_RAW_RX, Q_RAW_TX - Q_RAW_RX + 1)],
+        ]
+        if self.engine:
+            sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP)
+            windows.append([(Space.REG, REG_KBTP, 0x1000)])
+        sm.dec = dec = HostDecoder(windows)
+
+        # GMII pins.
+        if self.mac:
+            m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv),
+                         mac.rx_er.eq(self.rx_er), self.txd.eq(mac.txd),
+                         self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
+
+        # Own addresses.
+        for blk in (ethrx, arp, ethtx, rawq):
+            m.d.comb += [blk.own_mac.eq(top.own_mac), blk.own_ip.eq(top.own_ip)]
+        m.d.comb += icrcins.own_ip.eq(top.own_ip)
+
+        # Receive path.
+        wiring.connect(m, mac.rx, ethrx.i)
+        wiring.connect(m, ethrx.arp, arp.i)
+        wiring.connect(m, arp.o, ethtx.arp)
+        wiring.connect(m, ethrx.roce, qpf.i)
+        wiring.connect(m, qpf.o, icrc.i)
+        # The raw RX queue sees every beat the MAC hands over (it never stalls).
+        m.d.comb += [rawq.tap.valid.eq(mac.rx.valid & mac.rx.ready),
+                     rawq.tap.payload.eq(mac.rx.payload)]
+        wiring.connect(m, icrc.o, prs.i)
+        wiring.connect(m, prs.hdr, dmx.hdr)
+        wiring.connect(m, prs.payload, dmx.payload)
+        wiring.connect(m, dmx.resp_hdr, resp.hdr)
+        wiring.connect(m, dmx.resp_payload, resp.payload)
+        wiring.connect(m, dmx.req_hdr, req.rsp_hdr)
+        wiring.connect(m, dmx.req_payload, req.rsp_payload)
+
+        # Transmit path.
+        connect_fields(m, resp.tx, txp.src[0])
+        wiring.connect(m, req.tx, txp.src[1])
+        wiring.connect(m, txp.hdr, bld.hdr)
+        wiring.connect(m, txp.payload, bld.payload)
+        wiring.connect(m, bld.o, icrcins.i)
+        wiring.connect(m, icrcins.o, ethtx.roce)
+        wiring.connect(m, ethtx.o, txmux.i[0])
+        wiring.connect(m, rawq.tx, txmux.i[1])
+        wiring.connect(m, txmux.o, mac.tx)
+
+        # QP / MR tables.
+        for i in range(nq):
+            m.d.comb += [resp.cfg[i].eq(qpt.cfg[i]), req.cfg[i].eq(qpt.cfg[i]),
+                         txp.cfg[i].eq(qpt.cfg[i])]
+        m.d.comb += [resp.load.eq(qpt.load), req.load.eq(qpt.load)]
+        wiring.connect(m, resp.mr, mrt.lookup)
+        m.d.comb += [mrt.inv_valid.eq(resp.mr_inv_valid), mrt.inv_rkey.eq(resp.mr_inv_rkey),
+                     resp.mr_inv_found.eq(mrt.inv_found)]
+
+        # Memory.
+        wiring.connect(m, resp.mem, arb.masters[0])
+        wiring.connect(m, req.mem, arb.masters[1])
+        wiring.connect(m, txp.mem, arb.masters[2])
+        wiring.connect(m, hmem.mem, arb.masters[3])
+        wiring.connect(m, arb.bus, ram.bus)
+
+        # Consumers: the engine (fast path) in front of the host queues (slow path), or the host.
+        if self.engine:
+            wiring.connect(m, eng.mem, arb.masters[4])
+            # RecvNotify FIFO, as deep as the receive buffers the host may post (notify_depth):
+            # the responder then never waits for the engine. Without it a serial engine waiting
+            # for the ACK of its own Send stalls the responder on the next notify, and the
+            # in-order RespDemux holds that ACK behind it: a deadlock.
+            sm.nfy = nfy = fifo.SyncFIFOBuffered(
+                width=data.Layout.cast(RecvNotify).size, depth=self.notify_depth)
+            m.d.comb += [nfy.w_data.eq(resp.notify.payload), nfy.w_en.eq(resp.notify.valid),
+                         resp.notify.ready.eq(nfy.w_rdy),
+                         eng.notify.payload.eq(nfy.r_data), eng.notify.valid.eq(nfy.r_rdy),
+                         nfy.r_en.eq(eng.notify.ready)]
+            wiring.connect(m, eng.hostq, hq.notify)
+            sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
+            wiring.connect(m, eng.wr, wrm.i[0])
+            wiring.connect(m, hq.wr, wrm.i[1])
+            wiring.connect(m, wrm.o, req.wr)
+            sm.rpm = rpm = RecordMerge(RecvRepost, 2)
+            wiring.connect(m, eng.repost, rpm.i[0])
+            wiring.connect(m, hq.repost, rpm.i[1])
+            wiring.connect(m, rpm.o, resp.repost)
+            # The engine holds a QP's next message while the host works on one of it.
+            m.d.comb += [eng.host_done.eq(hq.repost.valid & hq.repost.ready),
+                         eng.host_done_qp.eq(hq.repost.payload.qp)]
+            to_host = req.wc.payload.wr_id[15]
+            m.d.comb += [eng.wc.payload.eq(req.wc.payload), hq.wc.payload.eq(req.wc.payload),
+                         hq.wc.payload.wr_id[15].eq(0),
+                         eng.wc.valid.eq(req.wc.valid & ~to_host),
+                         hq.wc.valid.eq(req.wc.valid & to_host),
+                         req.wc.ready.eq(Mux(to_host, hq.wc.ready, eng.wc.ready))]
+        else:
+            wiring.connect(m, resp.notify, hq.notify)
+            wiring.connect(m, hq.repost, resp.repost)
+            wiring.connect(m, hq.wr, req.wr)
+            wiring.connect(m, req.wc, hq.wc)
+
+        # Host bus.
+        wiring.connect(m, wiring.flipped(self.host), dec.host)
+        slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus, rawq.bus]
+        if self.engine:
+            slaves.append(eng.bus)
+        for k, slave in enumerate(slaves):
+            wiring.connect(m, dec.slaves[k], slave)
+        blocks = {"mac": mac, "ethrx": ethrx, "arp": arp, "icrc": icrc, "prs": prs, "bld": bld,
+                  "txp": txp, "ethtx": ethtx, "rawq": rawq, "qpf": qpf}
+        for k, (blk, port) in enumerate(TOP_COUNTERS):
+            m.d.comb += top.counters[k].eq(getattr(blocks[blk], port))
+        for k, name in enumerate(RESP_COUNTERS):
+            m.d.comb += rcnt.counters[k].eq(getattr(resp, name))
+        for k, name in enumerate(REQ_COUNTERS):
+            m.d.comb += qcnt.counters[k].eq(getattr(req, name))
+        # Retry exhaustion (and every other move to error) is visible to the host: the QP's bit
+        # here, an error count, and the failed WorkCompletion's status in Q_WC.
+        error_events = Signal(32)
+        with m.If(req.error_event):
+            m.d.sync += error_events.eq(error_events + 1)
+        m.d.comb += [qcnt.counters[len(REQ_COUNTERS)].eq(req.qp_error),
+                     qcnt.counters[len(REQ_COUNTERS) + 1].eq(error_events)]
+        return m
