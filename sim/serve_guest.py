@@ -89,7 +89,7 @@ class E2eResult:
 
 def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1, pcap=None,
             timeout_s=300.0, cfg=None, echo=False, log_stream=None, share_dir=None,
-            backend="model", config=None, stats_file=None):
+            backend="model", config=None, stats_file=None, hw="ecpix5"):
     """Serve the model (or the gateware) and run ``tests/e2e/<script>`` in the guest.
 
     Parameters
@@ -110,6 +110,9 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
     config : dict or None
         :func:`sim.serve.model_config` overrides (both backends; ``cfg`` is the model backend's
         ready-made configuration and wins there).
+    hw : str
+        The gateware backend's target (``kbtp-sim serve --hw``): ``ecpix5``, the core the board
+        builds, or ``unit``, the one-clock unit-test target (4 MiB of memory).
     stats_file : path or None
         Gateware: ``kbtp-sim serve --stats-file`` (board time per request, counters; issue 24).
     """
@@ -118,7 +121,7 @@ def run_e2e(script, args=(), *, mtu=1500, drop=0.0, dup=0.0, corrupt=0.0, seed=1
     if backend == "gateware":
         return _run_gateware(script, args, mtu=mtu, drop=drop, dup=dup, corrupt=corrupt,
                              seed=seed, pcap=pcap, timeout_s=timeout_s, config=config or {},
-                             echo=echo, share_dir=share_dir, stats_file=stats_file)
+                             echo=echo, share_dir=share_dir, stats_file=stats_file, hw=hw)
     if backend != "model":
         raise ValueError(f"backend {backend!r}: 'model' or 'gateware'")
     if cfg is None and config:
@@ -186,7 +189,7 @@ def _parse_gateware_log(lines):
 
 
 def _run_gateware(script, args, *, mtu, drop, dup, corrupt, seed, pcap, timeout_s, config,
-                  echo, share_dir, stats_file=None):
+                  echo, share_dir, stats_file=None, hw="ecpix5"):
     """``kbtp-sim serve`` (gateware backend) in a child process, the guest against it."""
     import json
     import os
@@ -205,7 +208,7 @@ def _run_gateware(script, args, *, mtu, drop, dup, corrupt, seed, pcap, timeout_
                "--peer", f"127.0.0.1:{lp}", "--ready-file", str(ready), "--stop-file", str(stop),
                "--drop", str(drop), "--dup", str(dup), "--corrupt", str(corrupt),
                "--seed", str(seed), "--duration", str(int(timeout_s) + 3600),
-               "--config", json.dumps(config)]
+               "--config", json.dumps(config), "--hw", hw]
         if pcap:
             cmd += ["--pcap", str(pcap)]
         if stats_file:
