@@ -1176,8 +1176,10 @@ class KbtpDriver:
         return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
 
     # ---------------------------------------------------------------- counters
-    async def counters(self):
-        """Engine and driver figures as a dict (see the module docstring)."""
+    async def counters(self, *, transport=True):
+        """Engine and driver figures as a dict (see the module docstring); with ``transport``
+        the RoCE transport's counters too (``transport=False`` for a bench of the engine
+        alone, which has no transport registers)."""
         out = {"host_actions": self.host_actions, "slow_path": dict(self.stats)}
         eng = {}
         for k, op in enumerate(FAST_OPS):
@@ -1204,6 +1206,8 @@ class KbtpDriver:
             quota[iid] = {"qp": s.qp, "usage": used, "quota": s.quota,
                           "state": "active" if s.qp is not None else "retained"}
         out["quota"] = quota
+        if not transport:
+            return out
         from hw.iface import REG_TRANSPORT
         from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS
         tr = {}
