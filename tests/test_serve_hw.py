@@ -16,6 +16,7 @@ and every frame in the pcap has a valid ICRC (scapy).
 The first run builds the gateware (sim/vltarget.py, minutes); the test waits up to 40 minutes.
 """
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -76,32 +77,42 @@ class Initiator:
                            self.inbox.append(bytes(data))), **kw)
 
 
+@contextlib.contextmanager
+def serving(tmp, *extra):
+    """``kbtp-sim serve`` (gateware backend) in a child process, with ``extra`` options, and an
+    :class:`Initiator` beside it; yields ``(proc, initiator)``; stops both at the end."""
+    t_port, i_port = _free_port(), _free_port()
+    ready, stop = tmp / "ready", tmp / "stop"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(tmp / "serve.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sim.serve", "serve", "--listen", f"127.0.0.1:{t_port}",
+             "--peer", f"127.0.0.1:{i_port}", "--ready-file", str(ready), "--stop-file",
+             str(stop), "--duration", "3000", *extra],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 2400
+        while not ready.exists():
+            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < end, "gateware backend did not come up"
+            time.sleep(1)
+        ini = Initiator(tmp, t_port, i_port)
+        try:
+            yield proc, ini
+        finally:
+            if not stop.exists():
+                stop.write_text("stop")
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            ini.srv.stop()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_hw")
-    t_port, i_port = _free_port(), _free_port()
-    ready, stop, pcap = tmp / "ready", tmp / "stop", tmp / "run.pcap"
-    log = open(tmp / "serve.log", "w")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.serve", "serve", "--listen", f"127.0.0.1:{t_port}",
-         "--peer", f"127.0.0.1:{i_port}", "--ready-file", str(ready), "--stop-file", str(stop),
-         "--pcap", str(pcap), "--duration", "3000"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    end = time.monotonic() + 2400
-    while not ready.exists():
-        assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-        assert time.monotonic() < end, "gateware backend did not come up"
-        time.sleep(1)
-    ini = Initiator(tmp, t_port, i_port)
-    yield proc, ini, tmp
-    stop.write_text("stop")
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    ini.srv.stop()
-    log.close()
+    with serving(tmp, "--pcap", str(tmp / "run.pcap")) as (proc, ini):
+        yield proc, ini, tmp
 
 
 def test_memory_fits_model_config():

@@ -18,50 +18,24 @@ The file is also checked while serving (written every ~1 s, always whole JSON) a
 """
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from host import codec
 from hw.headers import ReqFlags
 from roce.rc import QPState
-from tests.test_serve_hw import BUF_RKEY, BUF_VA, Initiator, _free_port
+from tests.test_serve_hw import BUF_RKEY, BUF_VA, serving
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group(name="serve_hw")
 
 
 @pytest.fixture(scope="module")
 def served_stats(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_stats")
-    t_port, i_port = _free_port(), _free_port()
-    ready, stop, stats = tmp / "ready", tmp / "stop", tmp / "stats.json"
-    log = open(tmp / "serve.log", "w")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.serve", "serve", "--listen", f"127.0.0.1:{t_port}",
-         "--peer", f"127.0.0.1:{i_port}", "--ready-file", str(ready), "--stop-file", str(stop),
-         "--stats-file", str(stats), "--duration", "3000"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    end = time.monotonic() + 2400
-    while not ready.exists():
-        assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-        assert time.monotonic() < end, "gateware backend did not come up"
-        time.sleep(1)
-    ini = Initiator(tmp, t_port, i_port)
-    yield proc, ini, tmp, stop, stats
-    if not stop.exists():
-        stop.write_text("stop")
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    ini.srv.stop()
-    log.close()
+    stop, stats = tmp / "stop", tmp / "stats.json"
+    with serving(tmp, "--stats-file", str(stats)) as (proc, ini):
+        yield proc, ini, tmp, stop, stats
 
 
 def test_stats_file_board_time(served_stats):

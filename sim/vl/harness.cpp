@@ -191,6 +191,10 @@ inline void half_high() {
 inline void step() { half_low(); half_high(); }
 // GMII cycles up to and including the next rising edge of the core clock.
 inline void core_step() { do step(); while (!core_rose); }
+// The host bus is in the core domain; its ack is a flop of HostBusRegister, so it is settled
+// between core edges: a bus cycle is a core cycle.
+inline void bus_settle() {}
+inline void bus_edge() { core_step(); }
 #else
 inline void half_low() {
     drive_rx();
@@ -204,6 +208,10 @@ inline void half_high() {
     sample_tx();
 }
 inline void step() { half_low(); half_high(); }
+// The host bus is in the one clock: ack may come combinationally, so it is looked at with the
+// clock low, before the edge that accepts the request.
+inline void bus_settle() { half_low(); }
+inline void bus_edge() { half_high(); }
 #endif
 
 // One host-bus transaction (sim/serve_hw.py HostBus): request held until ack, sampled before the
@@ -214,33 +222,18 @@ int access(uint8_t space, uint32_t addr, bool we, uint32_t wdata, uint32_t* rdat
     top->HOST(wdata) = wdata;
     top->HOST(we) = we;
     top->HOST(re) = !we;
-#ifdef KBTP_CORE_DIV
-    // The bus is in the core domain: look at ack (a flop of HostBusRegister) between core edges.
     for (int i = 0; i < ACK_LIMIT; i++) {
+        bus_settle();
         if (top->HOST(ack)) {
             *rdata = top->HOST(rdata);
             int err = top->HOST(err) ? 1 : 0;
-            core_step();
+            bus_edge();
             top->HOST(we) = 0;
             top->HOST(re) = 0;
             return err;
         }
-        core_step();
+        bus_edge();
     }
-#else
-    for (int i = 0; i < ACK_LIMIT; i++) {
-        half_low();
-        if (top->HOST(ack)) {
-            *rdata = top->HOST(rdata);
-            int err = top->HOST(err) ? 1 : 0;
-            half_high();
-            top->HOST(we) = 0;
-            top->HOST(re) = 0;
-            return err;
-        }
-        half_high();
-    }
-#endif
     top->HOST(we) = 0;
     top->HOST(re) = 0;
     *rdata = 0;
