@@ -16,16 +16,14 @@ the host link) runs there; otherwise everything is in ``sync``. The full KBTP co
 ``mac-arp`` stay for bring-up of a board (PHY, host link) without the RoCE path.
 """
 
-import inspect
-
 from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.target.hostlink import HostBusDemoTarget
 from hw.iface import HostBusSignature
-from hw.net.rgmii import GmiiSignature
 from hw.lib.stream import RegisterSlice
+from hw.net.rgmii import GmiiSignature
+from hw.target.hostlink import HostBusDemoTarget
 
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
            "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
@@ -173,16 +171,11 @@ class HostBusRegister(wiring.Component):
         return m
 
 
-def _pipeline_ram(target, mem_words):
-    """Replace the target's one-cycle ``MemRam`` with :class:`boards.ram.PipelinedRam` (same bus
-    contract; the target elaborates whatever its ``ram`` attribute holds)."""
+def _board_ram(mem_words, pipelined):
+    """The target memory of a board core: :class:`boards.ram.PipelinedRam` (same bus contract
+    as the target's one-cycle ``MemRam``), or None for the target's own."""
     from .ram import PipelinedRam
-
-    replaced = target.ram
-    target.ram = PipelinedRam(mem_words)
-    for obj in (replaced, getattr(replaced, "mem", None)):
-        if obj is not None:     # not an error: it was replaced on purpose
-            obj._MustUse__silence = True
+    return PipelinedRam(mem_words) if pipelined else None
 
 
 def kbtp_mem_words(memory):
@@ -197,7 +190,7 @@ class KbtpCore1(wiring.Component):
     board default.)
 
     ``KbtpTarget(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory), own_mac=DEFAULT_MAC,
-    own_ip=DEFAULT_IP, engine=True)`` (``engine`` only when the target accepts it). Flops sit
+    own_ip=DEFAULT_IP, engine=True)``. Flops sit
     on the GMII pins' side (the RGMII converter's flops are in another corner of the die), on
     the host bus (:class:`HostBusRegister`), and in the target memory (``pipelined_ram``). Host map: that of :mod:`hw.target.target`.
     ``leds``: 0 a frame is being received, 1 a frame is being sent.
@@ -216,17 +209,12 @@ class KbtpCore1(wiring.Component):
 
         self.memory = memory
         kwargs = dict(width=8, n_qp=4, n_mr=4, mem_words=kbtp_mem_words(memory),
-                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP)
-        if "engine" in inspect.signature(KbtpTarget).parameters:
-            kwargs["engine"] = True
+                      own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True)
         kwargs.update(overrides)
         self.target_kwargs = kwargs
-        self.target = KbtpTarget(**kwargs)
-        # The target's one-cycle MemRam becomes a pipelined, banked RAM (boards/ram.py): at
+        # A pipelined, banked RAM (boards/ram.py) instead of the target's one-cycle MemRam: at
         # pool size its block-RAM output multiplexer alone takes most of a 125 MHz cycle.
-        # Same bus contract; the target elaborates whatever its ``ram`` attribute holds.
-        if pipelined_ram and hasattr(self.target, "ram"):
-            _pipeline_ram(self.target, kwargs["mem_words"])
+        self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram))
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 
@@ -280,9 +268,7 @@ class KbtpCore(wiring.Component):
         self.core_freq = core_freq
         kwargs = self.target_kwargs_of(memory, core_freq=core_freq, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
-        self.target = KbtpTarget(**kwargs)
-        if pipelined_ram:
-            _pipeline_ram(self.target, kwargs["mem_words"])
+        self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram))
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 
@@ -372,14 +358,6 @@ class MacCdcLoopbackCore(wiring.Component):
         return m
 
 
-def _available(module):
-    try:
-        __import__(module)
-        return True
-    except Exception:       # a block still being written elsewhere: not offered
-        return False
-
-
 #: name -> (factory, description)
 CORES = {
     "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), width 64 "
@@ -394,9 +372,6 @@ CORES = {
 
 
 def default_core_name():
-    """The most complete core whose gateware is present: ``kbtp`` when hw/target/target.py
-    imports, else ``mac-arp`` if arp.py does, else ``mac-loopback``."""
-    for name, module in (("kbtp", "hw.target.target"), ("mac-arp", "hw.net.arp")):
-        if _available(module):
-            return name
-    return "mac-loopback"
+    """The core a board builds unless told otherwise: the full target, ``kbtp``. (A broken
+    gateware module fails the build with its own error; no stand-in core is chosen silently.)"""
+    return "kbtp"

@@ -73,16 +73,13 @@ def board_params(name):
     """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
     ``n_mr``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
     (the board's real clocks) and ``timer_scale`` (1: the board's timers run in real time)."""
-    import inspect
-
     from boards import BOARDS
-    from boards.cores import CORES, KbtpCore
+    from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
     options = spec.core_options.get("kbtp", {})
     if CORES["kbtp"][0] is not KbtpCore:
         raise ValueError("the board's kbtp core is not boards.cores.KbtpCore")
-    core_freq = options.get("core_freq",
-                            inspect.signature(KbtpCore).parameters["core_freq"].default)
+    core_freq = options.get("core_freq", CORE_FREQ)
     kw = KbtpCore.target_kwargs_of(spec.memory, **options)
     div = spec.sys_freq / core_freq
     if abs(div - round(div)) > 1e-9:

@@ -15,7 +15,8 @@ from scapy.packet import Raw
 from scapy.utils import rdpcap
 
 from hw.iface import Space
-from hw.rdma.rawq import FrameMux, QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
+from hw.lib.stream import FrameMux
+from hw.rdma.rawq import QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
 from sim.paths import DATA_DIR
 from sim.scapy_roce import (StreamDriver, frame_beats, pcap_roce_frames, roce_frame,
                               roce_rx_beats, split_packets)

@@ -11,7 +11,8 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw.lib.membus import MemRam
-from hw.rdma.requester import DmaWriter, RespDemux
+from hw.lib.dma import DmaWriter
+from hw.rdma.requester import RespDemux
 from hw.rdma.roce_hdr import RoceRxParser
 from sim.hdl import packet_get, packet_put, stream_get, stream_put
 from sim.scapy_roce import AETH, RETH, roce_frame, roce_rx_beats

@@ -15,7 +15,8 @@ from amaranth.sim import Simulator
 from hw.iface import QpState
 from hw.lib.membus import MemRam
 from hw.rdma.roce_hdr import RoceTxBuilder
-from hw.rdma.txpath import DmaReader, TxPath
+from hw.lib.dma import DmaReader
+from hw.rdma.txpath import TxPath
 from sim.hdl import beats_to_packet, packet_get, stream_get, stream_put
 from sim.scapy_roce import dissect_roce
 

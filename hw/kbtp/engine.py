@@ -464,8 +464,6 @@ class KbtpEngine(wiring.Component):
         cp_wr = Signal(16)
         cp_rem = Signal(3)
         m.submodules.cpf = cpf = fifo.SyncFIFOBuffered(width=64, depth=8)
-        PRET = ["STORE_ENTRY", "ALLOC_ENTRY"]
-        p_ret = Signal(range(len(PRET)))
 
         # The latency counters run for every request.
         with m.If(lat_open | (lat != 0)):

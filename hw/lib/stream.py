@@ -17,7 +17,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["packet_layout", "PacketStream", "RecordMerge", "RegisterSlice"]
+__all__ = ["packet_layout", "PacketStream", "RecordMerge", "RegisterSlice", "FrameMux"]
 
 
 def packet_layout(width):
@@ -107,4 +107,46 @@ class RegisterSlice(wiring.Component):
         with m.Elif(self.i.valid & ~skid_valid):
             # Output stalled: park the beat the input offered (ready was high) in the skid.
             m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m
+
+
+class FrameMux(wiring.Component):
+    """Merge ``n`` packet streams into one, a whole packet at a time, round robin.
+
+    Ports
+    -----
+    i : In(PacketStream(width)).array(n)
+    o : Out(PacketStream(width))
+    """
+
+    def __init__(self, width, n=2):
+        self.n = n
+        super().__init__({"i": In(PacketStream(width)).array(n), "o": Out(PacketStream(width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        busy = Signal()
+        sel = Signal(range(n))
+        prev = Signal(range(n))              # source of the last packet: lowest priority next
+        cur = Signal(range(n))
+        with m.If(busy):
+            m.d.comb += cur.eq(sel)
+        with m.Else():
+            # First valid source after ``prev`` in round-robin order.
+            m.d.comb += cur.eq(prev)
+            for off in reversed(range(1, n + 1)):
+                j = Signal(range(n), name=f"rr{off}")
+                m.d.comb += j.eq((prev + off) % n)
+                for s in range(n):
+                    with m.If((j == s) & self.i[s].valid):
+                        m.d.comb += cur.eq(s)
+        for s in range(n):
+            with m.If(cur == s):
+                m.d.comb += [self.o.valid.eq(self.i[s].valid), self.o.payload.eq(self.i[s].payload),
+                             self.i[s].ready.eq(self.o.ready)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += [busy.eq(~self.o.p.last), sel.eq(cur)]
+            with m.If(self.o.p.last):
+                m.d.sync += prev.eq(cur)
         return m

@@ -15,7 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import ArpPacket, EthernetHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4, wire_fields
-from hw.net.ip import octets_be
+from hw.lib.octets import octets_be
 from hw.lib.stream import PacketStream
 
 __all__ = ["ArpResponder", "ARP_FRAME_LEN"]

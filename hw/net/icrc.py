@@ -23,8 +23,9 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import IPv4Header, UDPHeader, ROCE_UDP_PORT
-from hw.net.ip import (OctetPacker, RoceRxMeta, RoceTxMeta, lanes, octets_be, roce_rx_layout,
-                       roce_tx_layout, _keep_count, IP_PROTO_UDP)
+from hw.lib.octets import OctetPacker, lanes, octets_be
+from hw.net.ip import (RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, _keep_count,
+                       IP_PROTO_UDP)
 from hw.lib.stream import packet_layout
 
 __all__ = ["crc32_step", "crc32_step_py", "crc32_value", "ICRC_PREFIX_STATE", "PacketFifo",

@@ -47,11 +47,12 @@ from amaranth.lib.wiring import In, Out
 
 from hw.headers import ETHERTYPE_IPV4, ROCE_UDP_PORT
 from hw.iface import HostBusSignature, Space
-from hw.net.ip import HeaderCapture, roce_rx_layout
+from hw.lib.octets import HeaderCapture
+from hw.net.ip import roce_rx_layout
 from hw.lib.stream import PacketStream
 from hw.lib.width import PacketFifo, StreamDownsizer
 
-__all__ = ["RawQueues", "FrameMux", "QpFilter", "Q_RAW_RX", "Q_RAW_TX", "GSI_QPN"]
+__all__ = ["RawQueues", "QpFilter", "Q_RAW_RX", "Q_RAW_TX", "GSI_QPN"]
 
 #: Queue numbers in ``Space.QUEUE`` (after the four record queues of :mod:`hw.target.regbank`).
 Q_RAW_RX, Q_RAW_TX = 4, 5
@@ -243,48 +244,6 @@ class RawQueues(wiring.Component):
         m = Module()
         self._rx(m)
         self._tx(m)
-        return m
-
-
-class FrameMux(wiring.Component):
-    """Merge ``n`` packet streams into one, a whole packet at a time, round robin.
-
-    Ports
-    -----
-    i : In(PacketStream(width)).array(n)
-    o : Out(PacketStream(width))
-    """
-
-    def __init__(self, width, n=2):
-        self.n = n
-        super().__init__({"i": In(PacketStream(width)).array(n), "o": Out(PacketStream(width))})
-
-    def elaborate(self, platform):
-        m = Module()
-        n = self.n
-        busy = Signal()
-        sel = Signal(range(n))
-        prev = Signal(range(n))              # source of the last packet: lowest priority next
-        cur = Signal(range(n))
-        with m.If(busy):
-            m.d.comb += cur.eq(sel)
-        with m.Else():
-            # First valid source after ``prev`` in round-robin order.
-            m.d.comb += cur.eq(prev)
-            for off in reversed(range(1, n + 1)):
-                j = Signal(range(n), name=f"rr{off}")
-                m.d.comb += j.eq((prev + off) % n)
-                for s in range(n):
-                    with m.If((j == s) & self.i[s].valid):
-                        m.d.comb += cur.eq(s)
-        for s in range(n):
-            with m.If(cur == s):
-                m.d.comb += [self.o.valid.eq(self.i[s].valid), self.o.payload.eq(self.i[s].payload),
-                             self.i[s].ready.eq(self.o.ready)]
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += [busy.eq(~self.o.p.last), sel.eq(cur)]
-            with m.If(self.o.p.last):
-                m.d.sync += prev.eq(cur)
         return m
 
 

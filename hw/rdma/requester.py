@@ -50,10 +50,11 @@ from hw.headers import BthOpcode
 from hw.iface import (ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpConfig, QpState,
                           WcStatus, WorkCompletion, WorkRequest, WrOp)
 from hw.rdma.roce_hdr import RoceRxHeader
+from hw.lib.dma import DmaWriter
 from hw.lib.stream import PacketStream
 from hw.rdma.txpath import TxReq, select_cfg
 
-__all__ = ["RespDemux", "DmaWriter", "Requester", "ack_timeout_cycles", "rnr_timer_cycles",
+__all__ = ["RespDemux", "Requester", "ack_timeout_cycles", "rnr_timer_cycles",
            "RNR_TIMER_MS", "is_response_opcode"]
 
 #: IBTA RNR NAK timer field (AETH syndrome bits 4:0) -> minimum delay in milliseconds.
@@ -123,86 +124,6 @@ class RespDemux(wiring.Component):
                                                        self.resp_payload.ready))]
                 with m.If(self.payload.valid & self.payload.ready & self.payload.p.last):
                     m.next = "Hdr"
-        return m
-
-
-class DmaWriter(wiring.Component):
-    """Write one packet of ``PacketStream(width)`` to target memory from byte address ``addr``.
-
-    Octets are collected into aligned 8-octet words and written with byte strobes, one word per
-    cycle when the bus allows. ``idle`` is high when no packet is in progress and every write
-    has been accepted by the bus.
-
-    Ports
-    -----
-    cmd : In(stream of {addr})
-    i : In(PacketStream(width))
-    mem : Out(MemBusSignature())
-    idle : Out(1)
-    """
-
-    def __init__(self, width):
-        if width % 8 or not 8 <= width <= 64:
-            raise ValueError("DmaWriter supports widths of 8 to 64 bits")
-        self._width = width
-        super().__init__({
-            "cmd": In(stream.Signature(data.StructLayout({"addr": ADDR_BITS}))),
-            "i": In(PacketStream(width)),
-            "mem": Out(MemBusSignature()),
-            "idle": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        w, nl = self._width, self._width // 8
-        waddr = Signal(ADDR_BITS - 3)       # word address of buf[0:64]
-        pos = Signal(3)                     # next octet goes to lane `pos` of that word
-        buf = Signal(128)
-        strb = Signal(16)
-        n = Signal(range(nl + 1))
-        for j in range(nl):
-            with m.If(self.i.p.keep[j]):
-                m.d.comb += n.eq(j + 1)
-        comb_data = Signal(128)
-        comb_strb = Signal(16)
-        total = Signal(5)
-        m.d.comb += [
-            comb_data.eq(buf | (self.i.p.data << (pos * 8))[:128]),
-            comb_strb.eq(strb | ((Const(1, 17) << n) - 1)[:16] << pos),
-            total.eq(pos + n),
-        ]
-        req = self.mem.req
-        # `we` is set in the states that write, next to wdata: a lone constant comb assignment
-        # to one field becomes an `always @*` block that Verilog simulators never run.
-        m.d.comb += [req.p.addr.eq(Cat(Const(0, 3), waddr)), self.mem.rsp.ready.eq(1)]
-        with m.FSM():
-            with m.State("Idle"):
-                m.d.comb += [self.cmd.ready.eq(1), self.idle.eq(1)]
-                with m.If(self.cmd.valid):
-                    m.d.sync += [waddr.eq(self.cmd.p.addr[3:]), pos.eq(self.cmd.p.addr[:3]),
-                                 buf.eq(0), strb.eq(0)]
-                    m.next = "Run"
-            with m.State("Run"):
-                emit = (total >= 8) | self.i.p.last
-                m.d.comb += [req.valid.eq(self.i.valid & emit), req.p.we.eq(1),
-                             req.p.wdata.eq(comb_data[:64]), req.p.wstrb.eq(comb_strb[:8]),
-                             self.i.ready.eq(~emit | req.ready)]
-                with m.If(self.i.valid & self.i.ready):
-                    with m.If(total >= 8):
-                        m.d.sync += [buf.eq(comb_data[64:]), strb.eq(comb_strb[8:]),
-                                     pos.eq(total - 8), waddr.eq(waddr + 1)]
-                    with m.Else():
-                        m.d.sync += [buf.eq(comb_data), strb.eq(comb_strb), pos.eq(total)]
-                    with m.If(self.i.p.last):
-                        with m.If(total > 8):
-                            m.next = "Flush"
-                        with m.Else():
-                            m.next = "Idle"
-            with m.State("Flush"):
-                m.d.comb += [req.valid.eq(1), req.p.we.eq(1), req.p.wdata.eq(buf[:64]),
-                             req.p.wstrb.eq(strb[:8])]
-                with m.If(req.ready):
-                    m.next = "Idle"
         return m
 
 

@@ -51,6 +51,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import AETH, AtomicAckETH, AethSyndrome, BthOpcode
+from hw.lib.dma import WordWriter
 from hw.lib.fetchadd import MaskedFetchAdd
 from hw.iface import (ADDR_BITS, QP_INDEX_BITS, MemBusSignature, MemReq, QpConfig, QpState,
                     RecvNotify, RecvRepost)
@@ -58,7 +59,7 @@ from hw.rdma.qp import MrAccess, MrLookupSignature, qp_lookup
 from hw.rdma.roce_hdr import RoceRxHeader
 from hw.lib.stream import PacketStream
 
-__all__ = ["RespTx", "Responder", "WordWriter", "COUNTERS"]
+__all__ = ["RespTx", "Responder", "COUNTERS"]
 
 #: One packet for the TX path to send (hw/rdma/txpath.py).
 RespTx = data.StructLayout({
@@ -118,73 +119,6 @@ def _op_in(op, ops):
     for o in ops:
         out = out | (op == o.value)
     return out
-
-
-class WordWriter(wiring.Component):
-    """Octet stream -> aligned 8-octet memory writes with byte strobes, any start address.
-
-    ``start`` (one cycle, while idle) sets the address of the next octet. Then each beat of
-    ``i`` is merged into a two-word window; a word is written as soon as it is complete (or at
-    the packet's last beat), so a full-width stream runs at one word per cycle.
-
-    Ports
-    -----
-    start : In(1), addr : In(ADDR_BITS)
-    i : In(PacketStream(width))
-    o : Out(stream of MemReq)     writes only
-    idle : Out(1)                 nothing buffered and no write waiting
-    """
-
-    def __init__(self, width):
-        if width > 64:
-            raise ValueError("WordWriter handles datapaths up to 64 bits")
-        self.width = width
-        super().__init__({
-            "start": In(1), "addr": In(ADDR_BITS),
-            "i": In(PacketStream(width)),
-            "o": Out(stream.Signature(MemReq)),
-            "idle": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        nl = self.width // 8
-        a = Signal(ADDR_BITS)           # address of the next octet; window word 0 = a & ~7
-        buf = Signal(128)
-        mask = Signal(16)
-        flush = Signal()                # window word 1 still holds octets after a last beat
-        o = self.o
-        pos = a[0:3]
-        n = Signal(range(nl + 1))
-        m.d.comb += n.eq(sum(self.i.p.keep[j] for j in range(nl)))
-        sh_data = Signal(128)
-        sh_mask = Signal(16)
-        m.d.comb += [sh_data.eq(self.i.p.data << (pos * 8)),
-                     sh_mask.eq(self.i.p.keep << pos)]
-        nb = buf | sh_data
-        nm = mask | sh_mask
-
-        with m.If(o.ready):
-            m.d.sync += o.valid.eq(0)
-        m.d.comb += [o.p.we.eq(1),
-                     self.i.ready.eq((~o.valid | o.ready) & ~flush),
-                     self.idle.eq(~o.valid & ~flush & (mask == 0))]
-        with m.If(self.start):
-            m.d.sync += [a.eq(self.addr), buf.eq(0), mask.eq(0), flush.eq(0)]
-        with m.Elif(flush & (~o.valid | o.ready)):
-            m.d.sync += [o.valid.eq(1), o.p.addr.eq(Cat(Const(0, 3), a[3:])),
-                         o.p.wdata.eq(buf[:64]), o.p.wstrb.eq(mask[:8]),
-                         buf.eq(0), mask.eq(0), flush.eq(0)]
-        with m.Elif(self.i.valid & self.i.ready):
-            m.d.sync += a.eq(a + n)
-            with m.If((pos + n >= 8) | self.i.p.last):
-                m.d.sync += [o.valid.eq(nm[:8] != 0), o.p.addr.eq(Cat(Const(0, 3), a[3:])),
-                             o.p.wdata.eq(nb[:64]), o.p.wstrb.eq(nm[:8]),
-                             buf.eq(nb[64:]), mask.eq(nm[8:]),
-                             flush.eq(self.i.p.last & (nm[8:] != 0))]
-            with m.Else():
-                m.d.sync += [buf.eq(nb), mask.eq(nm)]
-        return m
 
 
 class Responder(wiring.Component):
@@ -362,7 +296,6 @@ class Responder(wiring.Component):
         m.d.sync += self.qp_error.eq(0)
 
         pend = Signal(RespTx)               # packet for the EMIT state
-        after_emit = Signal(2)              # 0: DRAIN, 1: READ responses, 2: ATOMIC done
 
         def count(name):
             c = getattr(self, name)

@@ -14,8 +14,8 @@ from amaranth.lib.wiring import In, Out
 
 from hw.headers import (BTH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH,
                         EXT_HEADERS, BthOpcode, size_of)
-from hw.net.ip import (HeaderCapture, OctetPacker, RoceRxMeta, RoceTxMeta, lane_region,
-                       octets_be, roce_rx_layout, roce_tx_layout, _keep_count)
+from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, octets_be
+from hw.net.ip import RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, _keep_count
 from hw.lib.stream import PacketStream
 
 __all__ = ["RoceRxHeader", "RoceTxHeader", "RoceRxParser", "RoceTxBuilder", "header_length",

@@ -15,15 +15,16 @@ one reader in front of the single output keeps the memory traffic in packet orde
 """
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import RETH, AETH, AtomicAckETH, ImmDt, IETH
 from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpConfig
 from hw.rdma.roce_hdr import RoceTxHeader
+from hw.lib.dma import DmaReader
 from hw.lib.stream import PacketStream
 
-__all__ = ["TxReq", "DmaReadCmd", "DmaReader", "TxPath", "connect_fields", "select_cfg"]
+__all__ = ["TxReq", "TxPath", "connect_fields", "select_cfg"]
 
 #: One packet to send (superset of the responder's ``RespTx``, same names and shapes).
 TxReq = data.StructLayout({
@@ -39,8 +40,6 @@ TxReq = data.StructLayout({
     "imm": ImmDt,
     "ieth": IETH,
 })
-
-DmaReadCmd = data.StructLayout({"addr": ADDR_BITS, "length": 16})
 
 #: Default P_Key (roce-layouts.md §2: rxe sends 0xFFFF).
 DEFAULT_PKEY = 0xFFFF
@@ -64,110 +63,6 @@ def select_cfg(m, cfgs, index, name="cfg_sel"):
             with m.Case(i):
                 m.d.comb += out.eq(c)
     return out
-
-
-class DmaReader(wiring.Component):
-    """Read ``length`` octets at any byte address into one packet of ``PacketStream(width)``.
-
-    Reads are issued one word per cycle while the response buffer has room (at most ``depth``
-    in flight or buffered); a gearbox drops the octets before ``addr`` in the first word and
-    after the end in the last one and re-slices the words into ``width``-bit beats.
-
-    Ports
-    -----
-    cmd : In(stream of :data:`DmaReadCmd`)  (``length`` > 0)
-    o : Out(PacketStream(width))
-    mem : Out(MemBusSignature())
-    """
-
-    def __init__(self, width, depth=8):
-        if width % 8 or not 8 <= width <= 64:
-            raise ValueError("DmaReader supports widths of 8 to 64 bits")
-        self._width = width
-        self._depth = depth
-        super().__init__({
-            "cmd": In(stream.Signature(DmaReadCmd)),
-            "o": Out(PacketStream(width)),
-            "mem": Out(MemBusSignature()),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        w, nl, depth = self._width, self._width // 8, self._depth
-        m.submodules.rbuf = rbuf = fifo.SyncFIFOBuffered(width=64, depth=depth)
-
-        busy = Signal()
-        addr = Signal(ADDR_BITS)
-        words = Signal(16)          # words still to request
-        inflight = Signal(range(depth + 1))   # requested, not yet popped from rbuf
-        remain = Signal(17)         # octets still to pop
-        first = Signal()            # next popped word is the first one
-        ending = Signal()           # the last word is in the gearbox
-
-        # Command: the whole span of aligned words that covers [addr, addr + length).
-        with m.If(~busy):
-            m.d.comb += self.cmd.ready.eq(1)
-            with m.If(self.cmd.valid):
-                a, n = self.cmd.p.addr, self.cmd.p.length
-                m.d.sync += [busy.eq(1), addr.eq(a), remain.eq(n), first.eq(1),
-                             words.eq((a[:3] + n + 7) >> 3), ending.eq(0)]
-
-        # Issue reads.
-        req = self.mem.req
-        m.d.comb += [req.p.addr.eq(Cat(Const(0, 3), addr[3:])), req.p.we.eq(0),
-                     req.valid.eq(busy & (words != 0) & (inflight < depth))]
-        issued = req.valid & req.ready
-        with m.If(issued):
-            m.d.sync += [addr.eq(addr + 8), words.eq(words - 1)]
-        m.d.comb += [rbuf.w_data.eq(self.mem.rsp.p.rdata), rbuf.w_en.eq(self.mem.rsp.valid),
-                     self.mem.rsp.ready.eq(1)]     # room is guaranteed by `inflight`
-
-        # Gearbox: `cnt` valid octets at the bottom of `buf`, the rest zero.
-        nb = 16 + nl
-        buf = Signal(8 * nb)
-        cnt = Signal(range(nb + 1))
-        out_n = Signal(range(nl + 1))
-        o = self.o
-        m.d.comb += [
-            o.valid.eq(busy & ((cnt >= nl) | (ending & (cnt != 0)))),
-            o.p.data.eq(buf[:w]),
-            o.p.last.eq(ending & (cnt <= nl)),
-        ]
-        for j in range(nl):
-            m.d.comb += o.p.keep[j].eq(cnt > j)
-        with m.If(o.valid & o.ready):
-            m.d.comb += out_n.eq(Mux(cnt >= nl, nl, cnt))
-
-        # The first word starts at the command's offset within its word; the others at 0.
-        addr_lo = Signal(3)
-        with m.If(~busy & self.cmd.valid):
-            m.d.sync += addr_lo.eq(self.cmd.p.addr[:3])
-        lo = Signal(3)
-        n = Signal(4)
-        m.d.comb += lo.eq(Mux(first, addr_lo, 0))
-        avail = Signal(4)
-        m.d.comb += [avail.eq(8 - lo), n.eq(Mux(remain < avail, remain, avail))]
-        take = Signal()
-        m.d.comb += take.eq(busy & rbuf.r_rdy & ~ending & (cnt <= nb - 8))
-        m.d.comb += rbuf.r_en.eq(take)
-
-        word = Signal(64)
-        m.d.comb += word.eq((rbuf.r_data >> (lo * 8)) & ((Const(1, 65) << (n * 8)) - 1)[:64])
-        kept = Signal(8 * nb)
-        m.d.comb += kept.eq(buf >> (out_n * 8))
-        ins = Signal(8 * nb)
-        base = Signal(range(nb + 1))        # where the new octets go once out_n have left
-        m.d.comb += [base.eq(cnt - out_n), ins.eq((word << (base * 8))[:8 * nb])]
-        m.d.sync += [buf.eq(kept | Mux(take, ins, 0)),
-                     cnt.eq(cnt - out_n + Mux(take, n, 0))]
-        with m.If(take):
-            m.d.sync += [first.eq(0), remain.eq(remain - n)]
-            with m.If(remain <= avail):
-                m.d.sync += ending.eq(1)
-        m.d.sync += inflight.eq(inflight + issued - take)
-        with m.If(o.valid & o.ready & o.p.last):
-            m.d.sync += [busy.eq(0), ending.eq(0), cnt.eq(0), buf.eq(0)]
-        return m
 
 
 class TxPath(wiring.Component):

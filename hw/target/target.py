@@ -62,7 +62,8 @@ from hw.net.ip import EthIpRx, EthIpTx
 from hw.net.arp import ArpResponder
 from hw.net.mac import GmiiMac
 from hw.lib.membus import MemArbiter, MemRam
-from hw.rdma.rawq import FrameMux, QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
+from hw.lib.stream import FrameMux
+from hw.rdma.rawq import QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
 from hw.target.regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
 from hw.rdma.requester import RespDemux, Requester
@@ -112,6 +113,11 @@ class KbtpTarget(wiring.Component):
         Target memory size in 8-octet words.
     init : list of int
         Initial memory words (little-endian lanes).
+    ram : wiring.Component, optional
+        The target memory behind the memory arbiter (its ``bus`` a
+        :class:`~hw.iface.MemBusSignature` target of ``mem_words`` words); default a one-cycle
+        :class:`~hw.lib.membus.MemRam` holding ``init``. A board passes its own
+        (boards/ram.py PipelinedRam).
     clk_hz, timer_scale : float, int
         Requester timers (see :class:`~hw.rdma.requester.Requester`).
     own_mac, own_ip : int
@@ -151,7 +157,7 @@ class KbtpTarget(wiring.Component):
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
-                 mac_depth=8192):
+                 mac_depth=8192, ram=None):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -173,7 +179,7 @@ class KbtpTarget(wiring.Component):
             ports = {"rx": In(PacketStream(width)), "tx": Out(PacketStream(width)),
                      "mac_counters": In(32).array(len(MAC_COUNTERS))}
         super().__init__({**ports, "host": In(HostBusSignature())})
-        self.ram = MemRam(mem_words, init=self.init)
+        self.ram = ram if ram is not None else MemRam(mem_words, init=self.init)
 
     def elaborate(self, platform):
         m = Module()
