@@ -117,7 +117,7 @@ from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags,
                         Status, TableEntry, CommonHeader, unpack)
 from host import codec
 from host.codec import KbtpError
-from host.config import ALL_FEATURES, ENTRY_SIZE, TargetConfig, align
+from host.config import ENTRY_SIZE, TargetConfig
 from model.ring import MASK32, SLOT_SIZE, RingImage, masked_fetch_add, fetch_add
 
 __all__ = [

@@ -40,16 +40,10 @@ gateware backend also takes ``--ready-file`` (written once the target is initial
 ``--stop-file`` (serving ends when it appears).
 """
 
-import json
 import argparse
-import random
-import select
+import json
 import signal
-import socket
-import struct
 import sys
-import threading
-import time
 
 from hw.headers import ReqFlags
 from host import codec

@@ -20,8 +20,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from host import codec
-from hw.headers import (CommonHeader, CompletionDescriptor, CompletionRecord, DataDescriptor,
-                        Features, Opcode, ReqFlags, Status, pack, unpack)
+from hw.headers import CommonHeader, CompletionRecord, Features, Opcode, Status, unpack
 from hw.iface import MemBusSignature, REG_KBTP, Space, WcStatus, WrOp
 from hw.kbtp.engine import FAST_OPS, Cmd, KbtpEngine, reg
 from hw.lib.membus import MemArbiter, MemRam
