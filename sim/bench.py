@@ -839,20 +839,19 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
     dead = {}
     for size in sizes:
         live = [m for m in mtus if m not in dead]
-        wr["skipped"] += [{"size": size, "mtu": m, "why": f"failed at size {dead[m]}"}
-                          for m in mtus if m in dead]
+        wr["skipped"] += [{"size": size, "mtu": m, "why": dead[m]} for m in mtus if m in dead]
         if not live:
             continue
         r = run_size(w, size, quick=quick, log=log, mtus=live)
         if "unfit" in r:
             for m in live:
                 wr["skipped"].append({"size": size, "mtu": m, "why": r["unfit"]})
-                dead[m] = size
+                dead[m] = f"larger than {size} octets, which do not fit the memory"
             continue
         wr["series"] += r["series"]
         wr["failed"] += r["failed"]
         for f in r["failed"]:
-            dead.setdefault(f["mtu"], size)
+            dead.setdefault(f["mtu"], f"failed at size {size}")
         wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
     lat = run_latency(w, log)
     wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
