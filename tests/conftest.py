@@ -4,7 +4,7 @@
 #      tests/tools.py (the requires_tool marker evaluated here).
 """Test ordering for `make test` (pytest -n 2 --dist loadgroup).
 
-The ECPIX-5 place-and-route check (tests/test_board.py, ~12 min of one core) is moved to the
+The ECPIX-5 place-and-route check (tests/test_board.py, ~20 min of one core) is moved to the
 front of the collection, so that one worker starts it at once and the other worker runs the
 rest of the suite beside it. Collected last, it would start when the rest is nearly done and
 add its whole length to CI's wall time.
