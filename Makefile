@@ -47,17 +47,17 @@ test-fast: $(VENV)/.installed
 
 # The transport's system bench at both datapath widths (8 and 64; width 64 builds for ~10 min).
 test-wide: $(VENV)/.installed
-	KBTP_TARGET_WIDTHS=8,64 $(PY) -m pytest -q tests/test_target_cocotb.py
+	KBTP_TARGET_WIDTHS=8,64 $(PY) -m pytest -q tests/hw/target/test_target_cocotb.py
 
 # The end-to-end demo: kbtp-sim serve (the Verilated gateware + host driver + CM) and the
 # soft-RoCE guest running tests/e2e/demo.py (builds the guest image and the simulator first if
-# needed; `python -m sim.serve_demo --backend model` serves the golden model instead). The
+# needed; `python -m tools.serve_demo --backend model` serves the golden model instead). The
 # golden model alone on the draft's example flows: `make demo-model`.
 demo: install
-	$(PY) -m sim.serve_demo
+	$(PY) -m tools.serve_demo
 
 demo-model: install
-	$(PY) -m sim.demo
+	$(PY) -m tools.demo
 
 # Serve the Verilated gateware (KbtpTarget + host driver + CM) on Ethernet-frames-in-UDP (QEMU
 # -netdev dgram) at the default ports; `make serve-model` serves the golden model instead.
@@ -94,26 +94,26 @@ program:
 synth-check: $(VENV)/.installed
 	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
-# Cycle-exact goodput / op rate / latency / resources (sim/bench.py; Verilated target via
+# Cycle-exact goodput / op rate / latency / resources (tools/bench.py; Verilated target via
 # sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.
 # BENCH_ARGS="--quick" for two sizes; "--widths 8" for one width.
 BENCH_ARGS ?=
 .PHONY: bench
 bench: $(VENV)/.installed
-	$(PY) -m sim.bench --out build/bench $(BENCH_ARGS)
+	$(PY) -m tools.bench --out build/bench $(BENCH_ARGS)
 
-# Soak (sim/soak.py): 10 000 mixed KBTP ops from 4 initiators over a lossy link, against the
+# Soak (tools/soak.py): 10 000 mixed KBTP ops from 4 initiators over a lossy link, against the
 # golden model, on the Verilated target (sim/vltarget.py). SOAK_ARGS="--loss 0.05 --dup 0.05".
 SOAK_ARGS ?=
 .PHONY: soak
 soak: $(VENV)/.installed
-	$(PY) -m sim.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 $(SOAK_ARGS)
+	$(PY) -m tools.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 $(SOAK_ARGS)
 
 # Fuzz the whole Verilated target (issue 7 item 3): FUZZ_FRAMES mutated and random frames,
-# oracles in sim/fuzz.py; the summary also goes to build/fuzz.json.
+# oracles in tools/fuzz.py; the summary also goes to build/fuzz.json.
 FUZZ_FRAMES ?= 100000
 FUZZ_SEED   ?= 1
 .PHONY: fuzz
 fuzz: $(VENV)/.installed
 	@mkdir -p build
-	$(PY) -m sim.fuzz --frames $(FUZZ_FRAMES) --seed $(FUZZ_SEED) --json build/fuzz.json
+	$(PY) -m tools.fuzz --frames $(FUZZ_FRAMES) --seed $(FUZZ_SEED) --json build/fuzz.json

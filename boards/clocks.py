@@ -1,6 +1,6 @@
 # Ref: Lattice FPGA-TN-02200 (ECP5 sysCLOCK PLL: EHXPLLL, PFD 3.125-400 MHz, VCO 400-800 MHz,
 #      output dividers 1-128, phase in VCO cycles (CPHASE) + eighths (FPHASE)); the parameter
-#      conventions match what Project Trellis' ecppll emits (checked in tests/test_board.py).
+#      conventions match what Project Trellis' ecppll emits (checked in tests/boards/test_board.py).
 """ECP5 PLL (EHXPLLL) with one primary and up to three phase-shifted secondary outputs."""
 
 from amaranth import Instance, Module

@@ -12,7 +12,7 @@ Per operation and size it prints perftest's bandwidth table (``#bytes #iteration
 peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]``) and latency table (``t_min t_max t_typical
 t_avg t_stdev t_99 t_99.9 [usec]``), and with ``--json`` one ``PERFJSON {...}`` line per test
 (the same figures, each connection's QPN and the Request IDs of the timed requests, so a
-target-side view -- ``kbtp-sim serve --stats-file``, :mod:`sim.perf_run` -- can pick them out).
+target-side view -- ``kbtp-sim serve --stats-file``, :mod:`tools.perf_run` -- can pick them out).
 
 What is timed (wall time of this host, submit -> COMPLETION seen; untimed set-up in brackets):
 
@@ -33,7 +33,7 @@ the target's engine fast path; a direct-mode session is served by the host drive
 MTU: :class:`KbtpClient` takes the QP's path MTU from rdma_cm (``init_qp_attr``, derived from
 the interface MTU: 1500 -> 1024, 9000 -> 4096); it does not set it. ``--mtu`` is therefore a
 check: the QP's path MTU must equal it (else exit 2); set the interface MTU to change it
-(:mod:`sim.perf_run` does, for the guest).
+(:mod:`tools.perf_run` does, for the guest).
 """
 
 import argparse

@@ -11,7 +11,7 @@ written against one coroutine::
 
 Backends
 --------
-* a cocotb bench passes a coroutine that drives the DUT's host-bus pins (tests/cocotb_target.py);
+* a cocotb bench passes a coroutine that drives the DUT's host-bus pins (tests/hw/target/cocotb_target.py);
 * :func:`uart_access` adapts a :class:`host.link.UartLink` (synchronous serial, a board) to the
   same coroutine, so the driver runs unchanged on hardware;
 * a test may pass any coroutine (a fake over a bytearray).
@@ -280,7 +280,7 @@ class TargetPort:
         return await self._pop(Q_NOTIFY, RecvNotify)
 
 
-#: The historical name (tests/target_host.py, the cocotb bench).
+#: The historical name (tests/hw/target/target_host.py, the cocotb bench).
 TargetHost = TargetPort
 
 

@@ -37,8 +37,8 @@ Readings of the draft (documented choices)
   (:meth:`RingImage.slot_free_for`). The draft's text says only "if the slot at o is consumed";
   that is enough only when the target performs its frees one at a time in ticket order. With
   frees in flight concurrently (quotas respected) two frees N tickets apart both see a consumed
-  slot and the later may write first: a block is lost (tests/test_ring.py::
-  test_concurrent_frees_into_one_slot, found by tests/test_ring_exhaustive.py). The initial
+  slot and the later may write first: a block is lost (tests/model/test_ring.py::
+  test_concurrent_frees_into_one_slot, found by tests/model/test_ring_exhaustive.py). The initial
   Sequence s - N of empty slots makes the stricter check work from the first lap.
 * Quota release of a FREE: :class:`RingWorld` explores both "when the slot is written" and "when
   the free holds its Tail ticket" (a FREE completed while deferred). The second reading needs

@@ -23,7 +23,7 @@ unit of the engine's LAST_LATENCY register). A retransmitted request (same QP an
 once, from its first arrival. Records are bounded (:data:`MAX_RECORDS`, the newest kept).
 
 :func:`write_stats` writes the JSON atomically (a temporary file renamed over the target), so a
-reader (``kbtp top``, ``sim.serve_demo``, ``sim.perf_run``) never sees half a file.
+reader (``kbtp top``, ``tools.serve_demo``, ``tools.perf_run``) never sees half a file.
 """
 
 import collections

@@ -23,8 +23,8 @@ A subclass supplies the plumbing (all coroutines, so one bench serves both backe
 
 :class:`VlSystemBench` is the plumbing on :class:`sim.vltarget.VlTarget` (plain Python, no
 simulator scheduler: its coroutines never suspend, :func:`run_sync` runs them); the cocotb
-bench (tests/cocotb_system.py) is the other. :func:`mixed` is the random-round workload both
-use (tests/cocotb_system.py, sim/soak.py).
+bench (tests/sim/cocotb_system.py) is the other. :func:`mixed` is the random-round workload both
+use (tests/sim/cocotb_system.py, tools/soak.py).
 """
 
 import copy
@@ -73,7 +73,7 @@ def run_sync(coro):
 
 class PeerMemory:
     """The initiators' registered buffers, on the RC endpoint, under the model's API
-    (``register(stag, data, base_to=, access=)``), so :class:`tests.test_kbtp_engine.Gen`
+    (``register(stag, data, base_to=, access=)``), so :class:`tests.hw.kbtp.test_kbtp_engine.Gen`
     registers each buffer both here and in the model's :class:`~model.target.InitiatorMemory`."""
 
     def __init__(self, ep):
@@ -319,7 +319,7 @@ class SystemBench:
                                        generation=0))
 
     def make_request(self, q, stats=None):
-        """A random request of initiator ``q`` (:class:`tests.test_kbtp_engine.Gen`), except
+        """A random request of initiator ``q`` (:class:`tests.hw.kbtp.test_kbtp_engine.Gen`), except
         one whose RDMA transfer would fault (an unknown or invalid STag, a range outside the
         buffer: the model marks the RdmaRead / RdmaWrite / WriteImm with an error), or whose
         COMPLETION would be a Send with Invalidate of an STag the initiator never registered.
@@ -591,7 +591,7 @@ class VlSystemBench(SystemBench):
 
 
 # --------------------------------------------------------------------------------------------
-# Workload (shared with tests/cocotb_system.py and sim/soak.py)
+# Workload (shared with tests/sim/cocotb_system.py and tools/soak.py)
 # --------------------------------------------------------------------------------------------
 
 async def one_sided(b, q, op, *args):

@@ -4,8 +4,8 @@
 
 :func:`build` packs a request straight from :mod:`hw.headers` (so malformed ones can be made as
 easily as good ones); :class:`Gen` draws random requests (valid ones mostly, errors on purpose)
-for the engine unit test (tests/test_kbtp_engine.py), the system benches (sim/system.py) and
-the fuzzer (sim/fuzz.py).
+for the engine unit test (tests/hw/kbtp/test_kbtp_engine.py), the system benches (sim/system.py) and
+the fuzzer (tools/fuzz.py).
 """
 
 from hw.headers import (CommonHeader, CompletionDescriptor, DataDescriptor, Opcode, ReqFlags,

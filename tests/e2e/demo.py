@@ -8,7 +8,7 @@ took; a summary closes. Exit 1 if any loaded data differs from what was stored.
 
 Each step also prints one machine-readable line, ``STEP <n> rids=<comma list> wall_ms=<ms>
 what=<description>``: the Request IDs of the KBTP requests the step sent (empty for one-sided
-RDMA alone), so the host (``sim.serve_demo``) can put the target's own time, from ``kbtp-sim
+RDMA alone), so the host (``tools.serve_demo``) can put the target's own time, from ``kbtp-sim
 serve --stats-file``, beside the guest's wall time (issue 24).
 """
 

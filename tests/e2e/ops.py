@@ -1,5 +1,5 @@
 # Ref: draft KBTP §Operations, §Completion, §Direct Modes, §Status Codes, §Allocation Quotas.
-#      Guest side of tests/test_e2e.py (runs under the guest's python3 + pyverbs).
+#      Guest side of tests/system/test_e2e.py (runs under the guest's python3 + pyverbs).
 """Guest script: every KBTP operation against the target, each check printed on one line.
 
 ``python3 ops.py SIZES SEED [PART...]``: SIZES is a comma list of block payload sizes; PARTs
@@ -266,7 +266,7 @@ def invalidate_after():
 
     What this side sees of it (IBA class C responder error, rxe: RESPST_ERR_RKEY_VIOLATION): our
     NIC NAKs the WRITE (remote access error; the WC status IBV_WC_REM_ACCESS_ERR is the
-    requester's, i.e. the target's: tests/test_e2e.py checks that NAK on the wire) and moves our
+    requester's, i.e. the target's: tests/system/test_e2e.py checks that NAK on the wire) and moves our
     QP to the error state, which flushes our posted receives. So the check requires a receive
     completion with IBV_WC_WR_FLUSH_ERR and the QP in IBV_QPS_ERR; a timeout (nothing at all
     happened) or any other failure does not pass."""

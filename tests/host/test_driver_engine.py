@@ -1,0 +1,264 @@
+# Ref: hw/kbtp/engine.py (register map, hostq, CMD FREE_BLOCK, "What the host keeps doing");
+#      hw/target/regbank.py (HostDecoder, HostMemPort, HostQueues); hw/rdma/qp.py; model/target.py.
+"""The driver against the real engine gateware (Amaranth simulator, no Verilator).
+
+A small top holds what the driver talks to in a KbtpTarget: the KBTP engine, the host queues
+(engine ``hostq`` -> Q_NOTIFY), the host memory port, the QP and MR tables behind one host
+decoder, and a RAM. The testbench plays the responder (writes a message into a receive buffer and
+notifies the engine) and the requester (executes the WorkRequests of both the engine and the host
+against the initiator's memory and answers each source with its WorkCompletion).
+
+Oracle: the golden model fed the same messages: every SEND payload (engine's or driver's)
+octet for octet, and the RAM image of the KBTP structures byte for byte after every step.
+"""
+
+import random
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In
+from amaranth.sim import Simulator
+
+from hw.headers import Features, GoodbyeFlags, Status
+from hw.iface import HostBusSignature, REG_KBTP, REG_MR, REG_QP, Space, WcStatus, WrOp
+from hw.kbtp.engine import KbtpEngine, reg as ENG
+from hw.lib.membus import MemArbiter, MemRam
+from hw.rdma.qp import MR_STRIDE, QP_STRIDE, MrTable, QpTable
+from hw.target.regbank import HostDecoder, HostMemPort, HostQueues
+from host import codec
+from host.driver import KbtpDriver, memory_plan
+from host.port import TargetPort
+from model.target import InitiatorMemory, SendMsg, TargetConfig, TargetModel
+from tests.host.test_driver import alloc_inline, free, hello
+
+N_QP = 2
+CFG = dict(block_size=256, num_blocks=8, num_handles=64, handles_per_initiator=32,
+           quota_per_initiator=3, trust_domains={1: 0, 2: 1}, max_inline=128)
+
+
+class Top(wiring.Component):
+    def __init__(self, mem_bytes):
+        self.eng = KbtpEngine(n_qp=N_QP, n_ranges=8)
+        self.hq = HostQueues(8)
+        self.hmem = HostMemPort(mem_bytes)
+        self.qpt = QpTable(N_QP)
+        self.mrt = MrTable(8)
+        self.arb = MemArbiter(2, outstanding=8)
+        self.ram = MemRam(mem_bytes // 8)
+        self.dec = HostDecoder([[(Space.MEM, 0, 1 << 32)], [(Space.QUEUE, 0, 4)],
+                                [(Space.REG, REG_KBTP, 0x1000)],
+                                [(Space.REG, REG_QP, QP_STRIDE * N_QP)],
+                                [(Space.REG, REG_MR, MR_STRIDE * 8)]])
+        super().__init__({"host": In(HostBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        for name in ("eng", "hq", "hmem", "qpt", "mrt", "arb", "ram", "dec"):
+            m.submodules[name] = getattr(self, name)
+        wiring.connect(m, self.eng.mem, self.arb.masters[0])
+        wiring.connect(m, self.hmem.mem, self.arb.masters[1])
+        wiring.connect(m, self.arb.bus, self.ram.bus)
+        wiring.connect(m, self.eng.hostq, self.hq.notify)
+        # As in KbtpTarget: the host's RecvRepost tells the engine the host finished a message.
+        m.d.comb += [self.eng.host_done.eq(self.hq.repost.valid & self.hq.repost.ready),
+                     self.eng.host_done_qp.eq(self.hq.repost.payload.qp)]
+        wiring.connect(m, wiring.flipped(self.host), self.dec.host)
+        for k, slave in enumerate([self.hmem.bus, self.hq.bus, self.eng.bus, self.qpt.bus,
+                                   self.mrt.bus]):
+            wiring.connect(m, self.dec.slaves[k], slave)
+        return m
+
+
+def ram_read(ctx, ram, addr, n):
+    out = bytearray()
+    for w in range(addr // 8, (addr + n + 7) // 8):
+        out += ctx.get(ram.mem.data[w]).to_bytes(8, "little")
+    return bytes(out[addr % 8:addr % 8 + n])
+
+
+def ram_write(ctx, ram, addr, data):
+    for i, b in enumerate(data):
+        w, k = divmod(addr + i, 8)
+        old = ctx.get(ram.mem.data[w])
+        ctx.set(ram.mem.data[w], (old & ~(0xFF << 8 * k)) | (b << 8 * k))
+
+
+class Bench:
+    def __init__(self):
+        self.cfg = TargetConfig(**CFG)
+        self.model = TargetModel(TargetConfig(**CFG))
+        self.plan = memory_plan(self.cfg, N_QP)
+        self.top = Top(self.plan["end"])
+        self.imem = {q: InitiatorMemory() for q in range(N_QP)}
+        self.sent = []                  # (source, qp, payload, inv) of every SEND
+        self.reposts = [0, 0]           # engine, host
+        self.ctx = None
+        self.recv_k = {}
+        self.drv = KbtpDriver(TargetPort(self.access), self.cfg, n_qp=N_QP,
+                              mem_size=self.plan["end"], n_ranges=8, n_mr=8)
+        self.now = 0.0
+
+    async def access(self, space, addr, we, wdata):
+        ctx, h = self.ctx, self.top.host
+        ctx.set(h.space, space)
+        ctx.set(h.addr, addr)
+        ctx.set(h.wdata, wdata)
+        ctx.set(h.we, we)
+        ctx.set(h.re, 1 - we)
+        for _ in range(200):
+            if ctx.get(h.ack):
+                r, e = ctx.get(h.rdata), ctx.get(h.err)
+                await ctx.tick()
+                ctx.set(h.we, 0)
+                ctx.set(h.re, 0)
+                return r, e
+            await ctx.tick()
+        raise AssertionError(f"host bus: no ack for {space} {addr:#x}")
+
+    # ---- the requester and the responder's repost side --------------------------------------
+    async def requester(self, ctx):
+        eng, hq, ram = self.top.eng, self.top.hq, self.top.ram
+        while True:
+            for src, s, wc in ((0, eng.wr, eng.wc), (1, hq.wr, hq.wc)):
+                if ctx.get(s.valid):
+                    w = ctx.get(s.payload)
+                    ctx.set(s.ready, 1)
+                    await ctx.tick()
+                    ctx.set(s.ready, 0)
+                    st = self.execute(ctx, ram, src, w)
+                    ctx.set(wc.payload, {"qp": w.qp, "wr_id": w.wr_id, "status": st})
+                    ctx.set(wc.valid, 1)
+                    await ctx.tick().until(wc.ready)
+                    ctx.set(wc.valid, 0)
+                    break
+            else:
+                await ctx.tick()
+
+    def execute(self, ctx, ram, src, w):
+        op, im = WrOp(w.op), self.imem[int(w.qp)]
+        try:
+            if op in (WrOp.WRITE, WrOp.WRITE_IMM):
+                im.write(w.rkey, w.va, ram_read(ctx, ram, w.laddr, w.length))
+            elif op is WrOp.READ:
+                ram_write(ctx, ram, w.laddr, im.read(w.rkey, w.va, w.length))
+            else:
+                self.sent.append((src, int(w.qp), ram_read(ctx, ram, w.laddr, w.length),
+                                  int(w.inv_rkey) if op is WrOp.SEND_INV else None))
+        except Exception:
+            return WcStatus.REMOTE_ACCESS
+        return WcStatus.OK
+
+    async def repost_sink(self, ctx):
+        eng, hq = self.top.eng, self.top.hq
+        ctx.set(eng.repost.ready, 1)
+        ctx.set(hq.repost.ready, 1)
+        async for _, _, a, b in ctx.tick().sample(eng.repost.valid, hq.repost.valid):
+            self.reposts[0] += a
+            self.reposts[1] += b
+
+    # ---- one message ------------------------------------------------------------------------
+    async def deliver(self, q, raw):
+        """Both sides get ``raw`` on QP ``q``; returns the model's SEND payloads, after checking
+        the hardware's (engine or driver) and the memory image."""
+        ctx, eng = self.ctx, self.top.eng
+        want = [a.payload for a in self.model.receive(q, raw, self.now)
+                if isinstance(a, SendMsg)]
+        size = 1 << self.plan["recv_log2"]
+        k = self.recv_k.get(q, 0)
+        self.recv_k[q] = (k + 1) % self.plan["recv_count"]
+        addr = self.plan["recv"] + (q * self.plan["recv_count"] + k) * size
+        ram_write(ctx, self.top.ram, addr, raw)
+        mark, reposts = len(self.sent), sum(self.reposts)
+        ctx.set(eng.notify.payload, {"qp": q, "addr": addr, "length": len(raw)})
+        ctx.set(eng.notify.valid, 1)
+        await ctx.tick().until(eng.notify.ready)
+        ctx.set(eng.notify.valid, 0)
+        handled = None
+        for _ in range(3000):
+            if sum(self.reposts) > reposts:
+                break
+            res = await self.drv.poll(self.now)
+            if res is not None:
+                handled = res
+        else:
+            raise AssertionError("request never finished (no RecvRepost)")
+        for _ in range(20):         # let a last reply of the driver reach the requester
+            await ctx.tick()
+        got = [p for _, qq, p, _ in self.sent[mark:]]
+        assert got == want, (got, want)
+        n = self.model.lay["size"]
+        assert ram_read(ctx, self.top.ram, 0, n) == bytes(self.model.mem[:n])
+        return want, handled, [src for src, *_ in self.sent[mark:]]
+
+
+def test_driver_with_the_engine():
+    b = Bench()
+    out = {}
+
+    async def bench(ctx):
+        b.ctx = ctx
+        drv = b.drv
+        await drv.init()
+        n = b.model.lay["size"]
+        assert ram_read(ctx, b.top.ram, 0, n) == bytes(b.model.mem[:n])
+        assert await drv.port.rreg(REG_KBTP + ENG["ID"]) == 0x4B425445
+        for q in range(N_QP):
+            await drv.open_qp(q, local_qpn=0x11 + q)
+            b.model.connect(q)
+        want, res, src = await b.deliver(0, hello(1, Features.RECORD_COMPLETION.value))
+        assert codec.decode(want[0]).status == 0 and src == [1] and res.op == "HELLO"
+        await b.deliver(1, hello(2))
+        # fast path: the engine allocates three blocks for initiator 1
+        for k in range(3):
+            want, res, src = await b.deliver(0, alloc_inline(k, 0x4000 + k, b"eng%d" % k * 9))
+            assert codec.decode(want[0]).status == 0 and src == [0] and res is None
+        # quota 3 reached: the engine answers NO_SPACE
+        want, _, src = await b.deliver(0, alloc_inline(3, 0x4003, b"x"))
+        assert codec.decode(want[0]).status == Status.NO_SPACE.value and src == [0]
+        # slow path: FREE by the driver (engine FREE_BLOCK, USAGE lowered, block cleared since
+        # two trust domains exist); then the engine can allocate again
+        want, res, src = await b.deliver(0, free(4, 0x4001))
+        assert codec.decode(want[0]).status == 0 and src == [1] and res.op == "FREE"
+        usage = REG_KBTP + ENG["QP"] + ENG["QP_USAGE"]
+        assert await drv.port.rreg(usage) == 2
+        want, _, src = await b.deliver(0, alloc_inline(5, 0x4003, b"again"))
+        assert codec.decode(want[0]).status == 0 and src == [0]
+        # LOAD of another domain's handle: refused by the engine (RANGE says domain 0)
+        want, _, src = await b.deliver(1, codec.encode(codec.Load(
+            request_id=6, handle=0x4000, data=codec.DataDesc(0x10, 0, 256))))
+        assert codec.decode(want[0]).status == Status.INVALID_HANDLE.value and src == [0]
+        # GOODBYE: the driver turns the engine session off; later messages on the closed
+        # connection reach the driver, which drops them (and returns the buffer)
+        await b.deliver(0, codec.encode(codec.Goodbye()))
+        assert await drv.port.rreg(REG_KBTP + ENG["QP"] + ENG["QP_SESSION"]) == 0
+        want, _, src = await b.deliver(0, alloc_inline(7, 0x4002, b"x"))
+        assert want == [] and src == []         # connection closed: dropped by the driver
+        # the initiator reconnects (new connection on QP 0): its three bindings were retained,
+        # so the engine's USAGE starts at 3 and the quota is full
+        await drv.open_qp(0, local_qpn=0x11)
+        b.model.connect(0)
+        b.now = 10
+        want, _, _ = await b.deliver(0, hello(1))
+        assert codec.decode(want[0]).status == 0
+        assert await drv.port.rreg(usage) == 3
+        want, _, src = await b.deliver(0, alloc_inline(8, 0x4001, b"y"))
+        assert codec.decode(want[0]).status == Status.NO_SPACE.value and src == [0]
+        want, _, src = await b.deliver(0, free(9, 0x4000))
+        assert codec.decode(want[0]).status == 0 and src == [1]
+        want, _, src = await b.deliver(0, alloc_inline(10, 0x4001, b"z" * 100))
+        assert codec.decode(want[0]).status == 0 and src == [0]
+        out["counters"] = await drv.counters(transport=False)    # the engine alone
+        out["done"] = True
+
+    sim = Simulator(b.top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(b.requester, background=True)
+    sim.add_testbench(b.repost_sink, background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out.get("done")
+    c = out["counters"]
+    assert c["engine"][("ALLOC_STORE", "OK")] == 5
+    assert c["engine"][("ALLOC_STORE", "NO_SPACE")] == 2
+    assert c["hostq_count"] == c["host_actions"] == 7
+    assert c["quota"][1] == {"qp": 0, "usage": 3, "quota": 3, "state": "active"}

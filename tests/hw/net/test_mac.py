@@ -1,0 +1,417 @@
+# Ref: IEEE 802.3 §3.1.1, §4.2.3.3, §4.4.2; hw/lib/stream.py; hw/lib/width.py; hw/lib/fifo.py;
+#      hw/net/mac.py.
+"""Amaranth-simulator unit tests: width converters, packet FIFO, GMII transmitter/receiver.
+
+Oracles: the bytes put in (converters, FIFO), a Python model of the Ethernet frame on the wire
+whose FCS comes from ``zlib.crc32`` (a different CRC implementation from the gateware's
+``amaranth.lib.crc``), and the counts of frames deliberately corrupted.
+"""
+
+import random
+import zlib
+
+import pytest
+from amaranth import ClockDomain, Elaboratable, Fragment, Module
+from amaranth.sim import Simulator
+
+from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
+from hw.lib.fifo import PacketFifo
+from hw.lib.width import StreamDownsizer, StreamUpsizer
+from sim.hdl import packet_get, packet_put, packet_to_beats, stream_put
+
+CLK = 8e-9
+
+
+def run(dut, *benches, background=(), max_cycles=50_000):
+    """Simulate until every bench returns; fail (rather than hang) after ``max_cycles``."""
+    # Wrap so that a "sync" domain exists even for a purely combinational DUT (1:1 sizers).
+    top = Module()
+    top.submodules.dut = dut
+    top.domains.sync = ClockDomain()
+    sim = Simulator(top)
+    sim.add_clock(CLK)
+    done = []
+
+    def finishing(bench):
+        async def wrapped(ctx):
+            await bench(ctx)
+            done.append(bench)
+        return wrapped
+
+    for b in benches:
+        sim.add_testbench(finishing(b))
+    for b in background:
+        sim.add_testbench(b, background=True)
+    step = 1000
+    for k in range(1, max_cycles // step + 1):
+        sim.run_until(k * step * CLK)
+        if len(done) == len(benches):
+            return
+    raise AssertionError(f"benches still waiting after {max_cycles} cycles")
+
+
+def wire_frame(payload):
+    """Model of a frame on GMII: preamble, SFD, payload padded to 60, FCS (zlib CRC-32)."""
+    body = bytes(payload) + bytes(max(0, 60 - len(payload)))
+    fcs = zlib.crc32(body).to_bytes(4, "little")
+    return bytes([0x55] * 7 + [0xD5]) + body + fcs
+
+
+def random_packets(rng, count, lo, hi):
+    return [rng.randbytes(rng.randint(lo, hi)) for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Width converters
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,iw,ow", [
+    ("up", 8, 64), ("up", 8, 32), ("up", 16, 64), ("up", 8, 8),
+    ("down", 64, 8), ("down", 32, 8), ("down", 64, 16), ("down", 8, 8),
+])
+@pytest.mark.parametrize("idle,bp", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.4), (0.5, 0.5)])
+def test_sizer_random(kind, iw, ow, idle, bp):
+    rng = random.Random(hash((kind, iw, ow, idle, bp)) & 0xFFFF)
+    dut = StreamUpsizer(iw, ow) if kind == "up" else StreamDownsizer(iw, ow)
+    # Lengths around the beat boundaries of both widths, plus random ones.
+    pkts = [rng.randbytes(n) for n in (1, 2, 7, 8, 9, 15, 16, 17)]
+    pkts += random_packets(rng, 12, 1, 70)
+    got = []
+
+    async def producer(ctx):
+        for p in pkts:
+            await packet_put(ctx, dut.i, p, iw, idle=idle, rng=rng)
+
+    async def consumer(ctx):
+        for _ in pkts:
+            got.append(await packet_get(ctx, dut.o, ow, backpressure=bp, rng=rng))
+
+    run(dut, producer, consumer)
+    assert got == pkts
+
+
+@pytest.mark.parametrize("kind,iw,ow", [("up", 8, 64), ("down", 64, 8), ("up", 8, 32),
+                                         ("down", 32, 8)])
+def test_sizer_full_throughput(kind, iw, ow):
+    """With no idles and no back-pressure, the narrow side moves one beat every cycle."""
+    rng = random.Random(7)
+    dut = StreamUpsizer(iw, ow) if kind == "up" else StreamDownsizer(iw, ow)
+    pkts = random_packets(rng, 10, 1, 100)
+    narrow = min(iw, ow)
+    narrow_beats = sum(-(-len(p) // (narrow // 8)) for p in pkts)
+    narrow_port = dut.i if kind == "up" else dut.o
+    stats = {"cycles": 0, "beats": 0, "first": None, "last": None}
+
+    async def producer(ctx):
+        beats = [b for p in pkts for b in packet_to_beats(p, iw)]
+        await stream_put(ctx, dut.i, beats)
+
+    async def consumer(ctx):
+        for _ in pkts:
+            await packet_get(ctx, dut.o, ow)
+
+    async def monitor(ctx):
+        # Sampled just before each edge: the transfer that edge performs.
+        async for _, _, valid, ready in ctx.tick().sample(narrow_port.valid, narrow_port.ready):
+            stats["cycles"] += 1
+            if valid and ready:
+                stats["beats"] += 1
+                stats["first"] = stats["first"] or stats["cycles"]
+                stats["last"] = stats["cycles"]
+
+    run(dut, producer, consumer, background=[monitor])
+    assert stats["beats"] == narrow_beats
+    # Every cycle between the first and last narrow transfer carries one.
+    assert stats["last"] - stats["first"] + 1 == narrow_beats
+
+
+# ---------------------------------------------------------------------------------------------
+# Packet FIFO
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("registered_ready", [False, True])
+@pytest.mark.parametrize("bp", [0.0, 0.5])
+def test_packet_fifo_commit_discard(bp, registered_ready):
+    rng = random.Random(11 + int(bp * 10))
+    dut = PacketFifo(8, 64, registered_ready=registered_ready)
+    pkts = random_packets(rng, 40, 1, 40)
+    keep = [rng.random() < 0.6 for _ in pkts]
+    got = []
+
+    async def writer(ctx):
+        for p, k in zip(pkts, keep):
+            beats = packet_to_beats(p, 8)
+            for i, b in enumerate(beats):
+                while rng.random() < 0.2:
+                    ctx.set(dut.w.valid, 0)
+                    await ctx.tick()
+                ctx.set(dut.w.payload, b)
+                ctx.set(dut.w.valid, 1)
+                final = i == len(beats) - 1
+                ctx.set(dut.w_commit, final and k)
+                ctx.set(dut.w_discard, final and not k)
+                await ctx.tick().until(dut.w.ready)
+                ctx.set(dut.w_commit, 0)
+                ctx.set(dut.w_discard, 0)
+            ctx.set(dut.w.valid, 0)
+
+    async def reader(ctx):
+        for _ in range(sum(keep)):
+            got.append(await packet_get(ctx, dut.r, 8, backpressure=bp, rng=rng))
+
+    run(dut, writer, reader)
+    assert got == [p for p, k in zip(pkts, keep) if k]
+
+
+@pytest.mark.parametrize("registered_ready", [False, True])
+def test_packet_fifo_hides_uncommitted_and_fills(registered_ready):
+    """Nothing uncommitted is visible; ready falls exactly at depth; discard frees the space
+    (with ``registered_ready`` one cycle later)."""
+    dut = PacketFifo(8, 16, registered_ready=registered_ready)
+
+    async def bench(ctx):
+        ctx.set(dut.r.ready, 0)
+        ctx.set(dut.w.valid, 1)
+        written = 0
+        for i in range(20):
+            ctx.set(dut.w.payload, {"data": i, "keep": 1, "last": 0})
+            ready = ctx.get(dut.w.ready)
+            await ctx.tick()
+            written += ready
+            assert not ctx.get(dut.r.valid)
+        assert written == 16 and not ctx.get(dut.w.ready)
+        ctx.set(dut.w.valid, 0)
+        ctx.set(dut.w_discard, 1)
+        await ctx.tick()
+        ctx.set(dut.w_discard, 0)
+        if registered_ready:
+            assert not ctx.get(dut.w.ready)         # the flop still holds "full"
+            await ctx.tick()
+        assert ctx.get(dut.w.ready)
+        await packet_put(ctx, dut.w, b"\xaa\xbb", 8)
+        await ctx.tick().repeat(3)
+        assert not ctx.get(dut.r.valid)            # written, not committed
+        ctx.set(dut.w_commit, 1)
+        await ctx.tick()
+        ctx.set(dut.w_commit, 0)
+        assert await packet_get(ctx, dut.r, 8) == b"\xaa\xbb"
+
+    run(dut, bench)
+
+
+# ---------------------------------------------------------------------------------------------
+# GMII transmitter
+# ---------------------------------------------------------------------------------------------
+
+def test_gmii_tx_wire_format():
+    """Octets on the wire match the model; IFG >= 12; tx_er never set; counters."""
+    rng = random.Random(3)
+    dut = GmiiTx()
+    pkts = [rng.randbytes(n) for n in (1, 14, 59, 60, 61, 100)]
+    frames, gaps, cur, gap = [], [], bytearray(), None
+
+    async def producer(ctx):
+        for p in pkts:
+            await packet_put(ctx, dut.i, p, 8)
+
+    async def monitor(ctx):
+        nonlocal cur, gap
+        async for _ in ctx.tick():
+            assert not ctx.get(dut.tx_er)
+            if ctx.get(dut.tx_en):
+                if gap is not None and not cur:
+                    gaps.append(gap)
+                cur.append(ctx.get(dut.txd))
+                gap = None
+            else:
+                if cur:
+                    frames.append(bytes(cur))
+                    cur = bytearray()
+                    gap = 0
+                if gap is not None:
+                    gap += 1
+
+    async def waiter(ctx):
+        while len(frames) < len(pkts):
+            await ctx.tick()
+        assert ctx.get(dut.frames) == len(pkts)
+        assert ctx.get(dut.underruns) == 0
+
+    run(dut, producer, waiter, background=[monitor])
+    assert frames == [wire_frame(p) for p in pkts]
+    assert min(gaps) == 12   # back to back frames: exactly the minimum gap
+
+
+def test_gmii_tx_underrun_sets_tx_er():
+    dut = GmiiTx()
+    seen = {"er": 0}
+
+    async def producer(ctx):
+        beats = packet_to_beats(bytes(range(80)), 8)
+        await stream_put(ctx, dut.i, beats[:30])
+        await ctx.tick().repeat(5)              # input dry mid-frame
+        await stream_put(ctx, dut.i, beats[30:])
+        await ctx.tick().repeat(30)
+        assert ctx.get(dut.underruns) == 1 and ctx.get(dut.frames) == 1
+
+    async def monitor(ctx):
+        async for _ in ctx.tick():
+            seen["er"] += ctx.get(dut.tx_er)
+
+    run(dut, producer, background=[monitor])
+    assert seen["er"] >= 5
+
+
+# ---------------------------------------------------------------------------------------------
+# GMII receiver
+# ---------------------------------------------------------------------------------------------
+
+async def drive_gmii(ctx, dut, octets, *, er_at=None, ifg=12):
+    for i, o in enumerate(octets):
+        ctx.set(dut.rxd, o)
+        ctx.set(dut.rx_dv, 1)
+        ctx.set(dut.rx_er, int(er_at == i))
+        await ctx.tick()
+    ctx.set(dut.rx_dv, 0)
+    ctx.set(dut.rx_er, 0)
+    ctx.set(dut.rxd, 0)
+    await ctx.tick().repeat(ifg)
+
+
+def test_gmii_rx_good_and_bad_frames():
+    rng = random.Random(5)
+    dut = GmiiRx(depth=256)
+    good = [rng.randbytes(n) for n in (60, 61, 64, 100)]
+    got = []
+
+    def bad_fcs(p):
+        f = bytearray(wire_frame(p))
+        f[8 + rng.randrange(len(f) - 8)] ^= 1 << rng.randrange(8)   # after preamble/SFD
+        return bytes(f)
+
+    def runt(n):
+        # A well-formed frame (good FCS) that is too short: n data octets + FCS < 64.
+        body = rng.randbytes(n)
+        return bytes([0x55] * 7 + [0xD5]) + body + zlib.crc32(body).to_bytes(4, "little")
+
+    async def bench(ctx):
+        await drive_gmii(ctx, dut, wire_frame(good[0]))
+        await drive_gmii(ctx, dut, bad_fcs(good[1]))                  # fcs error
+        await drive_gmii(ctx, dut, wire_frame(good[1]))
+        await drive_gmii(ctx, dut, runt(59))                          # runt (63 octets)
+        await drive_gmii(ctx, dut, runt(3))                           # runt (7 octets)
+        await drive_gmii(ctx, dut, wire_frame(good[2]), er_at=30)     # rx_er
+        await drive_gmii(ctx, dut, wire_frame(good[2])[6:])           # short preamble: ok
+        await drive_gmii(ctx, dut, bytes([0x55] * 3 + [0x12] + [0] * 70))   # no SFD: ignored
+        await drive_gmii(ctx, dut, wire_frame(good[3]), ifg=1)        # minimal gap still ok
+        await drive_gmii(ctx, dut, wire_frame(good[3])[7:])           # SFD only: ok
+        await ctx.tick().repeat(5)
+        assert ctx.get(dut.frames_ok) == 5
+        assert ctx.get(dut.fcs_errors) == 1
+        assert ctx.get(dut.runts) == 2
+        assert ctx.get(dut.rx_errors) == 1
+        assert ctx.get(dut.overflows) == 0
+
+    async def consumer(ctx):
+        for _ in range(5):
+            got.append(await packet_get(ctx, dut.o, 8))
+
+    run(dut, bench, consumer)
+    assert got == [good[0], good[1], good[2], good[3], good[3]]
+
+
+def test_gmii_rx_overflow_drops_whole_frames():
+    """A stalled reader: frames that do not fit are dropped and counted, the rest kept intact."""
+    rng = random.Random(9)
+    dut = GmiiRx(depth=256)
+    pkts = [rng.randbytes(100) for _ in range(4)]
+    got = []
+
+    async def bench(ctx):
+        for p in pkts:
+            await drive_gmii(ctx, dut, wire_frame(p))
+        await drive_gmii(ctx, dut, wire_frame(rng.randbytes(300)))   # longer than the buffer
+        # 256 octets hold two 100-octet frames; the 3rd and 4th did not fit.
+        assert ctx.get(dut.frames_ok) == 2 and ctx.get(dut.overflows) == 3
+        for _ in range(2):
+            got.append(await packet_get(ctx, dut.o, 8))
+        await drive_gmii(ctx, dut, wire_frame(pkts[3]))
+        got.append(await packet_get(ctx, dut.o, 8))
+        assert ctx.get(dut.frames_ok) == 3
+
+    run(dut, bench)
+    assert got == [pkts[0], pkts[1], pkts[3]]
+
+
+# ---------------------------------------------------------------------------------------------
+# TX -> RX loop, and the whole MAC at several widths
+# ---------------------------------------------------------------------------------------------
+
+class _Loop(Elaboratable):
+    def __init__(self, width):
+        self.mac = GmiiMac(width, rx_depth=512, tx_depth=512)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mac = mac = self.mac
+        m.d.comb += [mac.rxd.eq(mac.txd), mac.rx_dv.eq(mac.tx_en), mac.rx_er.eq(mac.tx_er)]
+        return m
+
+
+def test_gmii_tx_rx_loop():
+    rng = random.Random(13)
+    tx, rx = GmiiTx(), GmiiRx(depth=512)
+    m = Module()
+    m.submodules.tx, m.submodules.rx = tx, rx
+    m.d.comb += [rx.rxd.eq(tx.txd), rx.rx_dv.eq(tx.tx_en), rx.rx_er.eq(tx.tx_er)]
+    pkts = random_packets(rng, 8, 1, 120)
+    got = []
+
+    async def producer(ctx):
+        for p in pkts:
+            await packet_put(ctx, tx.i, p, 8)
+
+    async def consumer(ctx):
+        for _ in pkts:
+            got.append(await packet_get(ctx, rx.o, 8))
+        assert ctx.get(rx.frames_ok) == len(pkts)
+
+    run(m, producer, consumer)
+    assert got == [p + bytes(max(0, 60 - len(p))) for p in pkts]
+
+
+@pytest.mark.parametrize("width", [8, 16, 64])
+def test_gmii_mac_loop(width):
+    rng = random.Random(width)
+    top = _Loop(width)
+    mac = top.mac
+    pkts = random_packets(rng, 6, 1, 130)
+    got = []
+
+    async def producer(ctx):
+        for p in pkts:
+            await packet_put(ctx, mac.tx, p, width, idle=0.3, rng=rng)
+
+    async def consumer(ctx):
+        for _ in pkts:
+            got.append(await packet_get(ctx, mac.rx, width, backpressure=0.3, rng=rng))
+        assert ctx.get(mac.rx_frames_ok) == len(pkts)
+        assert ctx.get(mac.tx_underruns) == 0
+
+    run(top, producer, consumer)
+    assert got == [p + bytes(max(0, 60 - len(p))) for p in pkts]
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_rejects_bad_parameters():
+    with pytest.raises(ValueError):
+        PacketFifo(8, 1)
+    with pytest.raises(ValueError):
+        PacketFifo(8, 16, registered_ready=True, drop_oversize=True)
+    with pytest.raises(ValueError):
+        StreamUpsizer(16, 24)
+    with pytest.raises(ValueError):
+        GmiiMac(12)
+    mac = GmiiMac(32)
+    assert mac.signature.members["rx"].signature.members["payload"].shape.size == 32 + 4 + 1
+    Fragment.get(mac, None)         # elaborates at a width the other tests do not use

@@ -1,0 +1,144 @@
+# Ref: a quick bench checked against independent arithmetic; issue 7 item 1
+#      (theoretical goodput 1024 / (1024 + 82) at MTU 1024); roce-layouts.md §1-§3 (framing);
+#      tools/bench.py; scapy (frames built independently of hw/headers.py); roce/rc.py (frames the
+#      RC endpoint really sends).
+"""``make bench`` figures: wire arithmetic against scapy and the RC endpoint's own frames, and a
+quick bench on the Verilated target as the ECPIX-5 builds it (two clocks, width 64; 64 and 4096
+octets, MTU 1024) whose figures must be physically possible and whose data must arrive."""
+
+import pytest
+
+from tools import bench
+from tools.bench import (IFG, MIN_FRAME, PACKET_OVERHEAD, PREAMBLE_SFD, FCS, REQUEST, frame_wire,
+                       op_plan, theory_goodput)
+from sim.scapy_roce import roce_frame
+
+
+def wire(frame):
+    """Octet times of a frame on the wire: preamble + (padded) frame + FCS + IFG."""
+    return 8 + max(len(frame), 60) + 4 + 12
+
+
+def test_overhead_is_the_issue_figure():
+    # issue 7: "1024 / (1024 + 82) at MTU 1024"; scapy's WRITE Middle of 1024 octets agrees.
+    assert PACKET_OVERHEAD == 82
+    assert theory_goodput(1024, 1024) == pytest.approx(1024 / 1106)
+    assert wire(bytes(roce_frame(0x07, bytes(1024)))) - 1024 == PACKET_OVERHEAD
+    assert (PREAMBLE_SFD, FCS, IFG, MIN_FRAME) == (8, 4, 12, 60)
+
+
+@pytest.mark.parametrize("opcode,ext", [(0x07, 0), (0x06, 16), (0x0D, 4), (0x11, 4),
+                                        (0x04, 0), (0x0C, 16)])
+@pytest.mark.parametrize("payload", [0, 1, 7, 40, 64, 1024, 4096])
+def test_frame_wire_against_scapy(opcode, ext, payload):
+    if opcode in (0x11, 0x0C) and payload:
+        return                      # ACK and READ request carry no payload
+    assert frame_wire(payload, ext) == wire(bytes(roce_frame(opcode, bytes(payload))))
+
+
+def test_theory_by_brute_force():
+    # per packet payload / (payload + 82), summed packet by packet
+    for mtu in (1024, 4096):
+        for n in (64, 1000, 1024, 1025, 4096, 65536, 1 << 20):
+            left, pay, tot = n, 0, 0
+            while True:
+                p = min(left, mtu)
+                pay, tot, left = pay + p, tot + p + 82, left - p
+                if left <= 0:
+                    break
+            assert theory_goodput(n, mtu) == pytest.approx(pay / tot)
+            assert theory_goodput(n, mtu) < 1
+
+
+@pytest.mark.parametrize("mtu", [1024, 4096])
+@pytest.mark.parametrize("length", [64, 1000, 4096, 10000])
+def test_data_frames_against_rc_endpoint(mtu, length):
+    """The WRITE and READ response frames of op_plan are the ones an RC endpoint sends."""
+    from roce.rc import RoceEndpoint
+    a = RoceEndpoint("02:00:00:00:00:01", "10.0.0.1", min_frame=60)
+    b = RoceEndpoint("02:00:00:00:00:02", "10.0.0.2", min_frame=60)
+    qa = a.create_qp(qpn=0x10, dest_qpn=0x20, remote_ip="10.0.0.2",
+                     remote_mac="02:00:00:00:00:02", pmtu=mtu)
+    b.create_qp(qpn=0x20, dest_qpn=0x10, remote_ip="10.0.0.1",
+                remote_mac="02:00:00:00:00:01", pmtu=mtu)
+    b.register(bytearray(length), base_va=0x1000, rkey=0x77)
+    qa.write(0x1000, 0x77, bytes(length))
+    writes = a.poll_tx()
+    assert [wire(f) for f in writes] == op_plan("LOAD", length, mtu)["to_peer"][1:-1]
+    for f in writes:
+        b.receive_frame(f, 0)
+    b.poll_tx()
+    qa.read(0x1000, 0x77, length)
+    (req,) = a.poll_tx()
+    plan = op_plan("STORE_READ", length, mtu)
+    assert wire(req) == plan["to_peer"][1]
+    b.receive_frame(req, 1)
+    resp = b.poll_tx()
+    assert [wire(f) for f in resp] == plan["to_target"][1:-1]
+    # inline: the SEND packets of request + data
+    qa.send(bytes(REQUEST + length))
+    sends = a.poll_tx()
+    assert [wire(f) for f in sends] == op_plan("STORE_INLINE", length, mtu)["to_target"][:-1]
+
+
+@pytest.fixture(scope="module")
+def quick():
+    out = {}
+    for size in (64, 4096):
+        out[size] = bench.run_size("ecpix5", size, quick=True, mtus=(1024,),
+                                   log=lambda s: None)
+    out["latency"] = bench.run_latency("ecpix5", log=lambda s: None)
+    return out
+
+
+def test_quick_goodput_is_possible(quick):
+    seen = set()
+    for size in (64, 4096):
+        r = quick[size]
+        assert not r["failed"], r["failed"]
+        for s in r["series"]:
+            seen.add(s["op"])
+            assert s["size"] == size and s["mtu"] == 1024
+            # nothing moves faster than the wire: payload + 82 per packet at one octet/cycle
+            assert 0 < s["frac_theory"] <= 1.0, s
+            assert s["cycles_per_op"] >= size + 82 * -(-size // 1024), s
+            assert s["goodput_octets_per_cycle"] == pytest.approx(size / s["cycles_per_op"],
+                                                                  rel=1e-3)
+            # bytes moved on the wire == bytes asked (content checked inside the bench)
+            assert s["bytes_moved"] == s["bytes_asked"] == size * s["n_ops"], s
+            assert 0 <= s["wire_util_to_target"] <= 1 and 0 <= s["wire_util_to_peer"] <= 1
+            # the peer is never the bottleneck
+            assert s["min_outstanding"] >= 1, s
+            assert s["peer_burst_gap_max"] == 0, s
+        assert r["retransmits"] == [{"mtu": 1024, "target": 0, "peer": 0}]
+    assert seen == {"LOAD", "STORE_READ", "STORE_INLINE", "ALLOC_STORE_INLINE"}
+
+
+def test_quick_latency(quick):
+    lat = quick["latency"]["latency"]
+    assert set(lat) == {"LOAD", "STORE_INLINE", "STORE_READ", "ALLOC_STORE_INLINE"}
+    for op, d in lat.items():
+        assert len(d["alone"]) == 4 and len(d["contention"]) == 16
+        for x in d["alone"] + d["contention"]:
+            assert x["from_last"] > 0
+        for x in d["alone"]:
+            assert x["engine_notify_to_wr"] > 0
+            # first -> last octet of the request frame on rxd: preamble + frame + FCS - 1
+            plen = REQUEST + (64 if op in ("STORE_INLINE", "ALLOC_STORE_INLINE") else 0)
+            assert x["from_first"] - x["from_last"] == frame_wire(plen) - IFG - 1
+            # the engine's part (core cycles, 6 GMII cycles each) is inside the whole
+            assert 6 * x["engine_notify_to_wr"] < x["from_last"]
+    assert quick["latency"]["arp_turnaround"] > 0
+    assert quick["latency"]["retransmits"] == {"target": 0, "peer": 0}
+    # nanoseconds at the board's clocks: GMII cycles of 8 ns, core cycles of 48 ns
+    summ = bench._latency_summary(lat, bench.clocks_of("ecpix5"))
+    for op, d in summ.items():
+        assert d["ns"]["alone_from_last_median"] == d["alone_from_last"]["median"] * 8
+        assert d["ns"]["engine_notify_to_wr_median"] == pytest.approx(
+            d["engine_notify_to_wr"]["median"] * 48, abs=0.1)
+
+
+def test_table_names_each_configuration():
+    assert bench.CONFIGS[0] == "ecpix5"
+    assert [bench.label(c) for c in bench.CONFIGS] == ["ecpix5", "unit-w8", "unit-w64"]
+    assert bench.clocks_of("ecpix5")["core_hz"] == pytest.approx(125e6 / 6)

@@ -1,0 +1,1067 @@
+# Ref: issue 7 item 1 (make bench); draft KBTP §Operations,
+#      §Completion, §Target Execution Model; roce-layouts.md §1 (framing: preamble, FCS, IFG,
+#      ICRC), §2-§3 (BTH, extended headers per opcode); hw/headers.py (every header size);
+#      sim/vltarget.py (the Verilated target, cycle-exact GMII); hw/kbtp/engine.py (register
+#      map: LAST_LATENCY); boards/ (build/<board>/report.json).
+"""``make bench``: cycle-exact goodput, operation rate, latency and resources of the target.
+
+Everything is counted in simulated clock cycles of the Verilated target
+(:class:`sim.vltarget.VlTarget`), never in wall time. Configurations (``--configs``):
+
+``ecpix5`` (the default, first)
+    The core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`): GMII MAC at
+    125 MHz, the target at width 64 in its 20.83 MHz core clock, 128 KiB of block RAM.
+``8``, ``64``
+    The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
+    *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
+
+The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles are GMII
+cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
+close to the wire arithmetic is *wire-bound*. Latencies are also given in nanoseconds at the
+board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (48 ns each on the
+ECPIX-5). The block sizes a configuration's memory cannot hold are listed as not run.
+
+Figures
+-------
+goodput
+    LOAD, STORE (inline and by RDMA READ) and ALLOC_STORE (inline up to Max Inline, by READ
+    above) against block size, at RoCE path MTU 1024 and 4096 (one fresh target per MTU; a
+    series that cannot complete is recorded under ``failed`` with the MAC's counters, and that
+    MTU is not run at larger sizes; KbtpTarget's MAC buffers are 8192 octets, enough for a
+    frame of path MTU 4096). One initiator keeps
+    :data:`DEPTH` requests outstanding; the time per operation is the distance between the
+    first octets of successive COMPLETION frames in steady state (the first operation is
+    warm-up). Reported as a fraction of the theoretical RoCEv2 goodput of the link
+    (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
+    PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
+    operation's own wire bound (:func:`op_plan`: every request, data, completion and ACK
+    frame the operation needs, on its busier direction).
+op rate
+    Operations per second at 64 octets against the frame-rate limit (the op wire bound).
+latency
+    Cycles from the request's last octet on the GMII input (``VlTarget.rx_log``) to the first
+    octet of the first response frame on the output (``TxFrame.start``; the data WRITE of a
+    LOAD, the RDMA READ request of a STORE by READ, the COMPLETION Send of an inline store;
+    transport ACKs are not responses), and from the request's first octet; alone and with
+    four QPs sending at once. Split into stages by the ARP turnaround (MAC + IP layers), the
+    transport ACK of the request (adds ICRC check, parser, responder, TX builder and ICRC
+    insertion) and the engine's LAST_LATENCY register (RecvNotify to WorkRequest).
+resources
+    ``build/<board>/report.json`` of ``python -m boards build`` if present ("not built"
+    otherwise); this module never runs place and route.
+
+The peer is :class:`roce.rc.RoceEndpoint` (the KBTP initiator side written here from
+host.codec messages, as tests/sim/cocotb_system.py does) and the target is configured by
+:class:`host.driver.KbtpDriver` over the host bus. The peer is never the bottleneck: it reacts
+to every frame the moment the frame's last octet has left the target (``run(until_tx=True)``;
+the largest reaction delay is reported as ``peer_turnaround_max``), its frames go onto the
+wire back to back (the gaps between the frames of one peer burst are reported, they equal the
+12-octet IFG), and it keeps :data:`DEPTH` requests outstanding, so the target always has the
+next request in its receive buffers (``min_outstanding`` >= 1 is checked for every series).
+
+CLI: ``python -m tools.bench [--configs ecpix5,8,64] [--quick] [--out build/bench]`` writes
+``bench.json``, ``bench.csv`` and ``goodput_<config>.png`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from hw.headers import (AETH, BTH, RETH, EthernetHeader, IPv4Header, UDPHeader, BthOpcode,
+                        CommonHeader, DataDescriptor, CompletionBody, ReqFlags, Status)
+from sim.system import run_sync
+
+__all__ = [
+    "PREAMBLE_SFD", "FCS", "IFG", "ICRC", "MIN_FRAME", "ROCE_HEADERS", "PACKET_OVERHEAD",
+    "CLOCK_HZ", "DEPTH", "frame_wire", "theory_goodput", "op_plan", "OPS", "Bench",
+    "run_bench", "resources", "write_results", "plot", "format_table", "main",
+]
+
+# --------------------------------------------------------------------------------------------
+# Wire arithmetic (independent of the gateware: Ethernet/RoCEv2 framing rules and header sizes)
+# --------------------------------------------------------------------------------------------
+
+PREAMBLE_SFD = 8        # 7 x 0x55 + 0xD5 (IEEE 802.3 §3.2.1)
+FCS = 4                 # CRC-32 frame check sequence
+IFG = 12                # minimum inter-frame gap, octet times
+ICRC = 4                # RoCEv2 invariant CRC after the payload (roce-layouts.md §1)
+MIN_FRAME = 60          # shortest frame without FCS (shorter ones are padded)
+#: Ethernet + IPv4 + UDP + BTH, from the one headers module.
+ROCE_HEADERS = EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
+#: Wire octets of one RoCEv2 packet besides its payload (no extended header): 82.
+PACKET_OVERHEAD = PREAMBLE_SFD + ROCE_HEADERS + ICRC + FCS + IFG
+CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
+#: Requests one initiator keeps outstanding in the goodput series (receive buffers: 4 per QP;
+#: one is in the engine's hands until its completion's WorkCompletion, so 3 never get RNR).
+DEPTH = 3
+#: KBTP request sizes (header + Data Descriptor; no Completion Descriptor: RECORD is not used).
+REQUEST = CommonHeader.SIZE + DataDescriptor.SIZE                 # 40
+COMPLETION = CommonHeader.SIZE + CompletionBody.SIZE              # 40
+
+
+def frame_wire(payload, ext=0):
+    """Wire octets (preamble to the end of the IFG) of one RoCEv2 packet with ``payload``
+    octets after ``ext`` octets of extended headers (payload padded to 4 octets, frame to
+    MIN_FRAME)."""
+    payload += -payload % 4
+    frame = max(ROCE_HEADERS + ext + payload + ICRC, MIN_FRAME)
+    return PREAMBLE_SFD + frame + FCS + IFG
+
+
+def theory_goodput(length, mtu):
+    """Theoretical RoCEv2 goodput of the link for a ``length``-octet transfer at path MTU
+    ``mtu``: payload / (payload + PACKET_OVERHEAD per packet), as a fraction of line rate."""
+    packets = max(1, -(-length // mtu))
+    return length / (length + PACKET_OVERHEAD * packets)
+
+
+def _chunks(length, mtu):
+    n = max(1, -(-length // mtu))
+    return [min(mtu, length - k * mtu) for k in range(n)]
+
+
+def _read_responses(length, mtu):
+    """READ response packets: AETH on Only / First / Last, none on Middle."""
+    ch = _chunks(length, mtu)
+    return [frame_wire(c, 0 if 0 < k < len(ch) - 1 else AETH.SIZE) for k, c in enumerate(ch)]
+
+
+def _writes(length, mtu):
+    """RDMA WRITE packets: RETH on First / Only."""
+    return [frame_wire(c, RETH.SIZE if k == 0 else 0) for k, c in enumerate(_chunks(length, mtu))]
+
+
+#: Operations of the goodput series: name -> (KBTP opcode name, data by RDMA READ?).
+OPS = {
+    "LOAD": ("LOAD", False),
+    "STORE_INLINE": ("STORE", False),
+    "STORE_READ": ("STORE", True),
+    "ALLOC_STORE_INLINE": ("ALLOC_STORE", False),
+    "ALLOC_STORE_READ": ("ALLOC_STORE", True),
+}
+
+
+def op_plan(op, length, mtu):
+    """The frames one operation needs on each direction, in wire octets.
+
+    Every operation: the request (a SEND of the KBTP request, inline data included), the
+    target's ACK of it, the COMPLETION Send and the initiator's ACK of that (the engine's
+    WorkCompletion needs it). Plus the data: RDMA WRITE packets to the initiator (LOAD), or an
+    RDMA READ request and its response packets (by READ). One ACK per direction and operation
+    (coalesced ACKs: the minimum RC allows for one acknowledged message each way).
+
+    Returns
+    -------
+    dict
+        ``to_target`` / ``to_peer``: lists of wire octets per frame; ``bound``: octets on the
+        busier direction = cycles per operation at line rate; ``frames``: total frames.
+    """
+    kind, by_read = OPS[op]
+    ack = frame_wire(0, AETH.SIZE)
+    inline = not by_read and kind != "LOAD"
+    req = [frame_wire(c) for c in _chunks(REQUEST + (length if inline else 0), mtu)]
+    to_target, to_peer = list(req), [ack]
+    if kind == "LOAD":
+        to_peer += _writes(length, mtu)
+    elif by_read:
+        to_peer.append(frame_wire(0, RETH.SIZE))
+        to_target += _read_responses(length, mtu)
+    to_peer.append(frame_wire(COMPLETION))
+    to_target.append(ack)
+    bound = max(sum(to_target), sum(to_peer))
+    return {"to_target": to_target, "to_peer": to_peer, "bound": bound,
+            "frames": len(to_target) + len(to_peer)}
+
+
+# --------------------------------------------------------------------------------------------
+# The bench: Verilated target + driver + RoceEndpoint initiators
+# --------------------------------------------------------------------------------------------
+
+T_MAC, T_IP = "02:4b:42:54:50:01", "10.0.0.2"
+P_MAC, P_IP = "02:00:00:00:00:02", "10.0.0.1"
+T_QPN0, P_QPN0 = 0x11, 0x20
+PMTU_CODE = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+PEER_VA = 0x1000_0000
+
+
+class Bench:
+    """One Verilated target with the driver and ``n_init`` initiators (one QP each).
+
+    Parameters
+    ----------
+    vt : VlTarget
+        A fresh target (just reset).
+    block_size : int
+        Block Size of the target configuration; the pool takes what memory is left.
+    mtus : list of int
+        Path MTU of QP q is ``mtus[q % len(mtus)]``.
+    n_init : int
+        Initiators (QPs, sessions).
+    max_inline : int
+        Max Inline of the configuration.
+    """
+
+    def __init__(self, vt, block_size, *, mtus=(1024, 4096), n_init=4, max_inline=16384,
+                 n_qp=None, max_blocks=96, seed=1):
+        from host.driver import KbtpDriver, memory_plan
+        from host.port import TargetPort
+        from model.target import TargetConfig
+        from roce.rc import RoceEndpoint
+        self.vt = vt
+        self.rng = random.Random(seed)
+        p = vt.params
+        # The driver sets up the QPs the bench uses (their receive buffers take memory).
+        n_qp = n_qp or n_init
+        n_mr = p["n_mr"]
+        self.block_size, self.n_init = block_size, n_init
+        mem = p["mem_words"] * 8
+        # Max Inline: at most ``max_inline``, less where the target's memory is small (each
+        # QP's receive buffers hold the longest request): the largest that leaves room for
+        # two blocks.
+        while True:
+            base = dict(block_size=block_size, num_handles=256, handles_per_initiator=64,
+                        table_base_handle=0x4000, pool_to_base=0x150000,
+                        max_inline=max_inline, ticket_timeout_ms=100_000, retention_ms=1e9)
+            probe = TargetConfig(num_blocks=1, **base)
+            # the probe's plan holds one block: what is left besides it goes to the pool
+            spare = mem - (memory_plan(probe, n_qp)["end"] - block_size) - 8192
+            if spare >= 2 * block_size or max_inline <= 256:
+                break
+            max_inline //= 2
+        if spare < block_size:
+            raise MemoryError(f"{block_size}-octet blocks do not fit the target's "
+                              f"{mem // 1024} KiB")
+        self.max_inline = max_inline
+        nb = max(1, min(max_blocks, spare // block_size))
+        # every initiator may use the whole pool (the bench frees between series)
+        self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, overcommit_quotas=True,
+                                **base)
+        self.num_blocks = nb
+        self.port = TargetPort(self.vt.port_access(self.net_step))
+        self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr)
+        self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=MIN_FRAME)
+        self.mtus = [mtus[q % len(mtus)] for q in range(n_init)]
+        self.tx = []            # every TxFrame out of the target, in order
+        self.sent = []          # every frame given to vt.send, in order (index = rx_log index)
+        self.sent_at = []       # the cycle at which each was queued
+        self.events = {q: [] for q in range(n_init)}     # (cycle, payload) of peer messages
+        self.turnaround = 0     # largest (cycle the peer reacted - last octet of the frame)
+        self._frame = None
+        self.qps, self.bufs, self.sess = [], [], {}
+        for q in range(n_init):
+            self.qps.append(self.ep.create_qp(
+                qpn=P_QPN0 + q, dest_qpn=T_QPN0 + q, remote_ip=T_IP, remote_mac=T_MAC,
+                pmtu=self.mtus[q], timeout=18, sq_psn=0x100 * q + 7, epsn=0x1000 + q,
+                on_message=self._on_message(q)))
+            # one buffer slot per outstanding request (DEPTH), so every READ and WRITE of a
+            # request touches its own octets
+            buf = bytearray(block_size * DEPTH)
+            self.ep.register(buf, base_va=PEER_VA, rkey=0x5000 + q)
+            self.bufs.append(buf)
+        self.rid = 0
+        self.loaded_expect = None   # what a LOAD of the bench handle must return
+        self.current_op = None
+
+    # ---- network --------------------------------------------------------------------------
+    def _on_message(self, q):
+        def cb(qp, data, imm=None, invalidated_rkey=None):
+            self.events[q].append((self._frame.start if self._frame else self.vt.cycle,
+                                   bytes(data)))
+        return cb
+
+    def _deliver(self, frames):
+        for f in frames:
+            assert f.fcs_ok, f"bad FCS from the target at cycle {f.start}"
+            self.tx.append(f)
+            self._frame = f
+            self.ep.receive_frame(f.frame, f.end / (CLOCK_HZ / 1e6))
+            self._frame = None
+        self.ep.tick(self.vt.cycle / (CLOCK_HZ / 1e6))
+        for g in self.ep.poll_tx():
+            self.send(g)
+
+    def send(self, frame):
+        self.sent.append(bytes(frame))
+        self.sent_at.append(self.vt.cycle)
+        self.vt.send(frame)
+
+    def net_step(self):
+        """After a host access: hand what the target sent meanwhile to the peer, queue the
+        peer's answers (no cycle passes here; the next access or run moves them)."""
+        self._deliver(self.vt.run(0))
+
+    def pump(self, cond, max_cycles=20_000_000, what="condition"):
+        """Run until ``cond()``, handing every target frame to the peer as its last octet
+        leaves the target."""
+        end = self.vt.cycle + max_cycles
+        while not cond():
+            if self.vt.cycle >= end:
+                raise TimeoutError(f"bench: {what} not reached in {max_cycles} cycles "
+                                   f"(peer {self.ep.counters})")
+            frames = self.vt.run(min(200_000, end - self.vt.cycle), until_tx=True)
+            if frames:
+                # the peer answers at this cycle: how long after the frame's last octet
+                self.turnaround = max(self.turnaround, self.vt.cycle - frames[-1].end)
+            self._deliver(frames)
+        return self.vt.cycle
+
+    # ---- bring-up -------------------------------------------------------------------------
+    def bring_up(self):
+        from host import codec
+        run_sync(self.port.set_own(T_MAC, T_IP))
+        run_sync(self.driver.init())
+        for q in range(self.n_init):
+            run_sync(self.driver.open_qp(
+                q, local_qpn=T_QPN0 + q, remote_qpn=P_QPN0 + q, peer_mac=P_MAC, peer_ip=P_IP,
+                udp_sport=0xC100 + q, pmtu=PMTU_CODE[self.mtus[q]], rq_psn=0x100 * q + 7,
+                sq_psn=0x1000 + q, timeout=20, retry_cnt=7, rnr_retry=7))
+        for q in range(self.n_init):
+            self.qps[q].send(codec.encode(codec.Hello(completion_credits=16,
+                                                      initiator_id=0x1000 + q)))
+            self.slow_until(lambda: self.events[q], f"HELLO_ACK {q}")
+            ack = codec.decode(self.events[q].pop()[1])
+            assert ack.status == Status.OK.value, ack
+            self.sess[q] = ack
+
+    def slow_until(self, cond, what):
+        """Pump the network and let the driver serve the slow path until ``cond()``."""
+        end = self.vt.cycle + 5_000_000
+        while not cond():
+            if self.vt.cycle >= end:
+                raise TimeoutError(f"bench: {what} (slow path) timed out")
+            self._deliver(self.vt.run(256, until_tx=True))
+            run_sync(self.driver.poll(self.vt.cycle * 1e3 / CLOCK_HZ))
+
+    def engine_reg(self, name):
+        from hw.iface import Space
+        from hw.iface import REG_KBTP
+        from hw.kbtp.engine import reg
+        r, err = self.vt.access(Space.REG, REG_KBTP + reg[name], 0, 0)
+        assert not err, name
+        return r
+
+    # ---- requests -------------------------------------------------------------------------
+    def request(self, q, op, handle, length, data=None, slot=0):
+        """Encode one KBTP request of initiator ``q`` (``op`` a key of :data:`OPS`); its
+        initiator buffer is slot ``slot`` of the QP's registered region."""
+        from host import codec
+        kind, by_read = OPS[op]
+        self.rid += 1
+        off = slot * self.block_size
+        if kind == "LOAD":
+            self.bufs[q][off:off + length] = bytes(length)
+            return codec.encode(codec.Load(
+                request_id=self.rid, handle=handle, flags=ReqFlags.ALLOW_UNSEALED.value,
+                data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)))
+        cls = codec.Store if kind == "STORE" else codec.AllocStore
+        if by_read:
+            self.bufs[q][off:off + length] = data
+            return codec.encode(cls(request_id=self.rid, handle=handle,
+                                    data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)))
+        return codec.encode(cls(request_id=self.rid, handle=handle,
+                                flags=ReqFlags.INLINE.value,
+                                data=codec.DataDesc(0, 0, length), inline=data))
+
+    def completion(self, q, k):
+        from host import codec
+        msg = codec.decode(self.events[q][k][1])
+        assert msg.status == Status.OK.value, f"initiator {q}: {msg}"
+        return msg
+
+    def block_of(self, handle):
+        """(Data Length, target memory address of the block) of a bound handle."""
+        from host import codec
+        raw = self.vt.mem_read(self.driver.entry_addr(handle), 16)
+        e = codec.decode_entry(raw)
+        assert e.flags & 1, f"handle {handle:#x} not bound: {e}"
+        return e.data_length, self.driver.block_addr(e.block_offset)
+
+    def free(self, q, handles):
+        """FREE ``handles`` of initiator ``q`` through the slow path (not measured)."""
+        from host import codec
+        for i in range(0, len(handles), DEPTH):      # no more than the receive buffers
+            batch = handles[i:i + DEPTH]
+            n0 = len(self.events[q])
+            for h in batch:
+                self.rid += 1
+                self.qps[q].send(codec.encode(codec.Free(request_id=self.rid, handle=h)))
+            self.slow_until(lambda: len(self.events[q]) >= n0 + len(batch), "FREE")
+            for k in range(n0, n0 + len(batch)):
+                self.completion(q, k)
+
+    # ---- goodput series -------------------------------------------------------------------
+    def series(self, q, op, length, n_ops, handles):
+        """``n_ops`` operations of initiator ``q``, :data:`DEPTH` outstanding; returns the
+        figures of the steady state (completions 0 .. n_ops-1, the first is warm-up)."""
+        kind, by_read = OPS[op]
+        mtu = self.mtus[q]
+        qpn = P_QPN0 + q
+        datas = [self.rng.randbytes(length) for _ in range(n_ops)]
+        ev0, tx0, sent0 = len(self.events[q]), len(self.tx), len(self.sent)
+        self.turnaround = 0
+        done = lambda: len(self.events[q]) - ev0
+        bound = op_plan(op, length, mtu)["bound"]
+        min_out = DEPTH
+        k = 0
+        start = self.vt.cycle
+        while done() < n_ops:
+            while k < n_ops and k - done() < DEPTH:
+                h = handles[k] if kind == "ALLOC_STORE" else handles[0]
+                raw = self.request(q, op, h, length, datas[k], slot=k % DEPTH)
+                self.qps[q].send(raw)
+                self._deliver([])         # puts the SEND on the wire now
+                k += 1
+            before = done()
+            self.pump(lambda: done() > before, max_cycles=4 * bound + 200_000,
+                      what=f"{op} {length} completion {before}")
+            if 0 < done() < n_ops:
+                min_out = min(min_out, k - done())
+        assert self.vt.cycle - start > 0
+        comps = [self.completion(q, ev0 + i) for i in range(n_ops)]
+        times = [self.events[q][ev0 + i][0] for i in range(n_ops)]
+        per_op = (times[-1] - times[0]) / (n_ops - 1)
+        # Bytes moved: data payload octets on the wire in the window, and content checks.
+        moved = self._data_octets(kind, by_read, qpn, tx0, sent0)
+        if kind == "LOAD":
+            for s in range(min(n_ops, DEPTH)):
+                got = bytes(self.bufs[q][s * self.block_size:s * self.block_size + length])
+                assert got == self.loaded_expect, "LOAD data differs from the block"
+        else:
+            h = handles[n_ops - 1] if kind == "ALLOC_STORE" else handles[0]
+            dlen, addr = self.block_of(h)
+            assert dlen == length, (dlen, length)
+            got = self.vt.mem_read(addr, length)
+            assert got == datas[n_ops - 1], f"{op}: block content differs from the data stored"
+            if kind == "STORE":             # the bench handle now holds this
+                self.loaded_expect = got
+        for c in comps:
+            assert c.data_length == length, c
+        plan = op_plan(op, length, mtu)
+        obs = self._frames_per_op(qpn, tx0, sent0, n_ops)
+        th = theory_goodput(length, mtu)
+        gp = length / per_op
+        util = self._utilisation(tx0, sent0, times[0], times[-1])
+        return {
+            "op": op, "size": length, "mtu": mtu, "n_ops": n_ops,
+            "cycles_per_op": round(per_op, 1),
+            "goodput_octets_per_cycle": round(gp, 5),
+            "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
+            "theory": round(th, 5), "frac_theory": round(gp / th, 4),
+            "op_bound_cycles": plan["bound"], "frac_op_bound": round(plan["bound"] / per_op, 4),
+            # cycles per operation the wire did not need (RTTs the serial engine waits for)
+            "excess_cycles": round(per_op - plan["bound"], 1),
+            "ops_per_s": round(CLOCK_HZ / per_op), "frame_rate_limit": round(CLOCK_HZ /
+                                                                             plan["bound"]),
+            "frames_per_op_plan": [len(plan["to_target"]), len(plan["to_peer"])],
+            "frames_per_op_seen": obs,
+            "wire_util_to_target": util[0], "wire_util_to_peer": util[1],
+            "wire_bound": max(util) >= 0.95,
+            "bytes_asked": length * n_ops, "bytes_moved": moved,
+            "min_outstanding": min_out, "peer_turnaround_max": self.turnaround,
+            "peer_burst_gap_max": self._burst_gap(sent0),
+        }
+
+    def _peer_frames(self, sent0):
+        """(first, last, frame) of the peer's frames from index ``sent0`` that reached the
+        wire (rx_log grows as frames are sent)."""
+        log = self.vt.rx_log
+        return [(log[i][0], log[i][1], self.sent[i])
+                for i in range(sent0, min(len(self.sent), len(log)))]
+
+    def _data_octets(self, kind, by_read, qpn, tx0, sent0):
+        from roce.frames import parse_frame
+        O = BthOpcode
+        n = 0
+        if kind == "LOAD":
+            for f in self.tx[tx0:]:
+                k, p = parse_frame(f.frame)
+                if k == "roce" and p.dest_qp == qpn and O.WRITE_FIRST.value <= p.opcode \
+                        <= O.WRITE_ONLY_IMM.value:
+                    n += len(p.payload)
+        elif by_read:
+            for _, _, fr in self._peer_frames(sent0):
+                k, p = parse_frame(fr)
+                if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
+                        O.READ_RESPONSE_ONLY.value:
+                    n += len(p.payload)
+        else:
+            # SEND messages: the KBTP request (header + Data Descriptor) then inline data.
+            msgs, cur = [], b""
+            for _, _, fr in self._peer_frames(sent0):
+                k, p = parse_frame(fr)
+                if k != "roce" or p.opcode > O.SEND_ONLY_IMM.value:
+                    continue
+                cur += p.payload
+                if p.opcode in (O.SEND_LAST.value, O.SEND_ONLY.value):
+                    msgs.append(cur)
+                    cur = b""
+            n = sum(len(m) - REQUEST for m in msgs)
+        return n
+
+    def _frames_per_op(self, qpn, tx0, sent0, n_ops):
+        to_peer = sum(1 for f in self.tx[tx0:] if f.frame[12:14] == b"\x08\x00")
+        to_target = len(self._peer_frames(sent0))
+        return [round(to_target / n_ops, 2), round(to_peer / n_ops, 2)]
+
+    def _utilisation(self, tx0, sent0, t0, t1):
+        """Fraction of cycles in [t0, t1) each direction carried a frame (with its IFG)."""
+        if t1 <= t0:
+            return (0.0, 0.0)
+
+        def busy(spans):
+            return sum(max(0, min(b + 1 + IFG, t1) - max(a, t0)) for a, b in spans)
+        rx = busy([(a, b) for a, b, _ in self._peer_frames(sent0)])
+        tx = busy([(f.start, f.end) for f in self.tx[tx0:]])
+        return (round(rx / (t1 - t0), 4), round(tx / (t1 - t0), 4))
+
+    def _burst_gap(self, sent0):
+        """Largest number of cycles the peer's wire stayed idle while the peer had a frame
+        queued: first octet - max(cycle queued, previous frame's last octet + 1 + IFG)."""
+        log = self.vt.rx_log
+        worst = 0
+        for i in range(max(sent0, 1), min(len(self.sent), len(log))):
+            ready = max(self.sent_at[i], log[i - 1][1] + 1 + IFG)
+            worst = max(worst, log[i][0] - ready)
+        return worst
+
+    # ---- latency --------------------------------------------------------------------------
+    def latency(self, qs, op, handles, length=64):
+        """One request of each initiator in ``qs`` at the same cycle; per request the cycles
+        from its last octet in (rx_log) to the first octet of its first non-ACK response,
+        from its first octet, to the transport ACK of it, and the engine's LAST_LATENCY
+        (when a single request)."""
+        from roce.frames import parse_frame
+        from roce.frames import parse_frame as _pf
+        tx0, sent0 = len(self.tx), len(self.sent)
+        idx, ev0 = {}, {}
+        for q in qs:
+            raw = self.request(q, op, handles[q], length, self.rng.randbytes(length))
+            ev0[q] = len(self.events[q])
+            self.qps[q].send(raw)
+        self._deliver([])
+        for i in range(sent0, len(self.sent)):          # the request frame of each QP
+            k, p = _pf(self.sent[i])
+            if k == "roce" and p.opcode in (BthOpcode.SEND_ONLY.value,
+                                            BthOpcode.SEND_FIRST.value):
+                idx.setdefault(p.dest_qp - T_QPN0, i)
+        assert sorted(idx) == sorted(qs), idx
+        self.pump(lambda: all(len(self.events[q]) > ev0[q] for q in qs),
+                  what=f"latency {op}")
+        self.settle(2000)
+        out = []
+        for q in qs:
+            self.completion(q, ev0[q])
+            first, last = self.vt.rx_log[idx[q]]
+            resp = ack = None
+            for f in self.tx[tx0:]:
+                k, p = parse_frame(f.frame)
+                if k != "roce" or p.dest_qp != P_QPN0 + q or f.start < last:
+                    continue
+                if p.opcode == BthOpcode.ACKNOWLEDGE.value:
+                    ack = f.start if ack is None else ack
+                elif resp is None:
+                    resp = f.start
+            out.append({"qp": q, "from_last": resp - last, "from_first": resp - first,
+                        "ack_from_last": None if ack is None else ack - last})
+        if len(qs) == 1:
+            out[0]["engine_notify_to_wr"] = self.engine_reg("LAST_LATENCY")
+        return out
+
+    def settle(self, cycles):
+        """Let the network run ``cycles`` (ACKs, reposts)."""
+        end = self.vt.cycle + cycles
+        self.pump(lambda: self.vt.cycle >= end, max_cycles=cycles + 1)
+
+    def arp_turnaround(self):
+        """Cycles from the last octet of an ARP request to the first octet of the reply."""
+        from roce.frames import build_arp, ip_int, mac_bytes
+        req = build_arp(1, mac_bytes(P_MAC), ip_int(P_IP), b"\0" * 6, ip_int(T_IP),
+                        b"\xff" * 6).ljust(MIN_FRAME, b"\0")
+        i, tx0 = len(self.sent), len(self.tx)
+        self.send(req)
+        self.pump(lambda: any(f.frame[12:14] == b"\x08\x06" for f in self.tx[tx0:]),
+                  max_cycles=100_000, what="ARP reply")
+        f = next(f for f in self.tx[tx0:] if f.frame[12:14] == b"\x08\x06")
+        return f.start - self.vt.rx_log[i][1]
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+# --------------------------------------------------------------------------------------------
+
+SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1048576]
+QUICK_SIZES = [64, 4096]
+
+
+def _n_ops(size, quick):
+    if size <= 1024:
+        return 8 if quick else 24
+    if size <= 16384:
+        return 5 if quick else 8
+    return 3
+
+
+#: The configuration the board builds (first in every table) and the unit-test target's widths.
+CONFIGS = ("ecpix5", "8", "64")
+
+
+def label(config):
+    """How the table names a configuration: the board's, or ``unit-w<width>`` (not a board's)."""
+    return config if not str(config).isdigit() else f"unit-w{config}"
+
+
+def _params(config):
+    from sim.vltarget import SHIPPED
+    return SHIPPED if config == "ecpix5" else {"width": int(config)}
+
+
+def _vt(config, log):
+    from sim.vltarget import VlTarget
+    return VlTarget(_params(config), log=log)
+
+
+def clocks_of(config):
+    """The clocks of a configuration: ``gmii_hz`` (cycles of every figure) and ``core_hz``
+    (the engine's LAST_LATENCY), as the board runs them (the unit target: both 125 MHz)."""
+    from sim.vltarget import board_params
+    if config == "ecpix5":
+        p = board_params("ecpix5")
+        return {"gmii_hz": p["mac_hz"], "core_hz": p["core_hz"], "width": p["width"]}
+    return {"gmii_hz": CLOCK_HZ, "core_hz": CLOCK_HZ, "width": int(config)}
+
+
+def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print):
+    """Every goodput series of one block size in one configuration (``width``: a name of
+    :data:`CONFIGS`): one fresh target per path MTU. A block size the configuration's memory
+    cannot hold is recorded in ``unfit``.
+
+    A series that cannot complete (no completion within 4 x its wire bound + 200 000 cycles)
+    ends that MTU's run; it is recorded in ``failed`` with the MAC's overflow / underrun
+    counters (a frame longer than the MAC buffers is dropped on receive or never sent).
+    """
+    out = {"series": [], "failed": [], "retransmits": []}
+    n = _n_ops(size, quick)
+    width = str(width)
+    for mtu in mtus:
+        with _vt(width, log) as vt:
+            try:
+                b = Bench(vt, size, mtus=(mtu,), n_init=1, max_inline=max_inline,
+                          max_blocks=max(n + 2, 8))
+            except MemoryError as e:
+                out["unfit"] = str(e)
+                log(f"{label(width):<8} {size:>8}: not run, {e}")
+                return out
+            b.bring_up()
+            try:
+                _mtu_series(b, width, size, n, b.max_inline, out, log)
+            except TimeoutError as e:
+                mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
+                                                               "rx_frames_ok", "tx_frames")}
+                out["failed"].append({"width": width, "size": size, "mtu": mtu,
+                                      "op": b.current_op, "error": str(e)[:200], "mac": mac})
+                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5} FAILED: no completion "
+                    f"(MAC {mac})")
+            out["retransmits"].append({"mtu": mtu,
+                                       "target": _req_counter(b, "cnt_retransmits"),
+                                       "peer": b.ep.counters.retransmissions})
+    return out
+
+
+def _mtu_series(b, width, size, n, max_inline, out, log):
+    s = b.sess[0]
+    hb = s.handle_base
+    n_alloc = min(n, b.num_blocks - 1, s.handle_count - 1)
+    alloc = "ALLOC_STORE_INLINE" if size <= max_inline else "ALLOC_STORE_READ"
+    ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
+    # The handle of LOAD / STORE: bound by one (unmeasured) ALLOC_STORE by READ.
+    b.current_op = "ALLOC_STORE_READ (setup)"
+    _bind_one(b, 0, hb, size, max_cycles=4 * op_plan("ALLOC_STORE_READ", size,
+                                                     b.mtus[0])["bound"] + 200_000)
+    runs = [(alloc, list(range(hb + 1, hb + 1 + n_alloc)), n_alloc)] if n_alloc >= 2 else []
+    runs += [(op, [hb], n) for op in ops]
+    for op, hs, k in runs:
+        b.current_op = op
+        r = b.series(0, op, size, k, hs)
+        r["width"] = width
+        out["series"].append(r)
+        log(_row(r))
+        if op.startswith("ALLOC"):
+            b.free(0, hs)
+
+
+def run_latency(width, log=print):
+    """Latency figures (64 octets, MTU 1024, 4 initiators), the ARP turnaround, and the
+    latency against the data length (:func:`latency_slopes`)."""
+    width = str(width)
+    with _vt(width, log) as vt:
+        b = Bench(vt, 64, mtus=(1024,), n_init=4, max_blocks=32)
+        b.bring_up()
+        lat = latency_runs(b)
+        out = {"latency": lat, "arp_turnaround": b.arp_turnaround(),
+               "retransmits": {"target": _req_counter(b, "cnt_retransmits"),
+                               "peer": b.ep.counters.retransmissions}}
+    with _vt(width, log) as vt:
+        b = Bench(vt, 1024, mtus=(1024,), n_init=1, max_blocks=8)
+        b.bring_up()
+        out["slopes"] = latency_slopes(b)
+    return out
+
+
+def latency_slopes(b, lengths=(64, 1024)):
+    """Alone latency (last request octet -> first response octet) of LOAD and STORE_INLINE
+    at two data lengths: the cycles per octet tell the store-and-forward stages (a LOAD's
+    WRITE frame is buffered whole before its preamble; an inline request is buffered whole by
+    the MAC receiver and the ICRC check, then copied)."""
+    h = b.sess[0].handle_base
+    for k, n in enumerate(lengths):
+        _bind_one(b, 0, h + k, n)
+    out = {}
+    for op in ("LOAD", "STORE_INLINE"):
+        pts = []
+        for k, n in enumerate(lengths):
+            hs = {0: h + k}
+            xs = [b.latency([0], op, hs, length=n)[0] for _ in range(2)]
+            pts.append({"length": n, "from_last": min(x["from_last"] for x in xs),
+                        "engine_notify_to_wr": min(x["engine_notify_to_wr"] for x in xs)})
+        d = pts[-1]["from_last"] - pts[0]["from_last"]
+        out[op] = {"points": pts, "cycles_per_octet": round(d / (lengths[-1] - lengths[0]), 3)}
+    return out
+
+
+def _top_counter(b, blk, port):
+    from hw.iface import Space
+    from hw.iface import REG_TOP
+    from hw.target.regbank import TOP_COUNTER_BASE
+    from hw.target.target import TOP_COUNTERS
+    k = TOP_COUNTERS.index((blk, port))
+    return b.vt.access(Space.REG, REG_TOP + TOP_COUNTER_BASE + 4 * k, 0, 0)[0]
+
+
+def _bind_one(b, q, h, size, max_cycles=20_000_000):
+    """Bind handle ``h`` with ``size`` octets by one ALLOC_STORE (by READ), not measured."""
+    data = b.rng.randbytes(size)
+    n0 = len(b.events[q])
+    b.qps[q].send(b.request(q, "ALLOC_STORE_READ", h, size, data))
+    b._deliver([])
+    b.pump(lambda: len(b.events[q]) > n0, max_cycles=max_cycles, what="bind")
+    b.completion(q, n0)
+    b.loaded_expect = data
+
+
+def _req_counter(b, name):
+    from hw.iface import Space
+    from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS
+    r, _ = b.vt.access(Space.REG, REQ_COUNTER_BASE + 4 * REQ_COUNTERS.index(name), 0, 0)
+    return r
+
+
+def latency_runs(b, repeat=4):
+    """Latency of each operation at 64 octets: alone (QP 0) and with 4 QPs at once."""
+    res = {}
+    for q in range(b.n_init):
+        _bind_one(b, q, b.sess[q].handle_base, b.block_size)
+    every = list(range(b.n_init))
+    for op in ("LOAD", "STORE_INLINE", "STORE_READ", "ALLOC_STORE_INLINE"):
+        alloc = op.startswith("ALLOC")
+        hs = {q: b.sess[q].handle_base + (1 if alloc else 0) for q in every}
+        alone, cont = [], []
+        for _ in range(repeat):
+            alone += b.latency([0], op, hs)
+            if alloc:
+                b.free(0, [hs[0]])
+            cont += b.latency(every, op, hs)
+            if alloc:
+                for q in every:
+                    b.free(q, [hs[q]])
+        res[op] = {"alone": alone, "contention": cont}
+    return res
+
+
+def _pct(xs, q):
+    """The ``q`` quantile of ``xs`` (nearest rank)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, -(-int(q * len(xs) * 1000) // 1000) - 1))]
+
+
+def _stats(xs):
+    xs = sorted(xs)
+    return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1],
+            "mean": round(sum(xs) / len(xs), 1)}
+
+
+def resources(root=None):
+    """Resources and Fmax of every board build report present (build/<board>/report.json)."""
+    root = Path(root or Path(__file__).resolve().parent.parent / "build")
+    out = {}
+    for rep in sorted(root.glob("*/report.json")):
+        try:
+            r = json.loads(rep.read_text())
+        except (OSError, ValueError):
+            continue
+        clocks = r.get("clocks", [])
+        sync = [c for c in clocks if c.get("domain") == "sync"]
+        # Reports from before the "routed" key: a bitstream means the run routed.
+        routed = r.get("routed", r.get("bitstream") is not None)
+        out[rep.parent.name] = {
+            "device": r.get("device"), "stage": r.get("stage"), "core": r.get("core"),
+            "core_params": r.get("core_params"),
+            "resources": {k: f"{v['used']}/{v['available']}" for k, v in
+                          r.get("resources", {}).items()},
+            "fmax_mhz": sync[0]["achieved_mhz"] if sync else None,
+            "constraint_mhz": sync[0]["constraint_mhz"] if sync else None,
+            # Every clock of the build (the full core has four: MAC, core, RGMII rx and tx).
+            "clocks": {c.get("domain") or c.get("name"):
+                       {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
+                                              "met")} for c in clocks},
+            "routed": routed,
+            "timing_met": bool(r.get("timing_met")) and routed,
+            "bitstream": r.get("bitstream"),
+            "build_time_s": r.get("build_time_s"),
+            "note": r.get("error") or r.get("note") or r.get("timing_note"),
+        }
+    return out or "not built"
+
+
+def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
+    """Every figure of one configuration (:data:`CONFIGS`). An MTU whose series failed at
+    some size is not run at the larger sizes, nor is any size past one the memory cannot hold
+    (recorded in ``skipped``)."""
+    t0 = time.monotonic()
+    w = str(w)
+    wr = {"label": label(w), "clocks": clocks_of(w), "series": [], "failed": [],
+          "skipped": [], "retransmits": []}
+    dead = {}
+    for size in sizes:
+        live = [m for m in mtus if m not in dead]
+        wr["skipped"] += [{"size": size, "mtu": m, "why": dead[m]} for m in mtus if m in dead]
+        if not live:
+            continue
+        r = run_size(w, size, quick=quick, log=log, mtus=live)
+        if "unfit" in r:
+            for m in live:
+                wr["skipped"].append({"size": size, "mtu": m, "why": r["unfit"]})
+                dead[m] = f"larger than {size} octets, which do not fit the memory"
+            continue
+        wr["series"] += r["series"]
+        wr["failed"] += r["failed"]
+        for f in r["failed"]:
+            dead.setdefault(f["mtu"], f"failed at size {size}")
+        wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
+    lat = run_latency(w, log)
+    wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
+    wr["latency_samples"] = lat["latency"]
+    wr["arp_turnaround"] = lat["arp_turnaround"]
+    wr["latency_slopes"] = lat["slopes"]
+    wr["retransmits"].append(dict(lat["retransmits"], size="latency"))
+    wr["wall_s"] = round(time.monotonic() - t0, 1)
+    return wr
+
+
+def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1):
+    """All figures of every configuration (``widths``: names of :data:`CONFIGS`; ``jobs`` at
+    once, in separate processes); returns the results dict (see :func:`write_results`)."""
+    sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    widths = [str(w) for w in widths]
+    res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": DEPTH,
+           "quick": quick, "widths": {}, "resources": resources()}
+    if jobs > 1 and len(widths) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(jobs, len(widths))) as ex:
+            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus) for w in widths}
+            for w in widths:
+                res["widths"][str(w)] = futs[w].result()
+    else:
+        for w in widths:
+            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus)
+    return res
+
+
+def _latency_summary(lat, clocks):
+    """Statistics of the latency samples, in GMII cycles, and the medians / means in ns at the
+    configuration's clocks (``ns``)."""
+    out = {}
+    g_ns, c_ns = 1e9 / clocks["gmii_hz"], 1e9 / clocks["core_hz"]
+    for op, d in lat.items():
+        a, c = d["alone"], d["contention"]
+        alone = [x["from_last"] for x in a]
+        cont = [x["from_last"] for x in c]
+        eng = [x["engine_notify_to_wr"] for x in a]
+        out[op] = {
+            "ns": {"alone_from_last_median": round(_stats(alone)["median"] * g_ns, 1),
+                   "alone_from_first_median": round(
+                       _stats([x["from_first"] for x in a])["median"] * g_ns, 1),
+                   "engine_notify_to_wr_median": round(_stats(eng)["median"] * c_ns, 1),
+                   "contention_from_last_mean": round(_stats(cont)["mean"] * g_ns, 1),
+                   "contention_from_last_p99": round(_pct(cont, 0.99) * g_ns, 1),
+                   "contention_from_last_max": round(_stats(cont)["max"] * g_ns, 1)},
+            "alone_from_last": _stats([x["from_last"] for x in a]),
+            "alone_from_first": _stats([x["from_first"] for x in a]),
+            "alone_ack_from_last": _stats([x["ack_from_last"] for x in a
+                                           if x["ack_from_last"] is not None] or [0]),
+            "engine_notify_to_wr": _stats([x["engine_notify_to_wr"] for x in a]),
+            "contention_from_last": _stats([x["from_last"] for x in c]),
+            "contention_from_first": _stats([x["from_first"] for x in c]),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_mbps",
+              "theory", "frac_theory", "op_bound_cycles", "frac_op_bound", "excess_cycles",
+              "ops_per_s",
+              "frame_rate_limit", "wire_util_to_target", "wire_util_to_peer", "wire_bound",
+              "bytes_asked", "bytes_moved", "min_outstanding", "peer_turnaround_max"]
+
+
+def _row(r):
+    return (f"{label(r.get('width', '?')):<8} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
+            f"{r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
+            f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
+            f"{r['ops_per_s']:>9} "
+            f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
+
+
+HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
+          f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
+          f"{'':>4}")
+
+
+def format_table(res):
+    """The figures as text (goodput rows, latency, resources)."""
+    lines = [HEADER]
+    for w, wr in res["widths"].items():
+        for r in wr["series"]:
+            lines.append(_row(dict(r, width=w)))
+    for w, wr in res["widths"].items():
+        for f in wr.get("skipped", []):
+            lines.append(f"{label(w):<8} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
+                         f"{f['why']}")
+        for f in wr.get("failed", []):
+            lines.append(f"{label(w):<8} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: "
+                         f"no completion; MAC counters {f['mac']}")
+        rt = [x for x in wr.get("retransmits", []) if x["target"] or x["peer"]]
+        lines.append(f"{label(w)}: retransmissions (target, peer) "
+                     + (", ".join(f"size {x['size']} MTU {x.get('mtu', 1024)}: "
+                                  f"{x['target']}, {x['peer']}" for x in rt) or "none")
+                     + f"; wall time {wr.get('wall_s')} s")
+    for w, wr in res["widths"].items():
+        lat = wr.get("latency") or {}
+        ck = wr.get("clocks") or clocks_of(w)
+        if lat:
+            lines.append(f"latency, 64 octets, MTU 1024, {label(w)} (GMII {ck['gmii_hz'] / 1e6:g} "
+                         f"MHz, core {ck['core_hz'] / 1e6:.2f} MHz); ARP turnaround "
+                         f"{wr.get('arp_turnaround')} cycles:")
+            lines.append(f"  {'op':<19} {'last->resp':>10} {'ns':>8} {'first->resp':>11} "
+                         f"{'ack':>6} {'engine':>7} {'ns':>7} {'4QP mean':>9} {'ns':>8} "
+                         f"{'4QP p99 ns':>10} {'4QP max':>8}")
+        for op, d in lat.items():
+            ns = d["ns"]
+            lines.append(
+                f"  {op:<19} {d['alone_from_last']['median']:>10} "
+                f"{ns['alone_from_last_median']:>8} "
+                f"{d['alone_from_first']['median']:>11} "
+                f"{d['alone_ack_from_last']['median']:>6} "
+                f"{d['engine_notify_to_wr']['median']:>7} {ns['engine_notify_to_wr_median']:>7} "
+                f"{d['contention_from_last']['mean']:>9} {ns['contention_from_last_mean']:>8} "
+                f"{ns['contention_from_last_p99']:>10} {d['contention_from_last']['max']:>8}")
+        for op, d in wr.get("latency_slopes", {}).items():
+            lines.append(f"  {op} alone latency vs data length: "
+                         + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
+                                     for p in d["points"])
+                         + f" ({d['cycles_per_octet']} cycles/octet)")
+    rs = res.get("resources")
+    if isinstance(rs, dict):
+        for board, r in rs.items():
+            lines.append(f"resources {board} (core {r['core']}, {r['device']}, stage "
+                         f"{r['stage']}): "
+                         + ", ".join(f"{k} {v}" for k, v in r["resources"].items())
+                         + "; Fmax " + ", ".join(
+                             f"{d} {c['achieved_mhz']} MHz (constraint {c['constraint_mhz']})"
+                             for d, c in r["clocks"].items())
+                         + f"; routed {r['routed']}; timing met {r['timing_met']}; "
+                           f"bitstream {r['bitstream']}; "
+                           f"build {r['build_time_s']} s")
+    else:
+        lines.append(f"resources: {rs}")
+    return "\n".join(lines)
+
+
+def write_results(res, out):
+    """``bench.json`` (everything) and ``bench.csv`` (one row per goodput series)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    with open(out / "bench.csv", "w", newline="") as fh:
+        wtr = csv.DictWriter(fh, CSV_FIELDS, extrasaction="ignore")
+        wtr.writeheader()
+        for w, wr in res["widths"].items():
+            for r in wr["series"]:
+                wtr.writerow(dict(r, config=label(w)))
+    return out / "bench.json", out / "bench.csv"
+
+
+def plot(res, out):
+    """One PNG per width: fraction of theoretical goodput against block size, per op/MTU."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    paths = []
+    for w, wr in res["widths"].items():
+        fig, ax = plt.subplots(figsize=(8, 5))
+        keys = sorted({(r["op"], r["mtu"]) for r in wr["series"]})
+        for op, mtu in keys:
+            rs = sorted((r for r in wr["series"] if (r["op"], r["mtu"]) == (op, mtu)),
+                        key=lambda r: r["size"])
+            ax.plot([r["size"] for r in rs], [r["frac_theory"] for r in rs], marker="o",
+                    linestyle="-" if mtu == 1024 else "--", label=f"{op} MTU {mtu}")
+        ax.axhline(0.97, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("block size (octets)")
+        ax.set_ylabel("goodput / theoretical RoCEv2 goodput")
+        ax.set_title(f"KBTP target, {label(w)}, GMII 1 Gb/s (cycle-exact, wire time)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        p = Path(out) / f"goodput_{label(w)}.png"
+        fig.tight_layout()
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", "--widths", dest="widths", default=",".join(CONFIGS),
+                    help="ecpix5 (the board's core), 8 / 64 (the one-clock unit target)")
+    ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
+    ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--mtus", default="1024,4096")
+    ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
+    a = ap.parse_args(argv)
+    widths = [x for x in a.widths.split(",") if x]
+    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
+    print(HEADER, flush=True)
+    mtus = [int(x) for x in a.mtus.split(",") if x]
+    res = run_bench(widths, a.quick, log=lambda s: print(s, flush=True), sizes=sizes,
+                    mtus=mtus, jobs=a.jobs)
+    j, c = write_results(res, a.out)
+    pngs = plot(res, a.out)
+    print()
+    print(format_table(res))
+    print(f"\nwritten {j}, {c}, " + ", ".join(map(str, pngs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
