@@ -29,6 +29,7 @@ from host import codec
 from host.driver import KbtpDriver, memory_plan
 from host.port import TargetPort
 from model.target import InitiatorMemory, SendMsg, TargetConfig, TargetModel
+from sim.hostbus import bus_access
 from tests.host.test_driver import alloc_inline, free, hello
 
 N_QP = 2
@@ -99,21 +100,7 @@ class Bench:
         self.now = 0.0
 
     async def access(self, space, addr, we, wdata):
-        ctx, h = self.ctx, self.top.host
-        ctx.set(h.space, space)
-        ctx.set(h.addr, addr)
-        ctx.set(h.wdata, wdata)
-        ctx.set(h.we, we)
-        ctx.set(h.re, 1 - we)
-        for _ in range(200):
-            if ctx.get(h.ack):
-                r, e = ctx.get(h.rdata), ctx.get(h.err)
-                await ctx.tick()
-                ctx.set(h.we, 0)
-                ctx.set(h.re, 0)
-                return r, e
-            await ctx.tick()
-        raise AssertionError(f"host bus: no ack for {space} {addr:#x}")
+        return await bus_access(self.ctx, self.top.host, space, addr, we, wdata)
 
     # ---- the requester and the responder's repost side --------------------------------------
     async def requester(self, ctx):

@@ -25,6 +25,7 @@ from hw.iface import MemBusSignature, REG_KBTP, Space, WcStatus, WrOp
 from hw.kbtp.engine import FAST_OPS, Cmd, KbtpEngine, reg
 from hw.lib.membus import MemArbiter, MemRam
 from sim.hdl import stream_get, stream_put
+from sim.hostbus import bus_access
 from sim.workload import Gen, build
 from model.target import (InitiatorMemory, RdmaRead, RdmaWrite, SendMsg, TargetConfig,
                        TargetModel, WriteImm)
@@ -90,23 +91,15 @@ def ram_write(ctx, ram, addr, data):
 
 
 async def reg_write(ctx, bus, off, value):
-    ctx.set(bus.addr, REG_KBTP + off)
-    ctx.set(bus.space, Space.REG)
-    ctx.set(bus.wdata, value & 0xFFFFFFFF)
-    ctx.set(bus.we, 1)
-    assert ctx.get(bus.ack) and not ctx.get(bus.err), hex(off)
-    await ctx.tick()
-    ctx.set(bus.we, 0)
+    """Write an engine register; the window must answer in the cycle of the request."""
+    _, err = await bus_access(ctx, bus, Space.REG, REG_KBTP + off, 1, value & 0xFFFFFFFF,
+                              limit=1)
+    assert not err, hex(off)
 
 
 async def reg_read(ctx, bus, off):
-    ctx.set(bus.addr, REG_KBTP + off)
-    ctx.set(bus.space, Space.REG)
-    ctx.set(bus.re, 1)
-    assert ctx.get(bus.ack) and not ctx.get(bus.err), hex(off)
-    v = ctx.get(bus.rdata)
-    await ctx.tick()
-    ctx.set(bus.re, 0)
+    v, err = await bus_access(ctx, bus, Space.REG, REG_KBTP + off, 0, limit=1)
+    assert not err, hex(off)
     return v
 
 

@@ -23,6 +23,7 @@ from hw.lib.membus import MemRam
 from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE, MrTable, QpTable
 from hw.rdma.responder import COUNTERS, Responder
 from hw.rdma.roce_hdr import EXT_FIELDS, RoceRxParser
+from sim import hostbus
 from sim.hdl import packet_to_beats, stream_put
 from roce.rc import RoceEndpoint
 from roce.frames import build_roce, ip_int, mac_bytes
@@ -75,22 +76,9 @@ class Bench(wiring.Component):
 # ---- host bus -----------------------------------------------------------------------------
 
 async def bus_access(ctx, bus, addr, wdata=None):
-    """One HostBus access; returns (rdata, err)."""
-    ctx.set(bus.addr, addr)
-    ctx.set(bus.space, Space.REG)
-    ctx.set(bus.wdata, wdata or 0)
-    ctx.set(bus.we if wdata is not None else bus.re, 1)
-    for _ in range(10):
-        if ctx.get(bus.ack):
-            break
-        await ctx.tick()
-    else:
-        raise AssertionError(f"no ack at {addr:#x}")
-    rdata, err = ctx.get(bus.rdata), ctx.get(bus.err)
-    await ctx.tick()
-    ctx.set(bus.we, 0)
-    ctx.set(bus.re, 0)
-    return rdata, err
+    """One register access (a write when ``wdata`` is given); returns (rdata, err)."""
+    return await hostbus.bus_access(ctx, bus, Space.REG, addr, wdata is not None, wdata or 0,
+                                    limit=10)
 
 
 def qp_words(**cfg):

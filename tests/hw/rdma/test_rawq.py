@@ -17,6 +17,7 @@ from scapy.utils import rdpcap
 from hw.iface import Space
 from hw.lib.stream import FrameMux
 from hw.rdma.rawq import QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
+from sim.hostbus import bus_access as access
 from sim.paths import DATA_DIR
 from sim.scapy_roce import (StreamDriver, frame_beats, pcap_roce_frames, roce_frame,
                               roce_rx_beats, split_packets)
@@ -57,21 +58,6 @@ def run(dut, bench, bgs=()):
     sim.run()
 
 
-async def access(ctx, bus, space, addr, we, wdata=0, limit=20):
-    ctx.set(bus.space, space)
-    ctx.set(bus.addr, addr)
-    ctx.set(bus.wdata, wdata)
-    ctx.set(bus.we, we)
-    ctx.set(bus.re, 1 - we)
-    for _ in range(limit):
-        if ctx.get(bus.ack):
-            r, e = ctx.get(bus.rdata), ctx.get(bus.err)
-            await ctx.tick()
-            ctx.set(bus.we, 0)
-            ctx.set(bus.re, 0)
-            return r, e
-        await ctx.tick()
-    raise AssertionError("no ack")
 
 
 async def pop_frame(ctx, bus):

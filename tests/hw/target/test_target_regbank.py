@@ -19,6 +19,7 @@ from hw.iface import (HostBusSignature, REG_TOP, RecvNotify, Space, WorkCompleti
 from hw.lib.membus import MemRam
 from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TARGET_ID, TOP_COUNTER_BASE,
                             HostDecoder, HostMemPort, HostQueues, TopRegs)
+from sim.hostbus import bus_access as access
 from tests.hw.target.target_host import pack_record, record_words
 
 WORDS = 64
@@ -47,21 +48,6 @@ class Dut(wiring.Component):
         return m
 
 
-async def access(ctx, h, space, addr, we, wdata=0):
-    ctx.set(h.space, space)
-    ctx.set(h.addr, addr)
-    ctx.set(h.wdata, wdata)
-    ctx.set(h.we, we)
-    ctx.set(h.re, 1 - we)
-    for _ in range(50):
-        if ctx.get(h.ack):
-            r, e = ctx.get(h.rdata), ctx.get(h.err)
-            await ctx.tick()
-            ctx.set(h.we, 0)
-            ctx.set(h.re, 0)
-            return r, e
-        await ctx.tick()
-    raise AssertionError("no ack")
 
 
 def run(tb):
