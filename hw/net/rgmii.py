@@ -125,7 +125,7 @@ class RgmiiRxElastic(wiring.Component):
         waited = Signal(range(2 * self.start_level + 1))
         m.d.sync += [self.rx_dv.eq(0), self.rx_er.eq(0)]
         with m.FSM(name="elastic"):
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 with m.If(f.r_rdy):
                     m.d.sync += waited.eq(waited + 1)
                 with m.Else():
@@ -134,23 +134,23 @@ class RgmiiRxElastic(wiring.Component):
                 # end marker of a tiny fragment may be all there is).
                 with m.If((f.r_level >= self.start_level) | (waited == 2 * self.start_level)):
                     m.d.sync += waited.eq(0)
-                    m.next = "Frame"
-            with m.State("Frame"):
+                    m.next = "FRAME"
+            with m.State("FRAME"):
                 m.d.comb += f.r_en.eq(1)
                 with m.If(f.r_rdy):
                     with m.If(r_end):
-                        m.next = "Idle"
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.sync += [self.rxd.eq(r_data), self.rx_dv.eq(1), self.rx_er.eq(r_er)]
                 with m.Else():
                     # Ran dry inside a frame: poison it, then discard up to its end marker.
                     m.d.sync += [self.rx_dv.eq(1), self.rx_er.eq(1),
                                  self.underruns.eq(self.underruns + 1)]
-                    m.next = "Discard"
-            with m.State("Discard"):
+                    m.next = "DISCARD"
+            with m.State("DISCARD"):
                 m.d.comb += f.r_en.eq(1)
                 with m.If(f.r_rdy & r_end):
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 

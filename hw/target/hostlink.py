@@ -125,33 +125,33 @@ class UartRx(wiring.Component):
         m.d.sync += [self.valid.eq(0), self.error.eq(0)]
 
         with m.FSM():
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 with m.If(~line):
                     # Sample bit 0 one and a half bit times after the start edge.
                     m.d.sync += [timer.eq(self.divisor * 3 // 2 - 1), bit.eq(0)]
-                    m.next = "Data"
-            with m.State("Data"):
+                    m.next = "DATA"
+            with m.State("DATA"):
                 with m.If(timer == 0):
                     m.d.sync += [shreg.eq(Cat(shreg[1:], line)), bit.eq(bit + 1),
                                  timer.eq(self.divisor - 1)]
                     with m.If(bit == 7):
-                        m.next = "Stop"
+                        m.next = "STOP"
                 with m.Else():
                     m.d.sync += timer.eq(timer - 1)
-            with m.State("Stop"):
+            with m.State("STOP"):
                 with m.If(timer == 0):
                     with m.If(line):
                         m.d.sync += [self.data.eq(shreg), self.valid.eq(1)]
-                        m.next = "Idle"
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.sync += self.error.eq(1)
-                        m.next = "Break"
+                        m.next = "BREAK"
                 with m.Else():
                     m.d.sync += timer.eq(timer - 1)
-            with m.State("Break"):
+            with m.State("BREAK"):
                 # Wait for the line to go idle again before looking for a start bit.
                 with m.If(line):
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 
@@ -291,11 +291,11 @@ class HostLinkUart(wiring.Component):
             return urx.valid
 
         with m.FSM(name="link"):
-            with m.State("Start Of Frame"):
+            with m.State("START_OF_FRAME"):
                 m.d.sync += idle_timer.eq(0)
                 with m.If(byte_in() & (urx.data == SOF_REQUEST)):
                     m.d.comb += rx_crc.start.eq(1)
-                    m.next = "Command"
+                    m.next = "COMMAND"
 
             # Inter-octet timeout and UART framing errors abandon a frame in any receive state.
             abandon = urx.error | (idle_timer == self.frame_timeout)
@@ -303,38 +303,38 @@ class HostLinkUart(wiring.Component):
             def receive_guard():
                 with m.If(abandon):
                     m.d.sync += self.frame_errors.eq(self.frame_errors + 1)
-                    m.next = "Start Of Frame"
+                    m.next = "START_OF_FRAME"
                 with m.Elif(byte_in()):
                     m.d.sync += idle_timer.eq(0)
                 with m.Else():
                     m.d.sync += idle_timer.eq(idle_timer + 1)
 
-            with m.State("Command"):
+            with m.State("COMMAND"):
                 receive_guard()
                 with m.If(byte_in() & ~abandon):
                     m.d.comb += rx_crc.valid.eq(1)
                     m.d.sync += [cmd.eq(urx.data), octet.eq(0)]
-                    m.next = "Address"
-            with m.State("Address"):
+                    m.next = "ADDRESS"
+            with m.State("ADDRESS"):
                 receive_guard()
                 with m.If(byte_in() & ~abandon):
                     m.d.comb += rx_crc.valid.eq(1)
                     m.d.sync += [addr.eq(Cat(urx.data, addr[:24])), octet.eq(octet + 1)]
                     with m.If(octet == 3):
-                        m.next = "Count"
-            with m.State("Count"):
+                        m.next = "COUNT"
+            with m.State("COUNT"):
                 receive_guard()
                 with m.If(byte_in() & ~abandon):
                     m.d.comb += rx_crc.valid.eq(1)
                     m.d.sync += [count.eq(urx.data), idx.eq(0), octet.eq(0)]
-                    m.next = "Count Decode"
-            with m.State("Count Decode"):
+                    m.next = "COUNT_DECODE"
+            with m.State("COUNT_DECODE"):
                 # One cycle to look at cmd and count together before choosing the next octet.
                 with m.If(carries_data):
-                    m.next = "Payload"
+                    m.next = "PAYLOAD"
                 with m.Else():
-                    m.next = "Check"
-            with m.State("Payload"):
+                    m.next = "CHECK"
+            with m.State("PAYLOAD"):
                 receive_guard()
                 with m.If(byte_in() & ~abandon):
                     m.d.comb += rx_crc.valid.eq(1)
@@ -344,34 +344,34 @@ class HostLinkUart(wiring.Component):
                                      wr.en.eq(1)]
                         m.d.sync += idx.eq(idx + 1)
                         with m.If(idx + 1 == count):
-                            m.next = "Check"
-            with m.State("Check"):
+                            m.next = "CHECK"
+            with m.State("CHECK"):
                 receive_guard()
                 with m.If(byte_in() & ~abandon):
                     m.d.sync += [idx.eq(0), done.eq(0), bus_timer.eq(0), status_regs.eq(0)]
                     with m.If(urx.data != rx_crc.crc):
                         m.d.sync += [status.eq(LinkStatus.BAD_CRC),
                                      self.crc_errors.eq(self.crc_errors + 1)]
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                     with m.Elif(~cmd_known):
                         m.d.sync += status.eq(LinkStatus.BAD_CMD)
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                     with m.Elif(cmd == Cmd.STATUS):
                         m.d.sync += [status.eq(LinkStatus.OK),
                                      self.frames_ok.eq(self.frames_ok + 1)]
-                        m.next = "Status Words"
+                        m.next = "STATUS_WORDS"
                     with m.Elif(~count_ok):
                         m.d.sync += status.eq(LinkStatus.BAD_COUNT)
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                     with m.Elif((addr[:2] != 0) & (space_nibble != 3)):
                         m.d.sync += status.eq(LinkStatus.BAD_ALIGN)
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                     with m.Else():
                         m.d.sync += [status.eq(LinkStatus.OK),
                                      self.frames_ok.eq(self.frames_ok + 1)]
-                        m.next = "Bus Prefetch"
+                        m.next = "BUS_PREFETCH"
 
-            with m.State("Status Words"):
+            with m.State("STATUS_WORDS"):
                 m.d.comb += [wr.addr.eq(status_regs), wr.en.eq(1),
                              wr.data.eq(Mux(status_regs == 0, self.frames_ok,
                                         Mux(status_regs == 1, self.crc_errors,
@@ -380,47 +380,47 @@ class HostLinkUart(wiring.Component):
                 m.d.sync += status_regs.eq(status_regs + 1)
                 with m.If(status_regs == 3):
                     m.d.sync += done.eq(4)
-                    m.next = "Response"
+                    m.next = "RESPONSE"
 
-            with m.State("Bus Prefetch"):
+            with m.State("BUS_PREFETCH"):
                 # The buffer read port has one cycle of latency: present idx, use data next.
                 m.d.comb += rd.addr.eq(idx)
                 m.d.sync += bus_timer.eq(0)
                 with m.If(idx == count):
-                    m.next = "Response"
+                    m.next = "RESPONSE"
                 with m.Else():
-                    m.next = "Bus Access"
-            with m.State("Bus Access"):
+                    m.next = "BUS_ACCESS"
+            with m.State("BUS_ACCESS"):
                 m.d.comb += [rd.addr.eq(idx), self.bus.we.eq(is_write), self.bus.re.eq(~is_write)]
                 m.d.sync += bus_timer.eq(bus_timer + 1)
                 # The answer is registered and acted on in the next state: the target's decode
                 # logic then ends in a flop instead of running on into the buffer's write port.
                 with m.If(self.bus.ack):
                     m.d.sync += [resp_err.eq(self.bus.err), resp_data.eq(self.bus.rdata)]
-                    m.next = "Bus Done"
+                    m.next = "BUS_DONE"
                 with m.Elif(bus_timer == self.bus_timeout):
                     m.d.sync += [status.eq(LinkStatus.TIMEOUT),
                                  self.bus_errors.eq(self.bus_errors + 1)]
-                    m.next = "Response"
-            with m.State("Bus Done"):
+                    m.next = "RESPONSE"
+            with m.State("BUS_DONE"):
                 m.d.comb += rd.addr.eq(idx)
                 with m.If(resp_err):
                     with m.If(cmd == Cmd.POP):
-                        m.next = "Response"     # queue ran empty: a short, good answer
+                        m.next = "RESPONSE"     # queue ran empty: a short, good answer
                     with m.Elif(cmd == Cmd.PUSH):
                         m.d.sync += status.eq(LinkStatus.QUEUE_FULL)
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                     with m.Else():
                         m.d.sync += [status.eq(LinkStatus.BUS_ERROR),
                                      self.bus_errors.eq(self.bus_errors + 1)]
-                        m.next = "Response"
+                        m.next = "RESPONSE"
                 with m.Else():
                     with m.If(~is_write):
                         m.d.comb += [wr.addr.eq(idx), wr.data.eq(resp_data), wr.en.eq(1)]
                     m.d.sync += [idx.eq(idx + 1), done.eq(done + 1)]
                     with m.If(space_nibble != 3):
                         m.d.sync += addr.eq(addr + 4)
-                    m.next = "Bus Prefetch"
+                    m.next = "BUS_PREFETCH"
 
             # ---- response -------------------------------------------------------------------
             def send(value, next_state, *, crc_start=False, crc=True):
@@ -435,39 +435,39 @@ class HostLinkUart(wiring.Component):
             # Reads return data words; STATUS returns its 4 counters.
             returns_data = (~is_write | (cmd == Cmd.STATUS)) & (status != LinkStatus.BAD_CRC) \
                 & (status != LinkStatus.BAD_CMD)
-            with m.State("Response"):
+            with m.State("RESPONSE"):
                 m.d.sync += [idx.eq(0), octet.eq(0)]
-                send(SOF_RESPONSE, "Response Command", crc=False)
-            with m.State("Response Command"):
-                send(cmd, "Response Status", crc_start=True)
-            with m.State("Response Status"):
-                send(status, "Response Count")
-            with m.State("Response Count"):
+                send(SOF_RESPONSE, "RESPONSE_COMMAND", crc=False)
+            with m.State("RESPONSE_COMMAND"):
+                send(cmd, "RESPONSE_STATUS", crc_start=True)
+            with m.State("RESPONSE_STATUS"):
+                send(status, "RESPONSE_COUNT")
+            with m.State("RESPONSE_COUNT"):
                 with m.If(returns_data & (done != 0)):
-                    send(done, "Response Fetch")
+                    send(done, "RESPONSE_FETCH")
                 with m.Else():
-                    send(done, "Response CRC")
+                    send(done, "RESPONSE_CRC")
             # Each response word goes buffer -> tx_word (a flop) -> UART: the block RAM's read
             # data (slow clock-to-out) never runs on into the transmitter's shift register.
-            with m.State("Response Fetch"):
+            with m.State("RESPONSE_FETCH"):
                 m.d.comb += rd.addr.eq(idx)
-                m.next = "Response Latch"
-            with m.State("Response Latch"):
+                m.next = "RESPONSE_LATCH"
+            with m.State("RESPONSE_LATCH"):
                 m.d.sync += tx_word.eq(rd.data)
-                m.next = "Response Data"
-            with m.State("Response Data"):
+                m.next = "RESPONSE_DATA"
+            with m.State("RESPONSE_DATA"):
                 byte = tx_word.word_select((~octet)[:2], 8)     # MSB octet first
-                send(byte, "Response Data")
+                send(byte, "RESPONSE_DATA")
                 with m.If(utx.ready):
                     m.d.sync += octet.eq(octet + 1)
                     with m.If(octet == 3):
                         m.d.sync += idx.eq(idx + 1)
                         with m.If(idx + 1 == done):
-                            m.next = "Response CRC"
+                            m.next = "RESPONSE_CRC"
                         with m.Else():
-                            m.next = "Response Fetch"
-            with m.State("Response CRC"):
-                send(tx_crc.crc, "Start Of Frame", crc=False)
+                            m.next = "RESPONSE_FETCH"
+            with m.State("RESPONSE_CRC"):
+                send(tx_crc.crc, "START_OF_FRAME", crc=False)
         return m
 
 

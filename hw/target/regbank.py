@@ -164,7 +164,7 @@ class HostMemPort(wiring.Component):
                      mem.req.p.wstrb.eq(Mux(hi, 0xF0, 0x0F)),
                      mem.req.p.we.eq(b.we)]
         with m.FSM():
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 with m.If((b.re | b.we) & bad):
                     m.d.comb += [b.ack.eq(1), b.err.eq(1)]
                 with m.Elif(b.we):
@@ -172,13 +172,13 @@ class HostMemPort(wiring.Component):
                 with m.Elif(b.re):
                     m.d.comb += mem.req.valid.eq(1)
                     with m.If(mem.req.ready):
-                        m.next = "Wait"
-            with m.State("Wait"):
+                        m.next = "WAIT"
+            with m.State("WAIT"):
                 m.d.comb += mem.rsp.ready.eq(1)
                 with m.If(mem.rsp.valid):
                     m.d.comb += [b.ack.eq(1),
                                  b.rdata.eq(Mux(hi, mem.rsp.p.rdata[32:], mem.rsp.p.rdata[:32]))]
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 
