@@ -526,6 +526,14 @@ def decode(raw, *, addr_le=False, max_inline=None, block_size=None):
 
 
 def _decode(raw, addr_le, max_inline, block_size):
+    op, hdr = _decode_header(raw, addr_le)
+    common = {k: hdr[k] for k in ("flags", "request_id", "handle", "generation", "status")}
+    body = _Body(raw, op, hdr["flags"], addr_le, max_inline, block_size)
+    return _BODY_DECODERS[op](body, common)
+
+
+def _decode_header(raw, addr_le):
+    """The common header's checks, in the codec's order; returns (opcode, header fields)."""
     if len(raw) < HEADER_SIZE:
         raise KbtpError("header", f"truncated: {len(raw)} octet(s), the common header needs "
                         f"{HEADER_SIZE}", len(raw))
@@ -538,8 +546,7 @@ def _decode(raw, addr_le, max_inline, block_size):
         raise KbtpError("opcode", f"unknown opcode {hdr['opcode']:#04x}", hdr["opcode"]) from None
     if addr_le and op in REQUEST_OPCODES:
         hdr = _unpack(CommonHeader, raw, 0, _LE_HANDLE)
-    flags = hdr["flags"]
-    _check_flags(op, flags)
+    _check_flags(op, hdr["flags"])
     status = hdr["status"]
     if op in REQUEST_OPCODES and status:
         raise KbtpError("status", f"{status} in a {op.name} request, must be 0", status)
@@ -549,89 +556,117 @@ def _decode(raw, addr_le, max_inline, block_size):
         for name in ("request_id", "handle", "generation"):
             if hdr[name]:
                 raise KbtpError(name, f"{hdr[name]:#x} in {op.name}, must be 0", hdr[name])
-    common = {k: hdr[k] for k in ("flags", "request_id", "handle", "generation", "status")}
-    rd = _Reader(raw, op.name)
-    dle = _LE_DATA if addr_le else ()
-    cle = _LE_COMPL if addr_le else ()
+    return op, hdr
 
-    def data_desc():
-        d = rd.take(DataDescriptor, "data_descriptor", dle)
-        if block_size is not None and d["length"] > block_size:
+
+class _Body(_Reader):
+    """The body of one message after its header: the descriptors, inline data and the checks
+    that depend on the session (ADDR_LE, Max Inline, Block Size)."""
+
+    def __init__(self, raw, op, flags, addr_le, max_inline, block_size):
+        super().__init__(raw, op.name)
+        self.op, self.flags = op, flags
+        self.max_inline, self.block_size = max_inline, block_size
+        self.dle = _LE_DATA if addr_le else ()
+        self.cle = _LE_COMPL if addr_le else ()
+
+    def data_desc(self):
+        d = self.take(DataDescriptor, "data_descriptor", self.dle)
+        if self.block_size is not None and d["length"] > self.block_size:
             raise KbtpError("data_descriptor.length", f"{d['length']} exceeds Block Size "
-                            f"{block_size}", d["length"], Status.TOO_LARGE)
+                            f"{self.block_size}", d["length"], Status.TOO_LARGE)
         return DataDesc(d["stag"], d["tagged_offset"], d["length"])
 
-    def compl_desc():
-        if not flags & ReqFlags.RECORD.value:
+    def compl_desc(self):
+        if not self.flags & ReqFlags.RECORD.value:
             return None
-        c = rd.take(CompletionDescriptor, "completion_descriptor", cle)
+        c = self.take(CompletionDescriptor, "completion_descriptor", self.cle)
         if c["reserved"]:
             raise KbtpError("completion_descriptor.reserved", f"{c['reserved']:#x}, must be 0",
                             c["reserved"])
         return ComplDesc(c["stag"], c["tagged_offset"])
 
-    def finish_fixed():
+    def finish_fixed(self):
         # 16 octets too many where a Completion Descriptor would sit: say so, it is the likely
         # mistake (RECORD forgotten), rather than "trailing octets".
-        if (rd.left == CompletionDescriptor.SIZE and op in (Opcode.LOAD, Opcode.FREE)
-                and not flags & ReqFlags.RECORD.value):
+        if (self.left == CompletionDescriptor.SIZE and self.op in (Opcode.LOAD, Opcode.FREE)
+                and not self.flags & ReqFlags.RECORD.value):
             raise KbtpError("completion_descriptor", "16 octets follow but the RECORD flag is "
-                            "clear", rd.left)
-        rd.finish()
+                            "clear", self.left)
+        self.finish()
 
-    if op is Opcode.HELLO:
-        b = rd.take(HelloBody, "body")
-        rd.finish()
-        return Hello(**common, **b)
-    if op is Opcode.HELLO_ACK:
-        return _decode_hello_ack(rd, common, block_size)
-    if op is Opcode.LOAD:
-        d = data_desc()
-        c = compl_desc()
-        finish_fixed()
-        return Load(**common, data=d, completion=c)
-    if op in (Opcode.STORE, Opcode.ALLOC_STORE):
-        d = data_desc()
-        c = compl_desc()
-        inline = b""
-        if flags & ReqFlags.INLINE.value:
-            if d.stag:
-                raise KbtpError("data_descriptor.stag", f"{d.stag:#x} with INLINE, must be 0",
-                                d.stag)
-            if d.tagged_offset:
-                raise KbtpError("data_descriptor.tagged_offset",
-                                f"{d.tagged_offset:#x} with INLINE, must be 0", d.tagged_offset)
-            inline = raw[rd.pos:]
-            if len(inline) != d.length:
-                raise KbtpError("inline_data", f"{len(inline)} octet(s) follow but the Data "
-                                f"Descriptor Length is {d.length}", len(inline))
-            if max_inline is not None and len(inline) > max_inline:
-                raise KbtpError("inline_data", f"{len(inline)} octets exceed Max Inline "
-                                f"{max_inline}", len(inline), Status.TOO_LARGE)
-            rd.pos = len(raw)
-        else:
-            finish_fixed()
-        return message_class(op)(**common, data=d, completion=c, inline=inline)
-    if op is Opcode.FREE:
-        c = compl_desc()
-        finish_fixed()
-        return Free(**common, completion=c)
-    if op is Opcode.BIND:
-        b = rd.take(BindBody, "body")
-        rd.finish()
-        if b["block_offset"] == SLOT_EMPTY:
-            raise KbtpError("block_offset", "all ones is the empty-slot marker, not a block",
-                            b["block_offset"])
-        _check_block_size("data_length", b["data_length"], block_size)
-        return Bind(**common, **b)
-    if op is Opcode.COMPLETION:
-        b = rd.take(CompletionBody, "body")
-        rd.finish()
-        if b["reserved"]:
-            raise KbtpError("reserved", f"{b['reserved']:#x}, must be 0", b["reserved"])
-        _check_block_size("data_length", b["data_length"], block_size)
-        return Completion(**common, data_length=b["data_length"], block_offset=b["block_offset"])
-    rd.finish()
+    def inline_data(self, d):
+        """The octets after the descriptors of an INLINE store: exactly the Data Descriptor's
+        Length, zero STag and Tagged Offset, at most Max Inline."""
+        if d.stag:
+            raise KbtpError("data_descriptor.stag", f"{d.stag:#x} with INLINE, must be 0",
+                            d.stag)
+        if d.tagged_offset:
+            raise KbtpError("data_descriptor.tagged_offset",
+                            f"{d.tagged_offset:#x} with INLINE, must be 0", d.tagged_offset)
+        inline = self.raw[self.pos:]
+        if len(inline) != d.length:
+            raise KbtpError("inline_data", f"{len(inline)} octet(s) follow but the Data "
+                            f"Descriptor Length is {d.length}", len(inline))
+        if self.max_inline is not None and len(inline) > self.max_inline:
+            raise KbtpError("inline_data", f"{len(inline)} octets exceed Max Inline "
+                            f"{self.max_inline}", len(inline), Status.TOO_LARGE)
+        self.pos = len(self.raw)
+        return inline
+
+
+def _decode_hello(body, common):
+    b = body.take(HelloBody, "body")
+    body.finish()
+    return Hello(**common, **b)
+
+
+def _decode_load(body, common):
+    d = body.data_desc()
+    c = body.compl_desc()
+    body.finish_fixed()
+    return Load(**common, data=d, completion=c)
+
+
+def _decode_store(body, common):
+    """STORE and ALLOC_STORE: the same layout."""
+    d = body.data_desc()
+    c = body.compl_desc()
+    inline = b""
+    if body.flags & ReqFlags.INLINE.value:
+        inline = body.inline_data(d)
+    else:
+        body.finish_fixed()
+    return message_class(body.op)(**common, data=d, completion=c, inline=inline)
+
+
+def _decode_free(body, common):
+    c = body.compl_desc()
+    body.finish_fixed()
+    return Free(**common, completion=c)
+
+
+def _decode_bind(body, common):
+    b = body.take(BindBody, "body")
+    body.finish()
+    if b["block_offset"] == SLOT_EMPTY:
+        raise KbtpError("block_offset", "all ones is the empty-slot marker, not a block",
+                        b["block_offset"])
+    _check_block_size("data_length", b["data_length"], body.block_size)
+    return Bind(**common, **b)
+
+
+def _decode_completion(body, common):
+    b = body.take(CompletionBody, "body")
+    body.finish()
+    if b["reserved"]:
+        raise KbtpError("reserved", f"{b['reserved']:#x}, must be 0", b["reserved"])
+    _check_block_size("data_length", b["data_length"], body.block_size)
+    return Completion(**common, data_length=b["data_length"], block_offset=b["block_offset"])
+
+
+def _decode_goodbye(body, common):
+    body.finish()
     return Goodbye(**common)
 
 
@@ -706,6 +741,21 @@ def _decode_hello_ack(rd, common, block_size):
 # --------------------------------------------------------------------------------------------
 # Target memory structures
 # --------------------------------------------------------------------------------------------
+
+
+#: The body decoder of each opcode (after :func:`_decode_header`).
+_BODY_DECODERS = {
+    Opcode.HELLO: _decode_hello,
+    Opcode.HELLO_ACK: lambda body, common: _decode_hello_ack(body, common, body.block_size),
+    Opcode.LOAD: _decode_load,
+    Opcode.STORE: _decode_store,
+    Opcode.ALLOC_STORE: _decode_store,
+    Opcode.FREE: _decode_free,
+    Opcode.BIND: _decode_bind,
+    Opcode.COMPLETION: _decode_completion,
+    Opcode.GOODBYE: _decode_goodbye,
+}
+
 
 def _exact(raw, struct, name):
     raw = bytes(raw)
