@@ -3,13 +3,17 @@
 #      §Direct Modes, §Completion, §Operational Considerations (retention, Ticket Timeout);
 #      layouts.md;
 #      model/target.py "Readings of the draft" (the behaviour followed here, the oracle of the tests);
-#      hw/kbtp/engine.py "What the host keeps doing" and its register map.
+#      hw/kbtp/engine.py "What the host keeps doing" and its register map;
+#      host/policy.py (the decisions shared with the model, and the differences).
 """The KBTP host driver: the slow path of a :class:`hw.target.target.KbtpTarget`.
 
 The gateware engine runs LOAD, STORE and ALLOC_STORE of configured sessions on its own (fast
 path). Everything else arrives in the host's notify queue and is handled here, through the one
 narrow interface :class:`host.port.TargetPort`, exactly as the golden model
 :class:`model.target.TargetModel` would (same replies octet for octet, same target-memory effects).
+Every decision the two must make alike (validation order, quotas, generations, HELLO admission
+and HELLO_ACK contents, trust domains, completions) is taken from :mod:`host.policy`; its
+docstring lists what still differs between the driver and the model, and why.
 
 API
 ---
@@ -86,11 +90,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags, RingSlot,
-                        SLOT_EMPTY, Status, TableEntry, CommonHeader, RING_ADD_DATA,
-                        RING_ADD_DATA_UNMASKED, unpack, wire_fields)
-from host import codec
-from host.codec import KbtpError
+from hw.headers import (Features, Opcode, ReqFlags, RingSlot, SLOT_EMPTY, Status, TableEntry,
+                        CommonHeader, RING_ADD_DATA, RING_ADD_DATA_UNMASKED, wire_fields)
+from host import codec, policy
+from host.policy import PartitionState, SessionState, next_generation
 from hw.iface import REG_KBTP, REG_MR, QpState, WcStatus, WrOp
 from hw.kbtp.engine import Cmd, FAST_OPS, reg as ENG
 from hw.rdma.qp import MR_STRIDE
@@ -119,12 +122,9 @@ ENTRY = TableEntry.SIZE
 SLOT = RingSlot.SIZE
 HOST_SCRATCH = 256
 ENGINE_SCRATCH = 64
-_VALID = EntryFlags.VALID.value
-_SEALED = EntryFlags.SEALED.value
-_DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
-_ALL_FEATURES = sum(f.value for f in Features)
+_VALID = policy.VALID
+_ACCESS = {"r": "read", "w": "write", "a": "atomic"}      # Window.access -> set_mr right
 _SLOT_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(RingSlot)}
-_ENTRY_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(TableEntry)}
 
 
 class DriverError(Exception):
@@ -181,27 +181,10 @@ class Handled:
 
 
 @dataclass
-class _Session:
-    iid: int
-    domain: int
-    range_index: int
-    handle_base: int
-    handle_count: int
-    quota: int
-    features: int = 0
-    qp: int | None = None           # None while retained
-    partition: int | None = None
-    direct_alloc: bool = False
-    credits: int = 0
-    expire_at: float | None = None
-    engine: bool = False            # session registers of ``qp`` programmed in the engine
-
-    @property
-    def addr_le(self):
-        return bool(self.features & Features.ADDR_LE.value)
-
-    def owns(self, h):
-        return self.handle_base <= h < self.handle_base + self.handle_count
+class _Session(SessionState):
+    """A session (:class:`host.policy.SessionState`; ``conn`` is the QP) and whether the engine
+    runs its fast path."""
+    engine: bool = False            # session registers of ``conn`` programmed in the engine
 
 
 @dataclass
@@ -219,20 +202,6 @@ class _Ring:
 
     def slot_of(self, t):
         return SLOT * (t % self.N)
-
-
-@dataclass
-class _Part:
-    index: int
-    ring: _Ring
-    first_block: int
-    owner: int | None = None
-    last_domain: int | None = None
-    seen: int = 0
-    outstanding: dict = field(default_factory=dict)  # ticket -> first seen (ms)
-    abandoned: set = field(default_factory=set)
-    to_reclaim: list = field(default_factory=list)
-    stags: tuple = ()
 
 
 @dataclass
@@ -266,15 +235,14 @@ class KbtpDriver:
         self._wcs: dict[int, dict] = {}             # wr_id -> WorkCompletion not yet claimed
         lay = self.lay
         self.shared = _Ring(lay["ring"], cfg.ring_order, lay["head"], lay["tail"])
-        self.parts = [_Part(p, _Ring(d["ring"], cfg.direct_ring_order, d["head"], d["tail"]),
-                            d["first_block"]) for p, d in enumerate(lay["direct"])]
+        self.parts = [PartitionState(p, _Ring(d["ring"], cfg.direct_ring_order, d["head"],
+                                              d["tail"]), d["first_block"])
+                      for p, d in enumerate(lay["direct"])]
         # MR slots: table, pool (DIRECT_LOAD), then 3 per partition (DIRECT_ALLOC).
         self.mr_base = mr_base
         # DIRECT_LOAD is granted only when a single trust domain exists and it is trusted
         # (the Pool STag reaches every block): otherwise its two MRs are never needed
-        doms = self._possible_domains()
-        self._mr_direct_load = bool(cfg.offered() & Features.DIRECT_LOAD.value
-                                    and len(doms) == 1 and doms <= set(cfg.direct_domains))
+        self._mr_direct_load = policy.direct_load_possible(cfg)
         need = (2 if self._mr_direct_load else 0) + 3 * cfg.direct_partitions
         if n_mr is not None and need > n_mr:
             raise ValueError(f"direct modes need {need} MR slots from {mr_base}, "
@@ -308,16 +276,14 @@ class KbtpDriver:
         return ENG["QP"] + ENG["QP_STRIDE"] * qp + ENG[name]
 
     def entry_addr(self, h):
-        return self.lay["table"] + ENTRY * (h - self.cfg.table_base_handle)
+        return policy.entry_addr(self.cfg, self.lay, h)
 
     def block_addr(self, boff):
-        return self.lay["pool"] + (boff - self.cfg.pool_to_base)
+        return policy.block_addr(self.cfg, self.lay, boff)
 
-    def _in_table(self, h):
-        return 0 <= h - self.cfg.table_base_handle < self.cfg.num_handles
-
-    def _possible_domains(self):
-        return set(self.cfg.trust_domains.values()) | {self.cfg.default_trust_domain}
+    def _part(self, s):
+        """The session's partition, or None."""
+        return self.parts[s.partition] if s.partition is not None else None
 
     # ---------------------------------------------------------------- memory structures
     def _bo_bytes(self, boff):
@@ -326,33 +292,16 @@ class KbtpDriver:
     def _bo_value(self, raw):
         return int.from_bytes(raw, "little" if self.cfg.addr_le else "big")
 
-    def _entry_image(self, flags, gen, dlen, boff):
-        return codec.encode_entry(flags, gen, dlen, boff, addr_le=self.cfg.addr_le)
-
     async def read_entry(self, h):
         """Table entry of handle ``h`` as a dict (flags, generation, data_length,
         block_offset)."""
         raw = await self.port.mem_read(self.entry_addr(h), ENTRY)
-        return self._decode_entry(raw)
+        return policy.decode_entry(self.cfg, raw)
 
-    def _decode_entry(self, raw):
-        raw = bytearray(raw)
-        if self.cfg.addr_le:
-            o, n = _ENTRY_F["block_offset"]
-            raw[o:o + n] = raw[o:o + n][::-1]
-        return unpack(TableEntry, raw)
-
-    async def _write_flags_gen(self, h, flags, gen):
-        # flags and generation are the entry's first word: one 4-octet write (draft order)
-        img = self._entry_image(flags, gen, 0, 0)
-        await self.port.mem_write(self.entry_addr(h), img[0:4])
-
-    async def _write_entry_bind(self, h, flags, gen, dlen, boff):
-        """Bind: Data Length and Block Offset first, then Flags and Generation."""
-        img = self._entry_image(flags, gen, dlen, boff)
-        a = self.entry_addr(h)
-        await self.port.mem_write(a + 4, img[4:16])
-        await self.port.mem_write(a, img[0:4])
+    async def _write(self, writes):
+        """Carry out ordered target-memory writes ``[(address, octets), ...]``."""
+        for a, data in writes:
+            await self.port.mem_write(a, data)
 
     def _ring_image(self, n, blocks):
         """Slots of a fresh ring of order ``n`` holding ``blocks`` for tickets 0..F-1, and the
@@ -381,20 +330,16 @@ class KbtpDriver:
         def put(a, b):
             img[a:a + len(b)] = b
 
-        order = cfg.initial_free_order or list(range(cfg.shared_blocks))
-        ring, head, tail = self._ring_image(cfg.ring_order,
-                                            [cfg.block_offset(i) for i in order])
-        put(lay["ring"], ring)
-        put(lay["head"], head.to_bytes(8, "little"))
-        put(lay["tail"], tail.to_bytes(8, "little"))
-        for d in lay["direct"]:
-            ring, head, tail = self._ring_image(
-                cfg.direct_ring_order,
-                [cfg.block_offset(d["first_block"] + i) for i in range(cfg.direct_quota)])
+        shared, parts = policy.initial_blocks(cfg, lay)
+        rings = [(lay, cfg.ring_order, shared)]
+        rings += [(d, cfg.direct_ring_order, b) for d, b in zip(lay["direct"], parts)]
+        for d, order, blocks in rings:
+            ring, head, tail = self._ring_image(order, blocks)
             put(d["ring"], ring)
             put(d["head"], head.to_bytes(8, "little"))
             put(d["tail"], tail.to_bytes(8, "little"))
-        put(lay["table"], self._entry_image(0, cfg.initial_generation, 0, 0) * cfg.num_handles)
+        put(lay["table"],
+            policy.entry_image(cfg, 0, cfg.initial_generation, 0, 0) * cfg.num_handles)
         return bytes(img)
 
     # ring operations done by the host (partition rings; shared ring only without the engine)
@@ -424,8 +369,7 @@ class KbtpDriver:
         await self.port.mem_write(ring.base + o + so, (u & M32).to_bytes(sn, "big"))
 
     async def _slot_ready(self, ring, t, o):
-        seq, bo = await self._read_slot(ring, o)
-        return seq == t & M32 and bo != SLOT_EMPTY
+        return policy.slot_holds(t, *await self._read_slot(ring, o))
 
     async def _consume(self, ring, o):
         """Mark a slot consumed, then write the oldest free deferred on it."""
@@ -472,17 +416,15 @@ class KbtpDriver:
     async def _return_block(self, domain, boff):
         """Clear if needed, then give the block back to its ring (after the entry update)."""
         cfg = self.cfg
-        i = (boff - cfg.pool_to_base) // cfg.block_size
-        if i < cfg.shared_blocks:
-            if self._possible_domains() - {domain}:
-                await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
-            if self.fast_ok:
-                await self._engine_free(boff)
-            else:
-                await self._host_free(self.shared, boff)
+        home = policy.block_home(cfg, boff)
+        if policy.clear_on_return(cfg, domain, home):
+            await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
+        if home is not None:
+            await self._host_free(self.parts[home].ring, boff)
+        elif self.fast_ok:
+            await self._engine_free(boff)
         else:
-            p = (i - cfg.shared_blocks) // cfg.direct_quota
-            await self._host_free(self.parts[p].ring, boff)
+            await self._host_free(self.shared, boff)
 
     # ---------------------------------------------------------------- init / QPs
     async def init(self):
@@ -495,10 +437,8 @@ class KbtpDriver:
         self.shared.pending.clear()
         # direct-mode MRs, reachable by nobody yet
         if self._mr_direct_load:
-            await self._set_mr(self.mr_base, cfg.table_stag, 0, lay["table_size"], lay["table"], 0,
-                               read=1)
-            await self._set_mr(self.mr_base + 1, cfg.pool_stag, cfg.pool_to_base, lay["pool_size"],
-                               lay["pool"], 0, read=1)
+            for k, w in enumerate(policy.direct_load_windows(cfg, lay)):
+                await self._set_window(self.mr_base + k, w, 0)
         for p in self.parts:
             for k in range(3):
                 await self._mr_off(self._part_mr(p.index, k))
@@ -551,6 +491,11 @@ class KbtpDriver:
         await self.port.set_mr(j, read=read, write=write,
                                atomic=atomic, qp_mask=mask, rkey=rkey, va=va, length=length,
                                laddr=laddr)
+
+    async def _set_window(self, j, w, mask):
+        """MR slot ``j`` for what a direct STag exposes (a :class:`host.policy.Window`)."""
+        await self._set_mr(j, w.stag, w.base_to, w.length, w.addr, mask,
+                           **{_ACCESS[w.access]: 1})
 
     async def _mr_off(self, j):
         self._mr_masks[j] = 0
@@ -616,7 +561,7 @@ class KbtpDriver:
         qp = n["qp"]
         raw = await self.port.mem_read(n["addr"], n["length"])
         self.host_actions += 1
-        res = Handled(qp, self._op_name(raw), None)
+        res = Handled(qp, policy.op_name(raw), None)
         c = self._conns.get(qp)
         try:
             if c is not None and not c.closed:
@@ -666,10 +611,10 @@ class KbtpDriver:
         acts = []
         await self._observe(now)
         for p in self.parts:
-            if p.outstanding and min(p.outstanding.values()) + self.cfg.ticket_timeout_ms <= now:
+            if p.timed_out(now, self.cfg.ticket_timeout_ms):
                 await self._abandon_all(p, "ticket timeout", acts)
         for s in list(self._sessions.values()):
-            if s.qp is None and s.expire_at is not None and s.expire_at <= now:
+            if s.expired(now):
                 await self._release_session(s, acts)
                 self.stats[("RETENTION_EXPIRY", "OK")] = \
                     self.stats.get(("RETENTION_EXPIRY", "OK"), 0) + 1
@@ -680,43 +625,23 @@ class KbtpDriver:
         """(Initiator ID, handle base, handle count, quota, features) of ``qp``'s session."""
         c = self._conns.get(qp)
         s = c.session if c else None
-        return None if s is None else (s.iid, s.handle_base, s.handle_count, s.quota,
+        return None if s is None else (s.initiator_id, s.handle_base, s.handle_count, s.quota,
                                        s.features)
 
     # ---------------------------------------------------------------- dispatch
-    @staticmethod
-    def _op_name(raw):
-        if len(raw) < 2:
-            return "SHORT"
-        try:
-            return Opcode(raw[1]).name
-        except ValueError:
-            return f"OPCODE_{raw[1]:#04x}"
-
     async def _dispatch(self, c, raw, now, res):
         acts = res.actions
-        if len(raw) >= 2 and raw[1] == Opcode.HELLO.value:
+        if policy.is_hello(raw):
             res.status = await self._hello(c, raw, now, acts)
             return
         s = c.session
-        try:
-            msg = codec.decode(raw, addr_le=s.addr_le if s else False,
-                               max_inline=self.cfg.max_inline)
-        except KbtpError as e:
-            res.status = await self._complete_raw(c, raw, e.status, acts)
-            return
-        op = msg.OPCODE
-        if s is None or op in (Opcode.HELLO_ACK, Opcode.COMPLETION):
-            res.status = await self._complete_raw(c, raw, Status.MALFORMED, acts)
-            return
-        both = ReqFlags.RECORD.value | ReqFlags.INVALIDATE.value
-        if (msg.flags & both == both and op is not Opcode.GOODBYE
-                and s.features & Features.RECORD_COMPLETION.value):
-            res.status = await self._complete_raw(c, raw, Status.MALFORMED, acts)
+        msg, status = policy.screen(self.cfg, raw, s)
+        if msg is None:
+            res.status = await self._complete_raw(c, raw, status, acts)
             return
         handler = {Opcode.FREE: self._free, Opcode.BIND: self._bind,
                    Opcode.GOODBYE: self._goodbye, Opcode.LOAD: self._load,
-                   Opcode.STORE: self._store, Opcode.ALLOC_STORE: self._alloc_store}[op]
+                   Opcode.STORE: self._store, Opcode.ALLOC_STORE: self._alloc_store}[msg.OPCODE]
         res.status = await handler(c, s, msg, now, acts)
 
     # ---------------------------------------------------------------- completions
@@ -726,43 +651,23 @@ class KbtpDriver:
         if c.closed:
             return status.name
         s, qp = c.session, c.qp
-        inval = None
-        if msg.flags & ReqFlags.INVALIDATE.value and getattr(msg, "data", None) is not None:
-            inval = msg.data.stag
-        cd = getattr(msg, "completion", None)
-        if (msg.flags & ReqFlags.RECORD.value and s is not None and cd is not None
-                and s.features & Features.RECORD_COMPLETION.value):
-            rec = codec.encode_record(msg.request_id, status.value, gen, dlen, boff)
-            imm = msg.request_id & M32
+        cd = policy.record_descriptor(msg, s)
+        if cd is not None:
+            rec, imm = policy.completion_record(msg, status, gen, dlen, boff)
             a = await self._scratch(qp, rec)
             ok = await self._rdma(qp, WrOp.WRITE_IMM, cd.stag, cd.tagged_offset, len(rec), a,
                                   imm=imm)
             acts.append(("write_imm", qp, cd.stag, cd.tagged_offset, rec, imm, ok))
             if ok:
                 return status.name
-        payload = codec.encode(codec.Completion(request_id=msg.request_id, handle=msg.handle,
-                                                generation=gen, status=status.value,
-                                                data_length=dlen, block_offset=boff),
-                               addr_le=s.addr_le if s is not None else False)
-        await self._send(c.qp, payload, inval, acts)
+        payload = policy.completion_payload(msg, s, status, gen, dlen, boff)
+        await self._send(qp, payload, policy.invalidate_stag(msg), acts)
         return status.name
 
     async def _complete_raw(self, c, raw, status, acts):
         """COMPLETION for an undecodable request: echo Request ID / Block Handle if they came."""
-        s = c.session
-        hdr = bytearray(raw[:CommonHeader.SIZE]).ljust(CommonHeader.SIZE, b"\0")
-        if s is not None and s.addr_le:
-            hdr[12:20] = hdr[12:20][::-1]
-        f = unpack(CommonHeader, hdr)
-        name = self._op_name(raw)
-        key = (name, Status(status).name)
-        self.stats[key] = self.stats.get(key, 0) + 1
-        rid = f["request_id"] if len(raw) >= 12 else 0
-        handle = f["handle"] if len(raw) >= 20 else 0
-        payload = codec.encode(codec.Completion(request_id=rid, handle=handle,
-                                                status=Status(status).value),
-                               addr_le=s.addr_le if s else False)
-        await self._send(c.qp, payload, None, acts)
+        self._count(policy.op_name(raw), status)
+        await self._send(c.qp, policy.raw_completion(raw, c.session, status), None, acts)
         return Status(status).name
 
     # ---------------------------------------------------------------- HELLO / GOODBYE
@@ -776,93 +681,36 @@ class KbtpDriver:
             c.closed = True
         return Status(status).name
 
-    def _new_stag(self):
-        self._next_stag += 0x100
-        return self._next_stag
-
     async def _hello(self, c, raw, now, acts):
         cfg = self.cfg
-        try:
-            msg = codec.decode(raw)
-        except KbtpError:
-            return await self._hello_ack(c, Status.MALFORMED, acts, "malformed HELLO")
-        if c.session is not None:
-            return await self._hello_ack(c, Status.MALFORMED, acts)
-        iid = msg.initiator_id
-        s = self._sessions.get(iid)
-        if s is not None and s.qp is not None:
-            return await self._hello_ack(c, Status.ALREADY_BOUND, acts,
-                                         "Initiator ID has an active session")
-        domain = cfg.domain_of(iid)
-        offered = cfg.offered()
-        if domain not in cfg.direct_domains:
-            offered &= ~_DIRECT
-        if self._possible_domains() != {domain}:
-            offered &= ~Features.DIRECT_LOAD.value      # the Pool STag reaches every block
-        feats = msg.requested_features & offered
-        if bool(feats & Features.ADDR_LE.value) != cfg.addr_le:
-            feats &= ~_DIRECT
+        plan = policy.plan_hello(cfg, raw, conn_has_session=c.session is not None,
+                                 sessions=self._sessions,
+                                 partition_owners=[p.owner for p in self.parts])
+        if plan.status is not Status.OK:
+            return await self._hello_ack(c, plan.status, acts, plan.disconnect)
+        s = plan.session
         if s is None:
-            used = {x.range_index for x in self._sessions.values()}
-            free = [i for i in range(cfg.num_ranges) if i not in used]
-            if not free:
-                return await self._hello_ack(c, Status.NO_SPACE, acts, "no free handle range")
-            ri = free[0]
-            part = None
-            if feats & Features.DIRECT_ALLOC.value:
-                part = next((p for p in self.parts if p.owner is None), None)
-            if part is not None:
-                quota = cfg.direct_quota
-            else:
-                feats &= ~Features.DIRECT_ALLOC.value
-                quota = cfg.quotas.get(iid, cfg.quota_per_initiator)
-                if not cfg.overcommit_quotas:
-                    taken = sum(x.quota for x in self._sessions.values() if x.partition is None)
-                    quota = max(0, min(quota, cfg.shared_blocks - taken))
-            s = _Session(iid, domain, ri, cfg.table_base_handle + ri * cfg.handles_per_initiator,
-                         cfg.handles_per_initiator, quota)
-            self._sessions[iid] = s
-            if part is not None:
-                await self._assign_partition(s, part)
-            if ri < self.n_ranges:
-                await self._ereg(ENG["RANGE"] + 4 * ri, 1 << 8 | (domain & 0xFF))
-        elif s.partition is None:
-            feats &= ~Features.DIRECT_ALLOC.value
-        s.qp = c.qp
-        s.expire_at = None
-        s.features = feats
-        s.credits = msg.completion_credits
+            s = self._sessions[plan.new["initiator_id"]] = _Session(**plan.new)
+            if plan.partition is not None:
+                await self._assign_partition(s, self.parts[plan.partition])
+            if s.range_index < self.n_ranges:
+                await self._ereg(ENG["RANGE"] + 4 * s.range_index, 1 << 8 | (s.domain & 0xFF))
+        s.attach(c.qp, plan.features, plan.msg.completion_credits)
         c.session = s
-        fields = dict(features=feats, request_credits=cfg.request_credits,
-                      block_size=cfg.block_size, max_inline=cfg.max_inline,
-                      allocation_quota=s.quota, handle_base=s.handle_base,
-                      handle_count=s.handle_count, ticket_timeout_ms=cfg.ticket_timeout_ms)
         bit = 1 << c.qp
-        if feats & Features.DIRECT_LOAD.value:
+        if s.features & Features.DIRECT_LOAD.value:
             for j in (self.mr_base, self.mr_base + 1):
                 await self._mr_mask(j, self._mr_masks.get(j, 0) | bit)
-            fields.update(table=codec.DirectDesc(cfg.table_stag, 0, cfg.num_handles),
-                          table_base_handle=cfg.table_base_handle,
-                          pool=codec.DirectDesc(cfg.pool_stag, cfg.pool_to_base, cfg.num_blocks))
-        s.direct_alloc = bool(feats & Features.DIRECT_ALLOC.value)
+        stags = None
         if s.direct_alloc:
             part = self.parts[s.partition]
-            d = self.lay["direct"][part.index]
-            first = cfg.block_offset(part.first_block)
-            stags = (self._new_stag(), self._new_stag(), self._new_stag())
-            await self._set_mr(self._part_mr(part.index, 0), stags[0], first,
-                               cfg.direct_quota * cfg.block_size, self.block_addr(first), bit,
-                               write=1)
-            await self._set_mr(self._part_mr(part.index, 1), stags[1], 0, SLOT * d["n"],
-                               d["ring"], bit, read=1)
-            await self._set_mr(self._part_mr(part.index, 2), stags[2], 0, 8, d["head"], bit,
-                               atomic=1)
-            part.stags = stags
-            fields.update(partition=codec.DirectDesc(stags[0], first, cfg.direct_quota),
-                          ring=codec.DirectDesc(stags[1], 0, d["n"]),
-                          head=codec.DirectDesc(stags[2], 0, 1))
+            stags = part.stags = policy.new_stags(self._next_stag)
+            self._next_stag = stags[-1]
+            for k, w in enumerate(policy.partition_windows(cfg, self.lay, part.index, stags)):
+                await self._set_window(self._part_mr(part.index, k), w, bit)
         await self._engine_session(c.qp, s)
-        return await self._hello_ack(c, Status.OK, acts, **fields)
+        return await self._hello_ack(c, Status.OK, acts,
+                                     **policy.hello_ack_fields(cfg, self.lay, s, stags))
 
     async def _engine_session(self, qp, s):
         """Hand the session's LOAD/STORE/ALLOC_STORE to the engine when it can run them: not
@@ -883,20 +731,17 @@ class KbtpDriver:
 
     async def _entries(self, s):
         raw = await self.port.mem_read(self.entry_addr(s.handle_base), ENTRY * s.handle_count)
-        return [self._decode_entry(raw[k:k + ENTRY]) for k in range(0, len(raw), ENTRY)]
+        return [policy.decode_entry(self.cfg, raw[k:k + ENTRY]) for k in range(0, len(raw), ENTRY)]
 
     async def _bound_count(self, s):
         return sum(1 for e in await self._entries(s) if e["flags"] & _VALID)
 
     async def _assign_partition(self, s, part):
         cfg = self.cfg
-        if part.last_domain is not None and part.last_domain != s.domain:
+        if part.assign(s):
             first = cfg.block_offset(part.first_block)
             await self.port.mem_write(self.block_addr(first),
                                       bytes(cfg.block_size * cfg.direct_quota))
-        part.owner = s.iid
-        part.last_domain = s.domain
-        s.partition = part.index
 
     async def _close(self, c, now):
         """The connection is gone: retain its session, drop its STags (MR masks)."""
@@ -906,10 +751,8 @@ class KbtpDriver:
             if mask & bit:
                 await self._mr_mask(j, mask & ~bit)
         s = c.session
-        if s is not None and s.qp == c.qp:
-            s.qp = None
-            s.direct_alloc = False
-            s.expire_at = now + self.cfg.retention_ms
+        if s is not None and s.conn == c.qp:
+            s.retain(now, self.cfg.retention_ms)
             if s.engine:
                 await self._ereg(self._qreg(c.qp, "QP_SESSION"), 0)
                 s.engine = False
@@ -922,14 +765,13 @@ class KbtpDriver:
         if s.partition is not None:
             part = self.parts[s.partition]
             await self._abandon_all(part, "session released", acts)
-            part.owner = None
-            part.stags = ()
+            part.release()
         if s.range_index < self.n_ranges:
             await self._ereg(ENG["RANGE"] + 4 * s.range_index, 0)
-        del self._sessions[s.iid]
+        del self._sessions[s.initiator_id]
 
     async def _goodbye(self, c, s, msg, now, acts):
-        if msg.flags & GoodbyeFlags.RELEASE.value:
+        if policy.goodbye_releases(msg):
             if s.partition is not None:
                 await self._abandon_all(self.parts[s.partition], "GOODBYE RELEASE", acts)
             await self._close(c, now)
@@ -941,26 +783,31 @@ class KbtpDriver:
         acts.append(("disconnect", c.qp, "GOODBYE"))
         return None
 
-    # ---------------------------------------------------------------- FREE / BIND
-    def _stale(self, msg, e):
-        return msg.generation and msg.generation != e["generation"]
+    # ---------------------------------------------------------------- checks
+    async def _checked(self, c, s, op, msg, acts):
+        """Authorization and the entry checks (host.policy): (entry, None) to go on, or (None,
+        the status name of the error completion sent)."""
+        status = policy.authorize(self.cfg, op, s, msg.handle, self._sessions.values())
+        if status is not None:
+            return None, await self._complete(c, op, msg, status, acts)
+        e = await self.read_entry(msg.handle)
+        status = policy.check_entry(self.cfg, op, msg, e)
+        if status is not None:
+            return None, await self._complete(c, op, msg, status, acts, e["generation"])
+        return e, None
 
+    # ---------------------------------------------------------------- FREE / BIND
     async def _unbind(self, s, h, e):
-        g = ((e["generation"] + 1) & 0xFFFF) or 1
-        await self._write_flags_gen(h, 0, g)
+        g = next_generation(e["generation"])
+        await self._write(policy.unbind_writes(self.cfg, self.lay, h, g))
         await self._return_block(s.domain, e["block_offset"])
         return g
 
     async def _free(self, c, s, msg, now, acts):
         op, h = Opcode.FREE, msg.handle
-        if not s.owns(h):
-            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(h)
-        if self._stale(msg, e):
-            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts,
-                                        e["generation"])
-        if not e["flags"] & _VALID:
-            return await self._complete(c, op, msg, Status.NOT_VALID, acts, e["generation"])
+        e, sent = await self._checked(c, s, op, msg, acts)
+        if e is None:
+            return sent
         g = await self._unbind(s, h, e)
         if s.engine:
             a = REG_KBTP + self._qreg(c.qp, "QP_USAGE")
@@ -970,34 +817,23 @@ class KbtpDriver:
 
     async def _bind(self, c, s, msg, now, acts):
         op, h = Opcode.BIND, msg.handle
-        if not s.owns(h):
-            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(h)
+        e, sent = await self._checked(c, s, op, msg, acts)
+        if e is None:
+            return sent
         g = e["generation"]
-        if msg.data_length > self.cfg.block_size:
-            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
-        if self._stale(msg, e):
-            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
-        if e["flags"] & _VALID:
-            return await self._complete(c, op, msg, Status.ALREADY_BOUND, acts, g)
-        if s.partition is None:
-            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
-        part = self.parts[s.partition]
+        part = self._part(s)
         t = msg.ticket
-        if t in part.abandoned:
-            return await self._complete(c, op, msg, Status.TICKET_ABANDONED, acts, g)
-        if not s.direct_alloc or t not in part.outstanding:
-            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
-        o = part.ring.slot_of(t)
-        seq, bo = await self._read_slot(part.ring, o)
-        if not (seq == t & M32 and bo != SLOT_EMPTY):
-            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
-        if bo != msg.block_offset:
-            return await self._complete(c, op, msg, Status.MALFORMED, acts, g)
+        status = policy.check_ticket(s, part, t)
+        if status is None:
+            o = part.ring.slot_of(t)
+            status = policy.check_slot(t, *await self._read_slot(part.ring, o), msg.block_offset)
+        if status is not None:
+            return await self._complete(c, op, msg, status, acts, g)
         del part.outstanding[t]
         await self._consume(part.ring, o)
-        g = ((e["generation"] + 1) & 0xFFFF) or 1
-        await self._write_entry_bind(h, _VALID, g, msg.data_length, msg.block_offset)
+        g = next_generation(e["generation"])
+        await self._write(policy.bind_writes(self.cfg, self.lay, h, _VALID, g, msg.data_length,
+                                             msg.block_offset))
         return await self._complete(c, op, msg, Status.OK, acts, g, msg.data_length,
                                     msg.block_offset)
 
@@ -1005,23 +841,17 @@ class KbtpDriver:
     async def _observe(self, now):
         """Stamp tickets initiators took on partition Heads since the last look."""
         for p in self.parts:
-            head = (await self._counter(p.ring.head)) >> 32
-            while p.seen != head:
-                p.outstanding[p.seen] = now
-                p.seen = (p.seen + 1) & M32
+            p.observe((await self._counter(p.ring.head)) >> 32, now)
 
     async def _abandon_all(self, part, reason, acts):
         s = self._sessions.get(part.owner)
-        if s is not None and s.qp is not None and s.direct_alloc:
+        if s is not None and s.partition_exposed:
             # invalidate the partition region first: no RDMA Write may land after reclamation
             for k, stag in enumerate(part.stags):
                 await self._mr_off(self._part_mr(part.index, k))
-                acts.append(("invalidate", s.qp, stag, reason))
+                acts.append(("invalidate", s.conn, stag, reason))
             s.direct_alloc = False
-        for t in list(part.outstanding):
-            part.abandoned.add(t)
-            part.to_reclaim.append(t)
-        part.outstanding.clear()
+        part.abandon()
         await self._retry_reclaims(part)
 
     async def _retry_reclaims(self, part):
@@ -1029,7 +859,7 @@ class KbtpDriver:
         for t in list(part.to_reclaim):
             o = part.ring.slot_of(t)
             seq, bo = await self._read_slot(part.ring, o)
-            if seq == t & M32 and bo != SLOT_EMPTY:
+            if policy.slot_holds(t, seq, bo):
                 await self._consume(part.ring, o)
                 await self._host_free(part.ring, bo)
                 part.to_reclaim.remove(t)
@@ -1046,29 +876,12 @@ class KbtpDriver:
                     progress |= await self._retry_reclaims(p)
 
     # ---------------------------------------------------------------- slow-path data ops
-    def _readable(self, s, h):
-        if not self._in_table(h):
-            return False
-        idx = (h - self.cfg.table_base_handle) // self.cfg.handles_per_initiator
-        for other in self._sessions.values():
-            if other.range_index == idx:
-                return other.domain == s.domain
-        return True
-
     async def _load(self, c, s, msg, now, acts):
-        op, h = Opcode.LOAD, msg.handle
-        if not self._readable(s, h):
-            return await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(h)
+        op = Opcode.LOAD
+        e, sent = await self._checked(c, s, op, msg, acts)
+        if e is None:
+            return sent
         g = e["generation"]
-        if self._stale(msg, e):
-            return await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
-        if not e["flags"] & _VALID:
-            return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
-        if not e["flags"] & _SEALED and not msg.flags & ReqFlags.ALLOW_UNSEALED.value:
-            return await self._complete(c, op, msg, Status.NOT_SEALED, acts, g)
-        if e["data_length"] > msg.data.length:
-            return await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
         n, boff = e["data_length"], e["block_offset"]
         if n:
             d = msg.data
@@ -1094,68 +907,42 @@ class KbtpDriver:
         acts.append(("rdma_read", c.qp, d.stag, d.tagged_offset, d.length, ok))
         return d.length if ok else None
 
-    async def _store_checks(self, c, s, op, msg, acts):
-        """The checks STORE and ALLOC_STORE share, in the draft's order: handle owned, length
-        within the block, generation. Returns (entry, None), or (None, the completion sent)."""
-        if not s.owns(msg.handle):
-            return None, await self._complete(c, op, msg, Status.INVALID_HANDLE, acts)
-        e = await self.read_entry(msg.handle)
-        g = e["generation"]
-        if msg.data.length > self.cfg.block_size:
-            return None, await self._complete(c, op, msg, Status.TOO_LARGE, acts, g)
-        if self._stale(msg, e):
-            return None, await self._complete(c, op, msg, Status.STALE_GENERATION, acts, g)
-        return e, None
-
     async def _store(self, c, s, msg, now, acts):
         op, h = Opcode.STORE, msg.handle
-        e, sent = await self._store_checks(c, s, op, msg, acts)
+        e, sent = await self._checked(c, s, op, msg, acts)
         if e is None:
             return sent
         g = e["generation"]
-        if not e["flags"] & _VALID:
-            return await self._complete(c, op, msg, Status.NOT_VALID, acts, g)
-        if e["flags"] & _SEALED:
-            return await self._complete(c, op, msg, Status.SEALED, acts, g)
         n = await self._obtain(c, msg, e["block_offset"], acts)
         if n is None:
             return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
-        a = self.entry_addr(h)
-        off, size = _ENTRY_F["data_length"]
-        await self.port.mem_write(a + off, n.to_bytes(size, "big"))
-        if msg.flags & ReqFlags.SEAL.value:
-            off, size = _ENTRY_F["flags"]
-            await self.port.mem_write(a + off, (e["flags"] | _SEALED).to_bytes(size, "big"))
+        await self._write(policy.store_writes(self.cfg, self.lay, h, e, n,
+                                              msg.flags & ReqFlags.SEAL.value))
         return await self._complete(c, op, msg, Status.OK, acts, g, n, e["block_offset"])
 
     async def _usage(self, s):
-        n = await self._bound_count(s)
-        if s.partition is not None:
-            p = self.parts[s.partition]
-            n += len(p.outstanding) + len(p.to_reclaim)
-        return n
+        return policy.quota_use(await self._bound_count(s), self._part(s))
 
     async def _alloc_store(self, c, s, msg, now, acts):
         op, h = Opcode.ALLOC_STORE, msg.handle
-        e, sent = await self._store_checks(c, s, op, msg, acts)
+        e, sent = await self._checked(c, s, op, msg, acts)
         if e is None:
             return sent
         g = e["generation"]
-        if e["flags"] & _VALID:
-            return await self._complete(c, op, msg, Status.ALREADY_BOUND, acts, g)
-        if await self._usage(s) >= s.quota:
-            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
-        part = self.parts[s.partition] if s.partition is not None else None
+        part = self._part(s)
         ring = part.ring if part is not None else self.shared
-        head = await self._counter(ring.head) >> 32
-        tail = await self._counter(ring.tail) >> 32
-        if (tail - head) & M32 == 0:
-            return await self._complete(c, op, msg, Status.NO_SPACE, acts, g)
+        status = policy.check_quota(await self._usage(s), s.quota)
+        if status is None:
+            head = await self._counter(ring.head) >> 32
+            tail = await self._counter(ring.tail) >> 32
+            status = policy.check_ring((tail - head) & M32)
+        if status is not None:
+            return await self._complete(c, op, msg, status, acts, g)
         if part is not None:
             await self._observe(now)
         t, o = await self._fetch_add(ring, "head")
         if part is not None:
-            part.seen = (t + 1) & M32
+            part.took(t)
         for _ in range(self.wc_polls):
             if await self._slot_ready(ring, t, o):
                 break
@@ -1170,9 +957,9 @@ class KbtpDriver:
             else:
                 await self._host_free(ring, boff)
             return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
-        g = ((e["generation"] + 1) & 0xFFFF) or 1
-        flags = _VALID | (_SEALED if msg.flags & ReqFlags.SEAL.value else 0)
-        await self._write_entry_bind(h, flags, g, n, boff)
+        g = next_generation(e["generation"])
+        await self._write(policy.bind_writes(self.cfg, self.lay, h, policy.alloc_flags(msg), g,
+                                             n, boff))
         return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
 
     # ---------------------------------------------------------------- counters
@@ -1200,11 +987,11 @@ class KbtpDriver:
         quota = {}
         for iid, s in self._sessions.items():
             if s.engine:
-                used = await self._erd(self._qreg(s.qp, "QP_USAGE"))
+                used = await self._erd(self._qreg(s.conn, "QP_USAGE"))
             else:
                 used = await self._usage(s)
-            quota[iid] = {"qp": s.qp, "usage": used, "quota": s.quota,
-                          "state": "active" if s.qp is not None else "retained"}
+            quota[iid] = {"qp": s.conn, "usage": used, "quota": s.quota,
+                          "state": "active" if s.active else "retained"}
         out["quota"] = quota
         if not transport:
             return out

@@ -1,6 +1,7 @@
 # Ref: draft KBTP §Target Memory Structures, §Allocation Quotas, §Session Establishment,
 #      §Operations, §Completion, §Direct Modes, §Status Codes, §Operational Considerations,
-#      §Security Considerations, §Examples; docs/layouts.md
+#      §Security Considerations, §Examples; docs/layouts.md; host/policy.py (the decisions
+#      shared with the host driver)
 """The golden model of a KBTP target.
 
 One target memory image :attr:`TargetModel.mem` holds the Head/Tail counters, the block table,
@@ -22,6 +23,10 @@ Requests of one connection are processed in order. A target-executed allocation 
 (its slot still awaits a deferred free, or a test holds it with :meth:`TargetModel.hold`) blocks
 its connection: later requests on it queue, other connections go on, and the allocation finishes
 as soon as it can, inside whichever call made that possible.
+
+The decisions the model shares with the host driver (host/driver.py) are made in
+:mod:`host.policy`: validation order, quotas, generations, HELLO admission and HELLO_ACK
+contents, trust domains, completions. Its docstring lists what differs between the two.
 
 Readings of the draft
 ---------------------
@@ -113,12 +118,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hw.headers import (EntryFlags, Features, GoodbyeFlags, Opcode, ReqFlags,
-                        Status, TableEntry, CommonHeader, unpack)
-from host import codec
-from host.codec import KbtpError
+from hw.headers import Features, Opcode, ReqFlags, Status
+from host import codec, policy
 from host.config import ENTRY_SIZE, TargetConfig
-from model.ring import MASK32, SLOT_SIZE, RingImage, masked_fetch_add, fetch_add
+from host.policy import PartitionState as Partition, SessionState, next_generation
+from model.ring import SLOT_SIZE, RingImage, masked_fetch_add, fetch_add
 
 __all__ = [
     "TargetConfig", "TargetModel", "InitiatorMemory", "AccessError",
@@ -126,14 +130,7 @@ __all__ = [
     "ENTRY_SIZE", "next_generation",
 ]
 
-_VALID = EntryFlags.VALID.value
-_SEALED = EntryFlags.SEALED.value
-_DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
-
-
-def next_generation(gen: int) -> int:
-    """Generation + 1 modulo 2**16, skipping zero."""
-    return ((gen + 1) & 0xFFFF) or 1
+_VALID = policy.VALID
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,41 +291,13 @@ class TargetMemory(bytearray):
 # --------------------------------------------------------------------------------------------
 
 @dataclass
-class Session:
-    initiator_id: int
-    domain: int
-    range_index: int
-    handle_base: int
-    handle_count: int
-    quota: int
-    features: int = 0
-    conn: object = None                 # None while retained
-    partition: int | None = None
-    direct_alloc: bool = False          # DIRECT_ALLOC usable now
-    completion_credits: int = 0
-    pending_allocs: int = 0             # target-executed tickets taken, not yet bound
-    expire_at: float | None = None
-
-    @property
-    def addr_le(self) -> bool:
-        return bool(self.features & Features.ADDR_LE.value)
-
-    def owns(self, handle: int) -> bool:
-        return self.handle_base <= handle < self.handle_base + self.handle_count
+class Session(SessionState):
+    """A session (:class:`host.policy.SessionState`; ``conn`` is the connection id) and the
+    model's own count of target-executed tickets taken, not yet bound."""
+    pending_allocs: int = 0
 
 
-@dataclass
-class Partition:
-    index: int
-    ring: RingImage
-    first_block: int
-    owner: int | None = None            # Initiator ID
-    last_domain: int | None = None
-    seen: int = 0                       # next Head ticket not yet observed
-    outstanding: dict = field(default_factory=dict)   # initiator ticket -> first seen (ms)
-    abandoned: set = field(default_factory=set)
-    to_reclaim: list = field(default_factory=list)    # abandoned tickets without a block yet
-    stags: tuple = ()                   # (partition, ring, head) of the current connection
+# A DIRECT_ALLOC partition: host.policy.PartitionState, ``ring`` a model.ring.RingImage.
 
 
 @dataclass
@@ -387,24 +356,21 @@ class TargetModel:
         self._next_stag = cfg.direct_stag_base
         self.regions: dict[int, Region] = {}
         lay = self.lay
+        shared, parts = policy.initial_blocks(cfg, lay)
         self.shared_ring = RingImage(self.mem, lay["ring"], cfg.ring_order, lay["head"],
                                      lay["tail"], addr_le=cfg.addr_le, masked=cfg.masked)
-        order = cfg.initial_free_order or list(range(cfg.shared_blocks))
-        self.shared_ring.initialize([cfg.block_offset(i) for i in order])
+        self.shared_ring.initialize(shared)
         self.partitions: list[Partition] = []
-        for p, d in enumerate(lay["direct"]):
+        for p, (d, blocks) in enumerate(zip(lay["direct"], parts)):
             ring = RingImage(self.mem, d["ring"], cfg.direct_ring_order, d["head"], d["tail"],
                              addr_le=cfg.addr_le, masked=cfg.masked)
-            ring.initialize([cfg.block_offset(d["first_block"] + i)
-                             for i in range(cfg.direct_quota)])
+            ring.initialize(blocks)
             self.partitions.append(Partition(p, ring, d["first_block"]))
         for h in range(cfg.num_handles):
             a = lay["table"] + ENTRY_SIZE * h
-            self.mem[a:a + ENTRY_SIZE] = self._entry_bytes(0, cfg.initial_generation, 0, 0)
-        self.regions[cfg.table_stag] = Region(cfg.table_stag, lay["table"], 0,
-                                              lay["table_size"], "r")
-        self.regions[cfg.pool_stag] = Region(cfg.pool_stag, lay["pool"], cfg.pool_to_base,
-                                             lay["pool_size"], "r")
+            self.mem[a:a + ENTRY_SIZE] = policy.entry_image(cfg, 0, cfg.initial_generation, 0, 0)
+        for w in policy.direct_load_windows(cfg, lay):
+            self.regions[w.stag] = Region(*w)
 
     # ---------------------------------------------------------------- public API: connections
 
@@ -450,11 +416,10 @@ class TargetModel:
         self._begin()
         self._observe(now)
         for part in self.partitions:
-            if part.outstanding and min(part.outstanding.values()) + \
-                    self.cfg.ticket_timeout_ms <= now:
+            if part.timed_out(now, self.cfg.ticket_timeout_ms):
                 self._abandon_all(part, "ticket timeout")
-        for iid, s in list(self._sessions.items()):
-            if s.conn is None and s.expire_at is not None and s.expire_at <= now:
+        for s in list(self._sessions.values()):
+            if s.expired(now):
                 self._release_session(s)
                 self._count("RETENTION_EXPIRY", "OK")
         self._pump(now)
@@ -483,23 +448,19 @@ class TargetModel:
         return self._sessions.get(initiator_id)
 
     def entry_addr(self, handle: int) -> int:
-        return self.lay["table"] + ENTRY_SIZE * (handle - self.cfg.table_base_handle)
+        return policy.entry_addr(self.cfg, self.lay, handle)
 
     def block_addr(self, block_offset: int) -> int:
-        return self.lay["pool"] + (block_offset - self.cfg.pool_to_base)
+        return policy.block_addr(self.cfg, self.lay, block_offset)
 
     def read_entry(self, handle: int) -> dict:
         a = self.entry_addr(handle)
-        return self._decode_entry(bytes(self.mem[a:a + ENTRY_SIZE]))
+        return policy.decode_entry(self.cfg, bytes(self.mem[a:a + ENTRY_SIZE]))
 
     def usage(self, initiator_id) -> int:
         """Quota use: bound handles + tickets taken and not yet bound (or reclaimed)."""
         s = self._sessions[initiator_id]
-        n = s.pending_allocs + self._bound_count(s)
-        if s.partition is not None:
-            part = self.partitions[s.partition]
-            n += len(part.outstanding) + len(part.to_reclaim)
-        return n
+        return policy.quota_use(self._bound_count(s), self._part(s), s.pending_allocs)
 
     def quota_use(self) -> dict:
         """Initiator ID -> (usage, quota, 'active'|'retained')."""
@@ -627,21 +588,10 @@ class TargetModel:
 
     # ---------------------------------------------------------------- entries
 
-    def _entry_bytes(self, flags, gen, dlen, boff):
-        return codec.encode_entry(flags, gen, dlen, boff, addr_le=self.cfg.addr_le)
-
-    def _decode_entry(self, raw):
-        raw = bytearray(raw)
-        if self.cfg.addr_le:
-            raw[8:16] = raw[8:16][::-1]
-        return unpack(TableEntry, raw)
-
-    def _write_entry_bind(self, h, flags, gen, dlen, boff):
-        """Bind: Data Length and Block Offset first, then Flags and Generation."""
-        a = self.entry_addr(h)
-        raw = self._entry_bytes(flags, gen, dlen, boff)
-        self.mem[a + 4:a + 16] = raw[4:16]
-        self.mem[a:a + 4] = raw[0:4]
+    def _write(self, writes):
+        """Carry out ordered target-memory writes ``[(address, octets), ...]``."""
+        for a, data in writes:
+            self.mem[a:a + len(data)] = data
 
     def _bound_count(self, s):
         n = 0
@@ -652,56 +602,35 @@ class TargetModel:
         return n
 
     def _in_table(self, h):
-        return 0 <= h - self.cfg.table_base_handle < self.cfg.num_handles
+        return policy.in_table(self.cfg, h)
 
-    def _readable(self, s, h):
-        if not self._in_table(h):
-            return False
-        idx = (h - self.cfg.table_base_handle) // self.cfg.handles_per_initiator
-        for other in self._sessions.values():
-            if other.range_index == idx:
-                return other.domain == s.domain
-        return True
+    def _part(self, s):
+        """The session's partition, or None."""
+        return self.partitions[s.partition] if s.partition is not None else None
 
     # ---------------------------------------------------------------- rings
 
-    def _ring_of_block(self, boff):
-        i = (boff - self.cfg.pool_to_base) // self.cfg.block_size
-        if i < self.cfg.shared_blocks:
-            return self.shared_ring, None
-        p = (i - self.cfg.shared_blocks) // self.cfg.direct_quota
-        return self.partitions[p].ring, self.partitions[p]
-
-    def _possible_domains(self):
-        return set(self.cfg.trust_domains.values()) | {self.cfg.default_trust_domain}
-
     def _return_block(self, s_domain, boff):
         """Clear if needed, then give the block back to its ring (after the entry update)."""
-        ring, part = self._ring_of_block(boff)
-        if part is None and self._possible_domains() - {s_domain}:
+        home = policy.block_home(self.cfg, boff)
+        if policy.clear_on_return(self.cfg, s_domain, home):
             a = self.block_addr(boff)
             self.mem[a:a + self.cfg.block_size] = bytes(self.cfg.block_size)
-        ring.free(boff)
+        (self.shared_ring if home is None else self.partitions[home].ring).free(boff)
 
     def _observe(self, now):
         """Stamp tickets that initiators took on partition Heads since the last look."""
         for part in self.partitions:
-            head = part.ring.counter_fields("head")[0]
-            while part.seen != head:
-                part.outstanding[part.seen] = now
-                part.seen = (part.seen + 1) & MASK32
+            part.observe(part.ring.counter_fields("head")[0], now)
 
     def _abandon_all(self, part, reason):
         s = self._sessions.get(part.owner)
-        if s is not None and s.conn is not None and s.direct_alloc:
+        if s is not None and s.partition_exposed:
             for stag in part.stags:
                 self.regions[stag].valid = False
                 self._emit(InvalidateStag(s.conn, stag, reason))
             s.direct_alloc = False
-        for t in list(part.outstanding):          # insertion order is ticket order
-            part.abandoned.add(t)
-            part.to_reclaim.append(t)
-        part.outstanding.clear()
+        part.abandon()
         self._retry_reclaims(part)
 
     def _retry_reclaims(self, part):
@@ -724,76 +653,39 @@ class TargetModel:
         if c.closed:
             return
         s = c.session
-        flags = msg.flags
-        inval = None
-        if flags & ReqFlags.INVALIDATE.value and getattr(msg, "data", None) is not None:
-            inval = msg.data.stag
-        cdesc = getattr(msg, "completion", None)
-        if (flags & ReqFlags.RECORD.value and s is not None and cdesc is not None
-                and s.features & Features.RECORD_COMPLETION.value):
-            rec = codec.encode_record(msg.request_id, status.value, gen, dlen, boff)
-            cd = cdesc
-            imm = msg.request_id & MASK32
+        inval = policy.invalidate_stag(msg)
+        cd = policy.record_descriptor(msg, s)
+        if cd is not None:
+            rec, imm = policy.completion_record(msg, status, gen, dlen, boff)
             try:
                 c.imem.write(cd.stag, cd.tagged_offset, rec)
                 self._emit(WriteImm(c.conn_id, cd.stag, cd.tagged_offset, rec, imm))
                 return
             except AccessError as e:
                 self._emit(WriteImm(c.conn_id, cd.stag, cd.tagged_offset, rec, imm, str(e)))
-        addr_le = s.addr_le if s is not None else False
-        payload = codec.encode(codec.Completion(request_id=msg.request_id, handle=msg.handle,
-                                                generation=gen, status=status.value,
-                                                data_length=dlen, block_offset=boff),
-                               addr_le=addr_le)
+        payload = policy.completion_payload(msg, s, status, gen, dlen, boff)
         self._emit(SendMsg(c.conn_id, payload, inval))
         if inval is not None:
             c.imem.invalidate(inval)
 
     def _complete_raw(self, c, raw, status):
         """COMPLETION for a request that could not be decoded: echo what the header gives."""
-        s = c.session
-        hdr = bytearray(raw[:CommonHeader.SIZE]).ljust(CommonHeader.SIZE, b"\0")
-        if s is not None and s.addr_le:
-            hdr[12:20] = hdr[12:20][::-1]
-        f = unpack(CommonHeader, hdr)
-        try:
-            name = Opcode(f["opcode"]).name if len(raw) >= 2 else "SHORT"
-        except ValueError:
-            name = f"OPCODE_{f['opcode']:#04x}"
-        self._count(name, status)
-        # only fields whose octets all arrived are echoed; the rest is 0
-        rid = f["request_id"] if len(raw) >= 12 else 0
-        handle = f["handle"] if len(raw) >= 20 else 0
-        payload = codec.encode(codec.Completion(request_id=rid, handle=handle,
-                                                status=Status(status).value),
-                               addr_le=s.addr_le if s else False)
-        self._emit(SendMsg(c.conn_id, payload))
+        self._count(policy.op_name(raw), status)
+        self._emit(SendMsg(c.conn_id, policy.raw_completion(raw, c.session, status)))
 
     # ---------------------------------------------------------------- dispatch
 
     def _dispatch(self, c, raw, now):
-        if len(raw) >= 2 and raw[1] == Opcode.HELLO.value:
+        if policy.is_hello(raw):
             return self._hello(c, raw, now)
         s = c.session
-        try:
-            msg = codec.decode(raw, addr_le=s.addr_le if s else False,
-                               max_inline=self.cfg.max_inline)
-        except KbtpError as e:
-            self._complete_raw(c, raw, e.status)
-            return None
-        op = msg.OPCODE
-        if s is None or op in (Opcode.HELLO_ACK, Opcode.COMPLETION):
-            self._complete_raw(c, raw, Status.MALFORMED)
-            return None
-        both = ReqFlags.RECORD.value | ReqFlags.INVALIDATE.value
-        if (msg.flags & both == both and op is not Opcode.GOODBYE
-                and s.features & Features.RECORD_COMPLETION.value):
-            # a Write with Immediate cannot invalidate (Readings 9)
-            self._complete_raw(c, raw, Status.MALFORMED)
+        msg, status = policy.screen(self.cfg, raw, s)
+        if msg is None:
+            self._complete_raw(c, raw, status)
             return None
         handler = {Opcode.LOAD: self._load, Opcode.STORE: self._store,
                    Opcode.ALLOC_STORE: self._alloc_store, Opcode.FREE: self._free,
-                   Opcode.BIND: self._bind, Opcode.GOODBYE: self._goodbye}[op]
+                   Opcode.BIND: self._bind, Opcode.GOODBYE: self._goodbye}[msg.OPCODE]
         return handler(c, s, msg, now)
 
     # ---------------------------------------------------------------- HELLO / GOODBYE
@@ -806,102 +698,39 @@ class TargetModel:
             self._emit(Disconnect(c.conn_id, reason))
             c.closed = True
 
-    def _new_stag(self):
-        self._next_stag += 0x100
-        return self._next_stag
-
     def _hello(self, c, raw, now):
-        try:
-            msg = codec.decode(raw)
-        except KbtpError:
-            self._hello_ack(c, Status.MALFORMED, "malformed HELLO")
-            return None
-        if c.session is not None:
-            self._hello_ack(c, Status.MALFORMED)
-            return None
         cfg = self.cfg
-        iid = msg.initiator_id
-        s = self._sessions.get(iid)
-        if s is not None and s.conn is not None:
-            self._hello_ack(c, Status.ALREADY_BOUND, "Initiator ID has an active session")
+        plan = policy.plan_hello(cfg, raw, conn_has_session=c.session is not None,
+                                 sessions=self._sessions,
+                                 partition_owners=[p.owner for p in self.partitions])
+        if plan.status is not Status.OK:
+            self._hello_ack(c, plan.status, plan.disconnect)
             return None
-        domain = cfg.domain_of(iid)
-        offered = cfg.offered()
-        if domain not in cfg.direct_domains:
-            offered &= ~_DIRECT
-        if self._possible_domains() != {domain}:
-            # the Pool STag reaches every block: only when no other domain can own one
-            offered &= ~Features.DIRECT_LOAD.value
-        feats = msg.requested_features & offered
-        if bool(feats & Features.ADDR_LE.value) != cfg.addr_le:
-            feats &= ~_DIRECT
+        s = plan.session
         if s is None:
-            used = {x.range_index for x in self._sessions.values()}
-            free = [i for i in range(cfg.num_ranges) if i not in used]
-            if not free:
-                self._hello_ack(c, Status.NO_SPACE, "no free handle range")
-                return None
-            ri = free[0]
-            part = None
-            if feats & Features.DIRECT_ALLOC.value:
-                part = next((p for p in self.partitions if p.owner is None), None)
-            if part is not None:
-                quota = cfg.direct_quota
-            else:
-                feats &= ~Features.DIRECT_ALLOC.value
-                quota = cfg.quotas.get(iid, cfg.quota_per_initiator)
-                if not cfg.overcommit_quotas:
-                    taken = sum(x.quota for x in self._sessions.values() if x.partition is None)
-                    quota = max(0, min(quota, cfg.shared_blocks - taken))
-            s = Session(iid, domain, ri, cfg.table_base_handle + ri * cfg.handles_per_initiator,
-                        cfg.handles_per_initiator, quota)
-            self._sessions[iid] = s
-            if part is not None:
-                self._assign_partition(s, part)
-        else:
-            if s.partition is None:
-                feats &= ~Features.DIRECT_ALLOC.value
-        s.conn = c.conn_id
-        s.expire_at = None
-        s.features = feats
-        s.completion_credits = msg.completion_credits
+            s = self._sessions[plan.new["initiator_id"]] = Session(**plan.new)
+            if plan.partition is not None:
+                self._assign_partition(s, self.partitions[plan.partition])
+        s.attach(c.conn_id, plan.features, plan.msg.completion_credits)
         c.session = s
-        fields = dict(features=feats, request_credits=cfg.request_credits,
-                      block_size=cfg.block_size, max_inline=cfg.max_inline,
-                      allocation_quota=s.quota, handle_base=s.handle_base,
-                      handle_count=s.handle_count, ticket_timeout_ms=cfg.ticket_timeout_ms)
-        if feats & Features.DIRECT_LOAD.value:
+        if s.features & Features.DIRECT_LOAD.value:
             for stag in (cfg.table_stag, cfg.pool_stag):
                 self.regions[stag].conns.add(c.conn_id)
-            fields.update(table=codec.DirectDesc(cfg.table_stag, 0, cfg.num_handles),
-                          table_base_handle=cfg.table_base_handle,
-                          pool=codec.DirectDesc(cfg.pool_stag, cfg.pool_to_base, cfg.num_blocks))
-        s.direct_alloc = bool(feats & Features.DIRECT_ALLOC.value)
+        stags = None
         if s.direct_alloc:
             part = self.partitions[s.partition]
-            d = self.lay["direct"][part.index]
-            first = cfg.block_offset(part.first_block)
-            stags = (self._new_stag(), self._new_stag(), self._new_stag())
-            self.regions[stags[0]] = Region(stags[0], self.block_addr(first), first,
-                                            cfg.direct_quota * cfg.block_size, "w", {c.conn_id})
-            self.regions[stags[1]] = Region(stags[1], d["ring"], 0, SLOT_SIZE * d["n"], "r",
-                                            {c.conn_id})
-            self.regions[stags[2]] = Region(stags[2], d["head"], 0, 8, "a", {c.conn_id})
-            part.stags = stags
-            fields.update(partition=codec.DirectDesc(stags[0], first, cfg.direct_quota),
-                          ring=codec.DirectDesc(stags[1], 0, d["n"]),
-                          head=codec.DirectDesc(stags[2], 0, 1))
-        self._hello_ack(c, Status.OK, **fields)
+            stags = part.stags = policy.new_stags(self._next_stag)
+            self._next_stag = stags[-1]
+            for w in policy.partition_windows(cfg, self.lay, part.index, stags):
+                self.regions[w.stag] = Region(*w, {c.conn_id})
+        self._hello_ack(c, Status.OK, **policy.hello_ack_fields(cfg, self.lay, s, stags))
         return None
 
     def _assign_partition(self, s, part):
-        if part.last_domain is not None and part.last_domain != s.domain:
+        if part.assign(s):
             for i in range(self.cfg.direct_quota):
                 a = self.block_addr(self.cfg.block_offset(part.first_block + i))
                 self.mem[a:a + self.cfg.block_size] = bytes(self.cfg.block_size)
-        part.owner = s.initiator_id
-        part.last_domain = s.domain
-        s.partition = part.index
 
     def _close(self, c, now, reason):
         """The connection is gone: retain its session, drop its STags and queued requests."""
@@ -911,9 +740,7 @@ class TargetModel:
             r.conns.discard(c.conn_id)
         s = c.session
         if s is not None and s.conn == c.conn_id:
-            s.conn = None
-            s.direct_alloc = False
-            s.expire_at = now + self.cfg.retention_ms
+            s.retain(now, self.cfg.retention_ms)
 
     def _release_session(self, s):
         """Free every binding, reclaim tickets, give back range, quota and partition."""
@@ -924,12 +751,11 @@ class TargetModel:
         if s.partition is not None:
             part = self.partitions[s.partition]
             self._abandon_all(part, "session released")
-            part.owner = None
-            part.stags = ()
+            part.release()
         del self._sessions[s.initiator_id]
 
     def _goodbye(self, c, s, msg, now):
-        if msg.flags & GoodbyeFlags.RELEASE.value:
+        if policy.goodbye_releases(msg):
             if s.partition is not None:
                 self._abandon_all(self.partitions[s.partition], "GOODBYE RELEASE")
             self._close(c, now, "goodbye")
@@ -942,23 +768,24 @@ class TargetModel:
 
     # ---------------------------------------------------------------- operations
 
-    def _check_gen(self, msg, e):
-        return msg.generation and msg.generation != e["generation"]
+    def _checked(self, c, s, op, msg):
+        """Authorization and the entry checks (host.policy): the entry to go on, or None when
+        the request was completed with an error."""
+        status = policy.authorize(self.cfg, op, s, msg.handle, self._sessions.values())
+        if status is not None:
+            return self._complete(c, op, msg, status)
+        e = self.read_entry(msg.handle)
+        status = policy.check_entry(self.cfg, op, msg, e)
+        if status is not None:
+            return self._complete(c, op, msg, status, e["generation"])
+        return e
 
     def _load(self, c, s, msg, now):
-        h = msg.handle
-        if not self._readable(s, h):
-            return self._complete(c, Opcode.LOAD, msg, Status.INVALID_HANDLE)
-        e = self.read_entry(h)
+        op = Opcode.LOAD
+        e = self._checked(c, s, op, msg)
+        if e is None:
+            return
         g = e["generation"]
-        if self._check_gen(msg, e):
-            return self._complete(c, Opcode.LOAD, msg, Status.STALE_GENERATION, g)
-        if not e["flags"] & _VALID:
-            return self._complete(c, Opcode.LOAD, msg, Status.NOT_VALID, g)
-        if not e["flags"] & _SEALED and not msg.flags & ReqFlags.ALLOW_UNSEALED.value:
-            return self._complete(c, Opcode.LOAD, msg, Status.NOT_SEALED, g)
-        if e["data_length"] > msg.data.length:
-            return self._complete(c, Opcode.LOAD, msg, Status.TOO_LARGE, g)
         n, boff = e["data_length"], e["block_offset"]
         if n:
             a = self.block_addr(boff)
@@ -968,9 +795,9 @@ class TargetModel:
                 c.imem.write(d.stag, d.tagged_offset, data)
             except AccessError as err:
                 self._emit(RdmaWrite(c.conn_id, d.stag, d.tagged_offset, data, str(err)))
-                return self._complete(c, Opcode.LOAD, msg, Status.INTERNAL, g)
+                return self._complete(c, op, msg, Status.INTERNAL, g)
             self._emit(RdmaWrite(c.conn_id, d.stag, d.tagged_offset, data))
-        return self._complete(c, Opcode.LOAD, msg, Status.OK, g, n, boff)
+        return self._complete(c, op, msg, Status.OK, g, n, boff)
 
     def _obtain(self, c, msg):
         """The store's data: inline, or RDMA Read of the Data Descriptor (None on a fault)."""
@@ -989,59 +816,40 @@ class TargetModel:
 
     def _store(self, c, s, msg, now):
         op, h = Opcode.STORE, msg.handle
-        if not s.owns(h):
-            return self._complete(c, op, msg, Status.INVALID_HANDLE)
-        if msg.data.length > self.cfg.block_size:
-            return self._complete(c, op, msg, Status.TOO_LARGE, self.read_entry(h)["generation"])
-        e = self.read_entry(h)
+        e = self._checked(c, s, op, msg)
+        if e is None:
+            return
         g = e["generation"]
-        if self._check_gen(msg, e):
-            return self._complete(c, op, msg, Status.STALE_GENERATION, g)
-        if not e["flags"] & _VALID:
-            return self._complete(c, op, msg, Status.NOT_VALID, g)
-        if e["flags"] & _SEALED:
-            return self._complete(c, op, msg, Status.SEALED, g)
         data = self._obtain(c, msg)
         if data is None:
             return self._complete(c, op, msg, Status.INTERNAL, g)
-        boff, a = e["block_offset"], self.entry_addr(h)
+        boff = e["block_offset"]
         if data:
             b = self.block_addr(boff)
             self.mem[b:b + len(data)] = data
-        self.mem[a + 4:a + 8] = len(data).to_bytes(4, "big")
-        if msg.flags & ReqFlags.SEAL.value:
-            self.mem[a:a + 2] = (e["flags"] | _SEALED).to_bytes(2, "big")
+        self._write(policy.store_writes(self.cfg, self.lay, h, e, len(data),
+                                        msg.flags & ReqFlags.SEAL.value))
         return self._complete(c, op, msg, Status.OK, g, len(data), boff)
 
     def _alloc_store(self, c, s, msg, now):
         op, h = Opcode.ALLOC_STORE, msg.handle
-        if not s.owns(h):
-            self._complete(c, op, msg, Status.INVALID_HANDLE)
+        e = self._checked(c, s, op, msg)
+        if e is None:
             return
-        e = self.read_entry(h)
         g = e["generation"]
-        if msg.data.length > self.cfg.block_size:
-            self._complete(c, op, msg, Status.TOO_LARGE, g)
-            return
-        if self._check_gen(msg, e):
-            self._complete(c, op, msg, Status.STALE_GENERATION, g)
-            return
-        if e["flags"] & _VALID:
-            self._complete(c, op, msg, Status.ALREADY_BOUND, g)
-            return
-        if self.usage(s.initiator_id) >= s.quota:
-            self._complete(c, op, msg, Status.NO_SPACE, g)
-            return
-        part = self.partitions[s.partition] if s.partition is not None else None
+        part = self._part(s)
         ring = part.ring if part is not None else self.shared_ring
-        if ring.occupancy() == 0:
-            self._complete(c, op, msg, Status.NO_SPACE, g)
+        status = policy.check_quota(self.usage(s.initiator_id), s.quota)
+        if status is None:
+            status = policy.check_ring(ring.occupancy())
+        if status is not None:
+            self._complete(c, op, msg, status, g)
             return
         if part is not None:
             self._observe(now)
         ticket, slot = ring.take_ticket()
         if part is not None:
-            part.seen = (ticket + 1) & MASK32
+            part.took(ticket)
         s.pending_allocs += 1
         while c.hold or not ring.slot_ready(ticket, slot):
             yield
@@ -1056,57 +864,42 @@ class TargetModel:
             b = self.block_addr(boff)
             self.mem[b:b + len(data)] = data
         g = next_generation(e["generation"])
-        flags = _VALID | (_SEALED if msg.flags & ReqFlags.SEAL.value else 0)
-        self._write_entry_bind(h, flags, g, len(data), boff)
+        self._write(policy.bind_writes(self.cfg, self.lay, h, policy.alloc_flags(msg), g,
+                                       len(data), boff))
         s.pending_allocs -= 1
         self._complete(c, op, msg, Status.OK, g, len(data), boff)
 
     def _unbind(self, s, h, e):
         g = next_generation(e["generation"])
-        a = self.entry_addr(h)
-        self.mem[a:a + 4] = (0).to_bytes(2, "big") + g.to_bytes(2, "big")
+        self._write(policy.unbind_writes(self.cfg, self.lay, h, g))
         self._return_block(s.domain, e["block_offset"])
         return g
 
     def _free(self, c, s, msg, now):
         op, h = Opcode.FREE, msg.handle
-        if not s.owns(h):
-            return self._complete(c, op, msg, Status.INVALID_HANDLE)
-        e = self.read_entry(h)
-        if self._check_gen(msg, e):
-            return self._complete(c, op, msg, Status.STALE_GENERATION, e["generation"])
-        if not e["flags"] & _VALID:
-            return self._complete(c, op, msg, Status.NOT_VALID, e["generation"])
+        e = self._checked(c, s, op, msg)
+        if e is None:
+            return
         g = self._unbind(s, h, e)
         return self._complete(c, op, msg, Status.OK, g, 0, e["block_offset"])
 
     def _bind(self, c, s, msg, now):
         op, h = Opcode.BIND, msg.handle
-        if not s.owns(h):
-            return self._complete(c, op, msg, Status.INVALID_HANDLE)
-        e = self.read_entry(h)
+        e = self._checked(c, s, op, msg)
+        if e is None:
+            return
         g = e["generation"]
-        if msg.data_length > self.cfg.block_size:
-            return self._complete(c, op, msg, Status.TOO_LARGE, g)
-        if self._check_gen(msg, e):
-            return self._complete(c, op, msg, Status.STALE_GENERATION, g)
-        if e["flags"] & _VALID:
-            return self._complete(c, op, msg, Status.ALREADY_BOUND, g)
-        if s.partition is None:
-            return self._complete(c, op, msg, Status.MALFORMED, g)
-        part = self.partitions[s.partition]
+        part = self._part(s)
         t = msg.ticket
-        if t in part.abandoned:
-            return self._complete(c, op, msg, Status.TICKET_ABANDONED, g)
-        if not s.direct_alloc or t not in part.outstanding:
-            return self._complete(c, op, msg, Status.MALFORMED, g)
-        o = part.ring.slot_of(t)
-        if not part.ring.slot_ready(t, o):
-            return self._complete(c, op, msg, Status.NO_SPACE, g)
-        if part.ring.read_slot(o)[1] != msg.block_offset:
-            return self._complete(c, op, msg, Status.MALFORMED, g)
+        status = policy.check_ticket(s, part, t)
+        if status is None:
+            o = part.ring.slot_of(t)
+            status = policy.check_slot(t, *part.ring.read_slot(o), msg.block_offset)
+        if status is not None:
+            return self._complete(c, op, msg, status, g)
         del part.outstanding[t]
         part.ring.consume(o)
         g = next_generation(e["generation"])
-        self._write_entry_bind(h, _VALID, g, msg.data_length, msg.block_offset)
+        self._write(policy.bind_writes(self.cfg, self.lay, h, _VALID, g, msg.data_length,
+                                       msg.block_offset))
         return self._complete(c, op, msg, Status.OK, g, msg.data_length, msg.block_offset)
