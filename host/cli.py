@@ -162,6 +162,27 @@ def _open_link(port, baud):
     return UartLink(port, baud=baud)
 
 
+#: How ``kbtp driver --link udp`` opens its link (tests replace it): ``(args) -> UdpLink``.
+def _open_udp_link(args):
+    from host.udplink import UdpLink
+    return UdpLink.open(args.target_ip, host_port=args.host_port, host_ip=args.host_ip or "",
+                        target_port=args.target_port, timeout=args.timeout,
+                        retries=args.retries)
+
+
+def _link_opener(args):
+    """A function opening the link ``kbtp driver`` / ``kbtp top`` run on: ``--link uart``
+    (``--port``) or ``--link udp`` (``--target-ip``, ``--host-port``); the options are checked
+    here, the link is opened when it is called."""
+    if args.link == "udp":
+        if not args.target_ip or args.host_port is None:
+            raise _Fail("--link udp needs --target-ip and --host-port")
+        return lambda: _open_udp_link(args)
+    if not args.port:
+        raise _Fail("--link uart needs --port DEV")
+    return lambda: _open_link(args.port, args.baud)
+
+
 def _driver_config(args):
     from host.config import TargetConfig
     fields = json.loads(args.config) if args.config else {}
@@ -194,13 +215,14 @@ def _driver_json(obj):
 def _driver(args):
     import asyncio
     from host.driver import KbtpDriver
-    from host.port import TargetPort, uart_access
+    from host.port import TargetPort, link_access
 
     cfg = _driver_config(args)
+    open_link = _link_opener(args)
 
     async def go():
-        link = _open_link(args.port, args.baud)
-        drv = KbtpDriver(TargetPort(uart_access(link)), cfg, n_qp=args.n_qp,
+        link = open_link()
+        drv = KbtpDriver(TargetPort(link_access(link)), cfg, n_qp=args.n_qp,
                          mem_size=args.mem_size, fast_path=not args.no_fast_path,
                          n_ranges=args.n_ranges, mr_base=args.mr_base, n_mr=args.n_mr)
         if args.action == "init" or args.init:
@@ -218,13 +240,15 @@ def _driver(args):
                 await drv.open_qp(qp, program=False)
             handled = 0
             while args.count is None or handled < args.count:
-                res = await drv.poll()
-                if res is None:
+                done = await drv.poll_all(max_messages=None if args.count is None
+                                          else min(drv.max_messages, args.count - handled))
+                if not done:
                     await drv.tick()
                     continue
-                handled += 1
-                acts = ", ".join(a[0] for a in res.actions) or "nothing sent"
-                print(f"qp{res.qp} {res.op} -> {res.status or '-'}: {acts}", flush=True)
+                for res in done:
+                    handled += 1
+                    acts = ", ".join(a[0] for a in res.actions) or "nothing sent"
+                    print(f"qp{res.qp} {res.op} -> {res.status or '-'}: {acts}", flush=True)
             return f"kbtp driver: {handled} slow-path messages handled"
         return "kbtp driver: done"
 
@@ -235,6 +259,24 @@ def _driver(args):
         raise SystemExit(EXIT_ERROR) from None
 
 
+def _link_args(p):
+    """The options that choose and open the host link (``driver``, ``top``)."""
+    p.add_argument("--link", choices=("uart", "udp"), default="uart",
+                   help="host link: uart (default; --port) or udp (--target-ip, --host-port)")
+    p.add_argument("--port", help="uart: serial device or pyserial URL, e.g. /dev/ttyUSB1")
+    p.add_argument("--baud", type=_int_arg, default=115200, help="uart: baud rate")
+    p.add_argument("--target-ip", help="udp: the target's IPv4 address")
+    p.add_argument("--host-ip", help="udp: local address to bind (default: any)")
+    p.add_argument("--host-port", type=_int_arg,
+                   help="udp: local UDP port, the one the target is configured to accept")
+    p.add_argument("--target-port", type=_int_arg, default=0x4B48,
+                   help="udp: the target's host-link UDP port (default 19272)")
+    p.add_argument("--timeout", type=float, default=0.05,
+                   help="udp: seconds before a request is retransmitted (default 0.05)")
+    p.add_argument("--retries", type=_int_arg, default=8,
+                   help="udp: retransmissions before giving up (default 8)")
+
+
 _build_codec_parser = build_parser
 
 
@@ -243,16 +285,15 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
     parser = _build_codec_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     drv = sub.add_parser(
-        "driver", help="run the KBTP host driver on a board over the UART host link",
-        description="KBTP host driver over the board's UART host link. "
+        "driver", help="run the KBTP host driver on a board over its host link (UART or UDP)",
+        description="KBTP host driver over the board's host link: the UART (--port) or UDP "
+                    "on the target's Ethernet port (--link udp --target-ip --host-port). "
                     "init: write table, rings, counters and pool into target memory and program "
                     "the engine; serve: handle slow-path messages (HELLO, FREE, BIND, GOODBYE, "
                     "...) until interrupted, printing one line per message; counters: print the "
                     "engine's and the driver's figures as JSON.")
     drv.add_argument("action", choices=("init", "serve", "counters"))
-    drv.add_argument("--port", required=True, help="serial device or pyserial URL, "
-                     "e.g. /dev/ttyUSB1")
-    drv.add_argument("--baud", type=_int_arg, default=115200)
+    _link_args(drv)
     drv.add_argument("--config", metavar="JSON",
                      help="model.target.TargetConfig fields as a JSON object "
                           "(default: TargetConfig())")
@@ -287,14 +328,14 @@ def _top(args):
         return _top_exit(top.run_top(lambda: top.read_source(args.stats_file),
                                      f"stats file {args.stats_file}", once=args.once,
                                      interval=args.interval))
-    if not args.port:
-        raise _Fail("top: give --stats-file PATH or --port DEV")
+    if not args.port and args.link == "uart":
+        raise _Fail("top: give --stats-file PATH, --port DEV or --link udp ...")
     import asyncio
     from host.driver import KbtpDriver
-    from host.port import TargetPort, uart_access
+    from host.port import TargetPort, link_access
     cfg = _driver_config(args)
-    link = _open_link(args.port, args.baud)
-    port = TargetPort(uart_access(link))
+    link = _link_opener(args)()
+    port = TargetPort(link_access(link))
     drv = KbtpDriver(port, cfg, n_qp=args.n_qp, mem_size=args.mem_size, n_mr=args.n_mr)
 
     def snap():
@@ -303,7 +344,8 @@ def _top(args):
         except Exception as err:        # a link failure: one line, exit 2
             print(f"kbtp: error: top: {type(err).__name__}: {err}", file=sys.stderr)
             raise SystemExit(EXIT_ERROR) from None
-    return _top_exit(top.run_top(snap, f"board on {args.port}", once=args.once,
+    where = args.port if args.link == "uart" else f"udp {args.target_ip}"
+    return _top_exit(top.run_top(snap, f"board on {where}", once=args.once,
                                  interval=args.interval))
 
 
@@ -323,8 +365,7 @@ def build_parser():     # noqa: F811 - extends the parser above with ``top``
                                    "PSN errors, retransmissions, ring occupancy and the QPs, "
                                    "from kbtp-sim serve --stats-file or a board (--port).")
     t.add_argument("--stats-file", help="the JSON of kbtp-sim serve --stats-file")
-    t.add_argument("--port", help="board: serial device or pyserial URL (UART host link)")
-    t.add_argument("--baud", type=_int_arg, default=115200)
+    _link_args(t)
     t.add_argument("--config", metavar="JSON", help="board: model.target.TargetConfig fields")
     t.add_argument("--n-qp", type=_int_arg, default=2, help="board: QPs of the target")
     t.add_argument("--mem-size", type=_int_arg, help="board: target memory in octets")

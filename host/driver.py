@@ -22,7 +22,9 @@ API
     ``layout()`` places counters, table, rings and pool). Options: ``n_qp`` (QPs of the target),
     ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
     engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
-    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP).
+    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP),
+    ``max_messages`` (messages :meth:`poll_all` takes in one pass), ``burst`` (FREE bursts in
+    :meth:`poll_all`; False: one FREE at a time).
 ``await init()``
     Write the table (all entries invalid), the shared ring and the DIRECT_ALLOC partition rings
     (draft initialization rules), the Head/Tail counters and a zero pool as one bulk image
@@ -35,6 +37,12 @@ API
     Observe partition Heads, reclaim what can be reclaimed, then pop one RecvNotify; read the
     message from its receive buffer, handle it, send the reply, repost the buffer. Returns a
     :class:`Handled` (or None when the queue was empty).
+``await poll_all(now_ms=None, max_messages=None)``
+    Every pending message in one pass: the notify queue drained in one bulk pop, the messages
+    read in one exchange, consecutive FREEs as one burst (:meth:`_free_many`: what they need
+    read once, entry writes back to back, the blocks returned together, the replies and
+    reposts in one final exchange). A list of :class:`Handled`, as :meth:`poll` once per
+    message would have returned (same replies, same memory). :meth:`serve` uses it.
 ``await disconnect(qp, now_ms=None)``
     The connection is gone (CM): retain its session (retention timer starts).
 ``await tick(now_ms)``
@@ -46,8 +54,15 @@ API
     (``resp.*``, e.g. ``resp.cnt_src_mismatch``: requests dropped because their source address
     is not the QP's peer) and requester's (``req.*``) counters of REG_TRANSPORT.
 
+Every public coroutine runs inside one :meth:`host.port.TargetPort.batch`: over a host link
+(:func:`host.port.link_access`) the writes, pushes and bulk memory writes that need no answer
+travel with the next read in one link exchange (a UDP datagram), and what is left at the end in
+one more. A FREE's cost on each link: tests/host/test_driver_batch.py (``python -m
+tests.host.test_driver_batch`` prints the table).
+
 On a board: ``kbtp driver --port /dev/ttyUSB1 init|serve|counters`` (host/cli.py) runs this
-driver over :func:`host.port.uart_access`.
+driver over the UART (:class:`host.link.UartLink`), ``kbtp driver --link udp --target-ip IP
+--host-port N ...`` over the target's Ethernet port (:class:`host.udplink.UdpLink`).
 
 Target memory plan (:attr:`plan`, after ``cfg.layout()["size"]``, each 64-octet aligned)
 ----------------------------------------------------------------------------------------
@@ -75,6 +90,9 @@ Limits (v1)
   ring: ADDR_LE needs ``cfg.addr_le``, which turns the fast path off). A partition session's
   ALLOC_STORE takes its Head ticket by a host read-modify-write, which is not atomic against the
   same initiator's own RDMA FetchAdd on that Head.
+* The engine's FREE_BLOCK takes one command at a time (a CMD write while busy is ignored, and
+  CMD_ARG is read when the command starts), so a FREE burst still spends one link exchange per
+  shared-ring FREE (argument, command and the status read that allows the next one).
 * Tickets taken on a partition Head are seen when the driver polls (:meth:`poll`,
   :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13).
 * A reply whose WorkCompletion fails is counted in ``stats[("REPLY_WC", status)]`` only.
@@ -86,6 +104,7 @@ Limits (v1)
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -94,9 +113,11 @@ from hw.headers import (Features, Opcode, ReqFlags, RingSlot, SLOT_EMPTY, Status
                         CommonHeader, RING_ADD_DATA, RING_ADD_DATA_UNMASKED, wire_fields)
 from host import codec, policy
 from host.policy import PartitionState, SessionState, next_generation
-from hw.iface import REG_KBTP, REG_MR, QpState, WcStatus, WrOp
+from hw.iface import (REG_KBTP, REG_MR, QpState, RecvNotify, WcStatus, WorkCompletion,
+                      WrOp)
 from hw.kbtp.engine import Cmd, FAST_OPS, reg as ENG
 from hw.rdma.qp import MR_STRIDE
+from hw.target.regbank import Q_NOTIFY, Q_WC
 
 __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
            "ENGINE_SCRATCH"]
@@ -129,6 +150,16 @@ _SLOT_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(RingSlot)}
 
 class DriverError(Exception):
     """The target did not behave (a WorkCompletion never came, a command stayed busy)."""
+
+
+def _batched(method):
+    """Run ``method`` inside one :meth:`host.port.TargetPort.batch` (writes coalesced into the
+    next read's link exchange)."""
+    @functools.wraps(method)
+    async def run(self, *args, **kw):
+        async with self.port.batch():
+            return await method(self, *args, **kw)
+    return run
 
 
 def _align(x, a):
@@ -215,8 +246,12 @@ class KbtpDriver:
     """KBTP slow path over a :class:`host.port.TargetPort` (see the module docstring)."""
 
     def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
-                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000):
+                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000, max_messages=16,
+                 burst=True):
         self.port = port
+        self.max_messages = max_messages
+        self.burst = burst
+        self._backlog = deque()     # (RecvNotify, raw message or None) popped, not handled
         self.cfg = cfg
         self.lay = cfg.layout()
         self.n_qp = n_qp
@@ -346,20 +381,26 @@ class KbtpDriver:
     async def _counter(self, addr):
         return int.from_bytes(await self.port.mem_read(addr, 8), "little")
 
+    def _ticket(self, ring, old):
+        """Ticket and slot offset that a ring counter value ``old`` hands out."""
+        t = old >> 32
+        return t, (old & ((SLOT << ring.n) - 1)) if self.cfg.masked else ring.slot_of(t)
+
     async def _fetch_add(self, ring, which):
         """Ticket and slot offset before a FetchAdd of the host on a ring counter."""
         a = ring.head if which == "head" else ring.tail
         old = await self._counter(a)
         await self.port.mem_write(a, _ring_add(old, ring.n, self.cfg.masked).to_bytes(8, "little"))
-        t = old >> 32
-        o = (old & ((SLOT << ring.n) - 1)) if self.cfg.masked else ring.slot_of(t)
-        return t, o
+        return self._ticket(ring, old)
 
-    async def _read_slot(self, ring, o):
-        raw = await self.port.mem_read(ring.base + o, SLOT)
+    def _slot_value(self, raw):
+        """(Sequence, Block Offset) of a slot's octets."""
         so, sn = _SLOT_F["sequence"]
         bo_o, bo_n = _SLOT_F["block_offset"]
         return int.from_bytes(raw[so:so + sn], "big"), self._bo_value(raw[bo_o:bo_o + bo_n])
+
+    async def _read_slot(self, ring, o):
+        return self._slot_value(await self.port.mem_read(ring.base + o, SLOT))
 
     async def _write_slot_free(self, ring, o, u, block):
         """Draft order: Block Offset first, then Sequence."""
@@ -383,27 +424,58 @@ class KbtpDriver:
             await self._write_slot_free(ring, o, u, block)
 
     async def _host_free(self, ring, block):
-        """Free into a host-managed ring: Tail ticket u; write the slot only when it is consumed
-        and its Sequence is u - N (model/ring.py's safe reading), else defer (FIFO per slot)."""
-        u, o = await self._fetch_add(ring, "tail")
-        seq, bo = await self._read_slot(ring, o)
-        if ring.pending.get(o) or not (bo == SLOT_EMPTY and seq == (u - ring.N) & M32):
-            ring.pending.setdefault(o, deque()).append((u, block))
-            return
-        await self._write_slot_free(ring, o, u, block)
+        await self._host_free_many([(ring, block)])
 
-    async def _engine_free(self, block):
+    async def _host_free_many(self, frees):
+        """Frees ``[(ring, block), ...]`` into host-managed rings, in order. Each takes a Tail
+        ticket u and writes its slot only when the slot is consumed and its Sequence is u - N
+        (model/ring.py's safe reading), else it is deferred (FIFO per slot). Every ring's Tail
+        counter is read once and written once, and the slots the frees land on are read in one
+        go (two reads in all, however many frees)."""
+        if not frees:
+            return
+        rings = list({id(r): r for r, _ in frees}.values())
+        rs = self.port.reads()
+        at = {id(r): rs.mem(r.tail, 8) for r in rings}
+        got = await rs.run()
+        tail = {k: int.from_bytes(got[i], "little") for k, i in at.items()}
+        plan = []
+        for ring, block in frees:
+            u, o = self._ticket(ring, tail[id(ring)])
+            tail[id(ring)] = _ring_add(tail[id(ring)], ring.n, self.cfg.masked)
+            plan.append((ring, u, o, block))
+        rs = self.port.reads()
+        at = {}
+        for ring, _, o, _ in plan:
+            if (id(ring), o) not in at:
+                at[id(ring), o] = rs.mem(ring.base + o, SLOT)
+        got = await rs.run()
+        slot = {k: self._slot_value(got[i]) for k, i in at.items()}
+        for r in rings:
+            await self.port.mem_write(r.tail, tail[id(r)].to_bytes(8, "little"))
+        for ring, u, o, block in plan:
+            seq, bo = slot[id(ring), o]
+            if ring.pending.get(o) or not (bo == SLOT_EMPTY and seq == (u - ring.N) & M32):
+                ring.pending.setdefault(o, deque()).append((u, block))
+                continue
+            await self._write_slot_free(ring, o, u, block)
+            slot[id(ring), o] = (u, block)
+
+    async def _engine_free(self, block, idle=False):
         """Shared-ring free through the engine's FREE_BLOCK (it does the Tail FetchAdd and the
         slot write, deferring it while the slot is unconsumed). Waits for a deferred earlier
-        free first: one command at a time."""
-        await self._wait_cmd_idle()
+        free first (skipped when ``idle``: CMD was just read idle): one command at a time, as
+        the engine ignores a command while busy and reads CMD_ARG when it starts. Returns the
+        last CMD value read."""
+        if not idle:
+            await self._wait_cmd_idle()
         await self.port.wreg64(REG_KBTP + ENG["CMD_ARG_LO"], block)
         await self._ereg(ENG["CMD"], Cmd.FREE_BLOCK)
         # the command is accepted at once; wait for the Tail FetchAdd (busy without deferred)
         for _ in range(self.wc_polls):
             st = await self._erd(ENG["CMD"])
             if not st & 1 or st & 2:
-                return
+                return st
         raise DriverError("engine FREE_BLOCK stayed busy")
 
     async def _wait_cmd_idle(self):
@@ -413,20 +485,29 @@ class KbtpDriver:
         raise DriverError("engine command register stayed busy (a deferred free never wrote "
                           "its slot)")
 
-    async def _return_block(self, domain, boff):
-        """Clear if needed, then give the block back to its ring (after the entry update)."""
+    async def _return_blocks(self, blocks, idle=False):
+        """Clear if needed, then give each block of ``[(domain, block), ...]`` back to its ring
+        (after the entry updates): the host-managed rings' in one burst
+        (:meth:`_host_free_many`), then the engine's FREE_BLOCK, one command at a time
+        (``idle``: CMD was just read idle)."""
         cfg = self.cfg
-        home = policy.block_home(cfg, boff)
-        if policy.clear_on_return(cfg, domain, home):
-            await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
-        if home is not None:
-            await self._host_free(self.parts[home].ring, boff)
-        elif self.fast_ok:
-            await self._engine_free(boff)
-        else:
-            await self._host_free(self.shared, boff)
+        host, engine = [], []
+        for domain, boff in blocks:
+            home = policy.block_home(cfg, boff)
+            if policy.clear_on_return(cfg, domain, home):
+                await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
+            if home is not None:
+                host.append((self.parts[home].ring, boff))
+            elif self.fast_ok:
+                engine.append(boff)
+            else:
+                host.append((self.shared, boff))
+        await self._host_free_many(host)
+        for boff in engine:
+            idle = not await self._engine_free(boff, idle) & 1
 
     # ---------------------------------------------------------------- init / QPs
+    @_batched
     async def init(self):
         """Write every KBTP structure into target memory, then program MRs and the engine."""
         cfg, lay, port = self.cfg, self.lay, self.port
@@ -460,6 +541,7 @@ class KbtpDriver:
                              self.plan["engine_scratch"] + ENGINE_SCRATCH * q)
         await self._ereg(ENG["CTRL"], int(self.fast_ok) | int(cfg.masked) << 1)
 
+    @_batched
     async def open_qp(self, qp, *, program=True, state=QpState.RTS, local_qpn=0, remote_qpn=0,
                       peer_mac=0, peer_ip=0, udp_sport=0xC000, pmtu=3, rq_psn=0, sq_psn=0,
                       timeout=14, retry_cnt=7, rnr_retry=7):
@@ -510,8 +592,7 @@ class KbtpDriver:
         for _ in range(self.wc_polls):
             if wr_id in self._wcs:
                 return self._wcs.pop(wr_id)
-            wc = await self.port.poll_wc()
-            if wc is not None:
+            for wc in await self.port.poll_wcs(len(self._inflight) + 1):
                 self._wcs[wc["wr_id"]] = wc
         raise DriverError(f"no WorkCompletion for host work request {wr_id}")
 
@@ -524,7 +605,8 @@ class KbtpDriver:
         """Write ``payload`` into ``qp``'s reply buffer once its previous reply has gone."""
         await self._flush(qp)
         a = self.plan["host_scratch"] + HOST_SCRATCH * qp
-        await self.port.mem_write(a, payload)
+        # padded to whole words (the buffer is the driver's own): no read-modify-write
+        await self.port.mem_write(a, bytes(payload) + bytes(-len(payload) % 4))
         return a
 
     async def _flush(self, qp):
@@ -550,53 +632,121 @@ class KbtpDriver:
         return wc["status"] == WcStatus.OK.value
 
     # ---------------------------------------------------------------- public: slow path
+    @_batched
     async def poll(self, now_ms=None):
         """Handle one slow-path message (see the module docstring); None if there was none."""
         now = self._now(now_ms)
         await self._observe(now)
         await self._pump()
-        n = await self.port.poll_notify()
-        if n is None:
-            return None
-        qp = n["qp"]
-        raw = await self.port.mem_read(n["addr"], n["length"])
-        self.host_actions += 1
-        res = Handled(qp, policy.op_name(raw), None)
-        c = self._conns.get(qp)
+        if not self._backlog:
+            n = await self.port.poll_notify()
+            if n is None:
+                return None
+            self._backlog.append((n, None))
+        return (await self._handle([self._backlog.popleft()], now))[0]
+
+    @_batched
+    async def poll_all(self, now_ms=None, max_messages=None):
+        """Handle every pending slow-path message (at most ``max_messages``, default the
+        ``max_messages`` option) in one pass; the list of :class:`Handled` (empty: none).
+
+        One exchange pops the notify queue in bulk (with the partition Heads), one reads every
+        message, and a run of consecutive FREEs (distinct handles) is handled as one burst
+        (:meth:`_free_many`); anything else one message at a time, as :meth:`poll` does. Each
+        message's effects, replies and their order are those of :meth:`poll` called once per
+        message; every access goes through one :meth:`TargetPort.batch`. A message popped but
+        not handled because of an error waits for the next :meth:`poll` / :meth:`poll_all`;
+        an error inside a FREE burst answers INTERNAL to every FREE of it not yet answered.
+        """
+        limit = self.max_messages if max_messages is None else max_messages
+        out = []
+        now = self._now(now_ms)
+        rs = self.port.reads()
+        want = limit - len(self._backlog)
+        notes = rs.records(Q_NOTIFY, RecvNotify, want) if want > 0 else None
+        got = await self._observe(now, rs)
+        await self._pump()
+        self._backlog.extend((n, None) for n in (got[notes] if notes is not None else ()))
+        rs = self.port.reads()
+        unread = [(k, rs.mem(n["addr"], n["length"]))
+                  for k, (n, raw) in enumerate(self._backlog) if raw is None]
+        got = await rs.run()
+        for k, i in unread:
+            self._backlog[k] = (self._backlog[k][0], got[i])
+        while self._backlog and len(out) < limit:
+            run = self._free_run(limit - len(out))
+            out += await self._handle([self._backlog.popleft() for _ in range(run or 1)], now)
+        return out
+
+    def _free_run(self, limit):
+        """How many messages at the front of the backlog form a FREE burst (0: none, 2 or
+        more: FREEs of live sessions, distinct handles, decodable)."""
+        if not self.burst:
+            return 0
+        handles = set()
+        for n, raw in self._backlog:
+            c = self._conns.get(n["qp"])
+            if (len(handles) == limit or c is None or c.closed or c.session is None
+                    or policy.is_hello(raw)):
+                break
+            msg, _ = policy.screen(self.cfg, raw, c.session)
+            if msg is None or msg.OPCODE is not Opcode.FREE or msg.handle in handles:
+                break
+            handles.add(msg.handle)
+        return len(handles) if len(handles) > 1 else 0
+
+    async def _handle(self, batch, now):
+        """Handle ``[(notify, raw or None), ...]``: one message, or a run of FREEs
+        (:meth:`_free_run`); then hand the receive buffers back. The list of Handled."""
+        items = []
+        for n, raw in batch:
+            if raw is None:
+                raw = await self.port.mem_read(n["addr"], n["length"])
+            self.host_actions += 1
+            c = self._conns.get(n["qp"])
+            live = c if c is not None and not c.closed else None
+            items.append((live, raw, Handled(n["qp"], policy.op_name(raw), None)))
         try:
-            if c is not None and not c.closed:
-                await self._dispatch(c, raw, now, res)
+            if len(items) > 1:
+                await self._free_many([(c, policy.screen(self.cfg, raw, c.session)[0], res)
+                                       for c, raw, res in items])
+            elif items[0][0] is not None:
+                await self._dispatch(*items[0], now)
         except Exception:
             # The initiator still gets an answer (INTERNAL), as for an initiator-memory fault;
             # the error itself goes to the caller once the buffer is back.
-            if c is not None and not c.closed and res.status is None:
-                try:
-                    res.status = await self._complete_raw(c, raw, Status.INTERNAL, res.actions)
-                except Exception:           # the first error is the one to report
-                    pass
+            for c, raw, res in items:
+                if c is not None and not c.closed and res.status is None:
+                    try:
+                        res.status = await self._complete_raw(c, raw, Status.INTERNAL,
+                                                              res.actions)
+                    except Exception:           # the first error is the one to report
+                        pass
             raise
         finally:
-            # Always hand the receive buffer back: until then the engine holds this QP's next
+            # Always hand the receive buffers back: until then the engine holds this QP's next
             # messages (per-connection order), so one host error would wedge the connection.
-            await self.port.repost(qp)
+            for n, _ in batch:
+                await self.port.repost(n["qp"])
         await self._pump()
-        return res
+        return [res for _, _, res in items]
 
     async def serve(self, max_idle=None, now=None):
-        """Poll until the notify queue stays empty for ``max_idle`` polls (None: forever),
-        ticking (timeouts, retention) whenever it is empty; ``now`` is an optional clock
-        ``() -> ms``. Returns the list of :class:`Handled`."""
+        """Poll (:meth:`poll_all`) until the notify queue stays empty for ``max_idle`` polls
+        (None: forever), ticking (timeouts, retention) whenever it is empty; ``now`` is an
+        optional clock ``() -> ms``. Returns the list of :class:`Handled`."""
         out, idle = [], 0
         while max_idle is None or idle < max_idle:
-            r = await self.poll(now() if now else None)
-            if r is None:
+            r = await self.poll_all(now() if now else None)
+            if not r:
                 idle += 1
                 await self.tick(now() if now else None)
             else:
                 idle = 0
-                out.append(r)
+                out += r
         return out
 
+    @_batched
     async def disconnect(self, qp, now_ms=None):
         """The connection of ``qp`` failed or closed: its session is retained."""
         now = self._now(now_ms)
@@ -605,6 +755,7 @@ class KbtpDriver:
             await self._close(c, now)
         await self._pump()
 
+    @_batched
     async def tick(self, now_ms=None):
         """Ticket-timeout reclamation and retention expiry; returns the actions taken."""
         now = self._now(now_ms)
@@ -629,7 +780,7 @@ class KbtpDriver:
                                        s.features)
 
     # ---------------------------------------------------------------- dispatch
-    async def _dispatch(self, c, raw, now, res):
+    async def _dispatch(self, c, raw, res, now):
         acts = res.actions
         if policy.is_hello(raw):
             res.status = await self._hello(c, raw, now, acts)
@@ -762,6 +913,7 @@ class KbtpDriver:
         for k, e in enumerate(await self._entries(s)):
             if e["flags"] & _VALID:
                 await self._unbind(s, s.handle_base + k, e)
+                await self._return_blocks([(s.domain, e["block_offset"])])
         if s.partition is not None:
             part = self.parts[s.partition]
             await self._abandon_all(part, "session released", acts)
@@ -798,22 +950,60 @@ class KbtpDriver:
 
     # ---------------------------------------------------------------- FREE / BIND
     async def _unbind(self, s, h, e):
+        """Invalidate entry ``h`` (``e`` its contents); the block goes back after the entry
+        update. Returns the new generation."""
         g = next_generation(e["generation"])
         await self._write(policy.unbind_writes(self.cfg, self.lay, h, g))
-        await self._return_block(s.domain, e["block_offset"])
         return g
 
     async def _free(self, c, s, msg, now, acts):
-        op, h = Opcode.FREE, msg.handle
-        e, sent = await self._checked(c, s, op, msg, acts)
-        if e is None:
-            return sent
-        g = await self._unbind(s, h, e)
-        if s.engine:
-            a = REG_KBTP + self._qreg(c.qp, "QP_USAGE")
-            u = await self.port.rreg(a)
-            await self.port.wreg(a, max(0, u - 1))
-        return await self._complete(c, op, msg, Status.OK, acts, g, 0, e["block_offset"])
+        h = Handled(c.qp, "FREE", None, acts)
+        await self._free_many([(c, msg, h)])
+        return h.status
+
+    async def _free_many(self, frees):
+        """FREEs ``[(conn, msg, Handled), ...]`` in one burst, as one after the other would do
+        them (the handles differ; each Handled gets its status as its completion goes):
+
+        1. one read of what they all need: the WorkCompletions of the replies in flight, every
+           authorized handle's entry, the engine's USAGE of each engine session, its CMD;
+        2. the checks (host.policy) and the entry writes of every FREE, in order;
+        3. every block back to its ring (:meth:`_return_blocks`);
+        4. USAGE lowered and the completions, in order.
+        """
+        cfg, op = self.cfg, Opcode.FREE
+        rs = self.port.reads()
+        wcs = rs.records(Q_WC, WorkCompletion, len(self._inflight)) if self._inflight else None
+        auth = [policy.authorize(cfg, op, c.session, msg.handle, self._sessions.values())
+                for c, msg, _ in frees]
+        entry = [rs.mem(self.entry_addr(msg.handle), ENTRY) if a is None else None
+                 for (_, msg, _), a in zip(frees, auth)]
+        usage = {c.qp: rs.reg(REG_KBTP + self._qreg(c.qp, "QP_USAGE"))
+                 for (c, _, _), a in zip(frees, auth) if a is None and c.session.engine}
+        cmd = rs.reg(REG_KBTP + ENG["CMD"]) if self.fast_ok and usage else None
+        got = await rs.run()
+        for wc in got[wcs] if wcs is not None else ():
+            self._wcs[wc["wr_id"]] = wc
+        usage = {qp: got[i] for qp, i in usage.items()}
+        done, blocks = [], []
+        for (c, msg, h), a, i in zip(frees, auth, entry):
+            if a is not None:
+                done.append((a, 0, 0))
+                continue
+            e = policy.decode_entry(cfg, got[i])
+            status = policy.check_entry(cfg, op, msg, e)
+            if status is not None:
+                done.append((status, e["generation"], 0))
+                continue
+            g = await self._unbind(c.session, msg.handle, e)
+            blocks.append((c.session.domain, e["block_offset"]))
+            done.append((Status.OK, g, e["block_offset"]))
+        await self._return_blocks(blocks, cmd is not None and not got[cmd] & 1)
+        for (c, msg, h), (status, g, boff) in zip(frees, done):
+            if status is Status.OK and c.qp in usage:
+                usage[c.qp] = max(0, usage[c.qp] - 1)
+                await self.port.wreg(REG_KBTP + self._qreg(c.qp, "QP_USAGE"), usage[c.qp])
+            h.status = await self._complete(c, op, msg, status, h.actions, g, 0, boff)
 
     async def _bind(self, c, s, msg, now, acts):
         op, h = Opcode.BIND, msg.handle
@@ -838,10 +1028,17 @@ class KbtpDriver:
                                     msg.block_offset)
 
     # ---------------------------------------------------------------- tickets (DIRECT_ALLOC)
-    async def _observe(self, now):
-        """Stamp tickets initiators took on partition Heads since the last look."""
-        for p in self.parts:
-            p.observe((await self._counter(p.ring.head)) >> 32, now)
+    async def _observe(self, now, rs=None):
+        """Stamp tickets initiators took on partition Heads since the last look (the Heads read
+        in one go; with ``rs``, a PortReads, together with what else it reads: returns
+        its results)."""
+        own = rs is None
+        rs = self.port.reads() if own else rs
+        heads = [rs.mem(p.ring.head, 8) for p in self.parts]
+        got = await rs.run()
+        for p, i in zip(self.parts, heads):
+            p.observe(int.from_bytes(got[i], "little") >> 32, now)
+        return got
 
     async def _abandon_all(self, part, reason, acts):
         s = self._sessions.get(part.owner)
@@ -963,6 +1160,7 @@ class KbtpDriver:
         return await self._complete(c, op, msg, Status.OK, acts, g, n, boff)
 
     # ---------------------------------------------------------------- counters
+    @_batched
     async def counters(self, *, transport=True):
         """Engine and driver figures as a dict (see the module docstring); with ``transport``
         the RoCE transport's counters too (``transport=False`` for a bench of the engine

@@ -1,6 +1,7 @@
 # Ref: hw/target/regbank.py (REG_TOP map, queues Q_NOTIFY/Q_WR/Q_WC/Q_REPOST, records LS word first),
 #      hw/rdma/qp.py (QP / MR register maps), hw/iface.py (QpConfig, MrEntry, WorkRequest, ...),
-#      hw/target/hostlink.py (Space, bus and UART wire protocol); host/link.py (UartLink).
+#      hw/target/hostlink.py (Space, bus and UART wire protocol); host/link.py (UartLink),
+#      host/udplink.py (UdpLink).
 """The one narrow interface between host software and a :class:`hw.target.target.KbtpTarget`.
 
 Everything the host does to the target is a 32-bit access on its host bus: ``Space.REG``
@@ -12,24 +13,31 @@ written against one coroutine::
 Backends
 --------
 * a cocotb bench passes a coroutine that drives the DUT's host-bus pins (tests/hw/target/cocotb_target.py);
-* :func:`uart_access` adapts a :class:`host.link.UartLink` (synchronous serial, a board) to the
-  same coroutine, so the driver runs unchanged on hardware;
+* :func:`link_access` (also named :func:`uart_access`, :func:`udp_access`) adapts a host link,
+  :class:`host.link.UartLink` (serial) or :class:`host.udplink.UdpLink` (the target's Ethernet
+  port), to the same coroutine, so the driver runs unchanged on hardware;
 * a test may pass any coroutine (a fake over a bytearray).
 
 An access object may also offer ``mem_write(addr, octets)`` / ``mem_read(addr, n)`` coroutines
 for bulk memory transfers and ``queue_push(q, words)`` / ``queue_pop(q, n) -> words`` for whole
-records (:func:`uart_access` does: many words per UART frame); without them the port moves one
-word per access.
+records (:func:`link_access` does: many words per frame); without them the port moves one
+word per access. With ``run_ops(ops)`` (:class:`LinkAccess`) it also carries out a list of
+accesses in one link exchange: :meth:`TargetPort.batch` and :meth:`TargetPort.reads` use it.
 
 Memory octet order: a ``Space.MEM`` word at ``addr`` holds octets ``addr .. addr+3`` with octet
 ``addr`` in bits 7..0 (the memory bus's little-endian lanes, hw/iface.py).
 
 Example::
 
-    port = TargetPort(uart_access(UartLink("/dev/ttyUSB1")))
+    port = TargetPort(link_access(UartLink("/dev/ttyUSB1")))
     await port.mem_write(0x1000, b"abcd")
+    async with port.batch():                # over a UdpLink: one datagram for the three
+        await port.wreg(0x100, 1)
+        await port.wreg(0x104, 2)
+        assert await port.rreg(0x108) == 0
 """
 
+import contextlib
 import ipaddress
 
 from amaranth.hdl import Shape
@@ -41,8 +49,9 @@ from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
 from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TOP_COUNTER_BASE, TOP_REGS,
                             record_words)
 
-__all__ = ["TargetPort", "TargetHost", "HostError", "pack_record", "unpack_record",
-           "record_words", "ip_value", "mac_value", "uart_access", "UartAccess"]
+__all__ = ["TargetPort", "TargetHost", "PortReads", "HostError", "pack_record", "unpack_record",
+           "record_words", "ip_value", "mac_value", "link_access", "uart_access", "udp_access",
+           "LinkAccess", "UartAccess"]
 
 
 class HostError(Exception):
@@ -108,18 +117,78 @@ class TargetPort:
     ----------
     access : async callable ``(space, addr, we, wdata) -> (rdata, err)``
         Optionally with ``mem_write(addr, octets)`` and ``mem_read(addr, n)`` coroutine
-        attributes for bulk memory (word-aligned, lengths multiples of 4).
+        attributes for bulk memory (word-aligned, lengths multiples of 4), and with
+        ``run_ops(ops)`` (:class:`LinkAccess`) for batches.
+    batching : bool
+        Let :meth:`batch` collect accesses (False: every access goes out at once, as before
+        batching existed; for comparisons).
+
+    Batches
+    -------
+    Inside ``async with port.batch():`` over an access with ``run_ops``, writes, pushes and
+    bulk memory writes are queued instead of sent; a read sends the queue followed by itself in
+    one ``run_ops`` (one link exchange), and the end of the outermost ``batch`` sends what is
+    left. The target sees the same accesses in the same order, only later; an error of a
+    queued write is raised by the call that sends it. :meth:`reads` collects several reads for
+    one exchange. Without ``run_ops`` (a fake, a simulator's bus) ``batch`` changes nothing.
     """
 
-    def __init__(self, access):
+    def __init__(self, access, *, batching=True):
         self.access = access
         self.accesses = 0           # bus accesses issued (a cost figure for logs)
+        self.batching = batching
+        self._depth = 0
+        self._queued = []           # ops waiting for the next exchange (batches)
+
+    # ---- batches ---------------------------------------------------------------------------
+    @property
+    def batched(self):
+        """True inside :meth:`batch` over an access that runs op lists."""
+        return self._depth > 0 and self.batching and hasattr(self.access, "run_ops")
+
+    @contextlib.asynccontextmanager
+    async def batch(self):
+        """Collect accesses (see the class docstring); nests."""
+        self._depth += 1
+        try:
+            yield self
+        except BaseException:
+            self._depth -= 1
+            if not self._depth:
+                try:
+                    await self.flush()
+                except Exception:       # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+        self._depth -= 1
+        if not self._depth:
+            await self.flush()
+
+    async def flush(self, *reads):
+        """Send the queued ops followed by ``reads`` (op tuples, see :class:`LinkAccess`) in one
+        ``run_ops``; the results of ``reads``. HostError: the first op that failed."""
+        ops = self._queued + list(reads)
+        self._queued = []
+        if not ops:
+            return []
+        results = await self.access.run_ops(ops)
+        for r in results:
+            if isinstance(r, HostError):
+                raise r
+        return results[len(ops) - len(reads):]
+
+    def reads(self):
+        """A :class:`PortReads`: reads collected for one exchange."""
+        return PortReads(self)
 
     # ---- single accesses -------------------------------------------------------------------
     async def write(self, space, addr, value):
         """Write one 32-bit word; HostError on ``err``."""
         value &= 0xFFFFFFFF
         self.accesses += 1
+        if self.batched:
+            self._queued.append(("write", Space(space), addr, value))
+            return
         _, err = await self.access(space, addr, 1, value)
         if err:
             raise HostError("write", space, addr, value)
@@ -127,6 +196,8 @@ class TargetPort:
     async def read(self, space, addr):
         """Read one 32-bit word; HostError on ``err``."""
         self.accesses += 1
+        if self.batched:
+            return (await self.flush(("read", Space(space), addr)))[0]
         v, err = await self.access(space, addr, 0, 0)
         if err:
             raise HostError("read", space, addr)
@@ -183,6 +254,10 @@ class TargetPort:
 
     # ---- memory --------------------------------------------------------------------------
     async def _write_words(self, addr, octets):
+        if self.batched:
+            self.accesses += len(octets) // 4
+            self._queued.append(("mem_write", addr, bytes(octets)))
+            return
         bulk = getattr(self.access, "mem_write", None)
         if bulk is not None:
             self.accesses += len(octets) // 4
@@ -192,6 +267,9 @@ class TargetPort:
             await self.write(Space.MEM, addr + k, int.from_bytes(octets[k:k + 4], "little"))
 
     async def _read_words(self, addr, n):
+        if self.batched:
+            self.accesses += n // 4
+            return (await self.flush(("mem_read", addr, n)))[0]
         bulk = getattr(self.access, "mem_read", None)
         if bulk is not None:
             self.accesses += n // 4
@@ -224,8 +302,7 @@ class TargetPort:
         """Read ``n`` octets from ``addr`` (any alignment)."""
         if n <= 0:
             return b""
-        lo = addr & ~3
-        hi = (addr + n + 3) & ~3
+        lo, hi = _span(addr, n)
         raw = await self._read_words(lo, hi - lo)
         return raw[addr - lo:addr - lo + n]
 
@@ -233,27 +310,55 @@ class TargetPort:
     async def _push(self, q, layout, **fields):
         v = pack_record(layout, **fields)
         words = [(v >> (32 * k)) & 0xFFFFFFFF for k in range(record_words(layout))]
+        self.accesses += len(words)
+        if self.batched:
+            self._queued.append(("push", q, words))
+            return
         bulk = getattr(self.access, "queue_push", None)
         if bulk is not None:
-            self.accesses += len(words)
             await bulk(q, words)
             return
         for w in words:
-            await self.write(Space.QUEUE, q, w)
+            _, err = await self.access(Space.QUEUE, q, 1, w)
+            if err:
+                raise HostError("write", Space.QUEUE, q, w)
+
+    def _records(self, q, layout, words, asked):
+        """Records of popped ``words`` (``asked`` words were asked for); counts the accesses
+        (one more for the pop that found the queue empty)."""
+        n = record_words(layout)
+        self.accesses += len(words) + (len(words) < asked)
+        if len(words) % n:
+            raise HostError("read", Space.QUEUE, q,
+                            why=f"record cut short: {len(words) % n} of {n} words")
+        return [unpack_record(layout, sum(w << (32 * k) for k, w in enumerate(words[i:i + n])))
+                for i in range(0, len(words), n)]
+
+    async def pop_records(self, q, layout, max_records):
+        """Up to ``max_records`` records of queue ``q`` (fewer when it runs empty): one bulk pop
+        where the access allows."""
+        n = record_words(layout)
+        if self.batched:
+            words = (await self.flush(("pop", q, n * max_records)))[0]
+        else:
+            bulk = getattr(self.access, "queue_pop", None)
+            if bulk is None:
+                out = []
+                while len(out) < max_records:
+                    r = await self._pop(q, layout)
+                    if r is None:
+                        break
+                    out.append(r)
+                return out
+            words = list(await bulk(q, n * max_records))
+        return self._records(q, layout, words, n * max_records)
 
     async def _pop(self, q, layout):
         """One record, or None when the queue is empty."""
         n = record_words(layout)
-        bulk = getattr(self.access, "queue_pop", None)
-        if bulk is not None:
-            self.accesses += n
-            words = await bulk(q, n)
-            if not words:
-                return None
-            if len(words) != n:
-                raise HostError("read", Space.QUEUE, q,
-                                why=f"record cut short: {len(words)} of {n} words")
-            return unpack_record(layout, sum(w << (32 * k) for k, w in enumerate(words)))
+        if self.batched or getattr(self.access, "queue_pop", None) is not None:
+            recs = await self.pop_records(q, layout, 1)
+            return recs[0] if recs else None
         self.accesses += 1
         v0, err = await self.access(Space.QUEUE, q, 0, 0)
         if err:
@@ -279,86 +384,260 @@ class TargetPort:
         """One RecvNotify dict (slow-path message), or None."""
         return await self._pop(Q_NOTIFY, RecvNotify)
 
+    async def poll_wcs(self, max_records):
+        """Up to ``max_records`` WorkCompletion dicts in one bulk pop where possible."""
+        return await self.pop_records(Q_WC, WorkCompletion, max_records)
+
+    async def poll_notifies(self, max_records):
+        """Up to ``max_records`` RecvNotify dicts in one bulk pop where possible."""
+        return await self.pop_records(Q_NOTIFY, RecvNotify, max_records)
+
+
+def _span(addr, n):
+    """Word-aligned ``[lo, hi)`` around ``n`` octets at ``addr``."""
+    return addr & ~3, (addr + n + 3) & ~3
+
+
+class PortReads:
+    """Reads collected for one exchange (:meth:`TargetPort.reads`): each method returns an
+    index into what :meth:`run` returns. In a batch over a link they go out together (after
+    the queued writes); otherwise one after the other."""
+
+    def __init__(self, port):
+        self.port = port
+        self._items = []
+
+    def _add(self, item):
+        self._items.append(item)
+        return len(self._items) - 1
+
+    def mem(self, addr, n):
+        """``n`` octets of target memory at ``addr`` (any alignment)."""
+        return self._add(("mem", addr, n))
+
+    def reg(self, addr):
+        """One register."""
+        return self._add(("reg", addr))
+
+    def records(self, q, layout, max_records):
+        """Up to ``max_records`` records of queue ``q`` (a list)."""
+        return self._add(("records", q, layout, max_records))
+
+    async def run(self):
+        port = self.port
+        if not self._items:
+            return []
+        if not port.batched:
+            out = []
+            for kind, *a in self._items:
+                if kind == "mem":
+                    out.append(await port.mem_read(*a))
+                elif kind == "reg":
+                    out.append(await port.rreg(*a))
+                else:
+                    out.append(await port.pop_records(*a))
+            return out
+        ops = []
+        for kind, *a in self._items:
+            if kind == "mem" and a[1] <= 0:
+                continue
+            if kind == "mem":
+                lo, hi = _span(a[0], a[1])
+                port.accesses += (hi - lo) // 4
+                ops.append(("mem_read", lo, hi - lo))
+            elif kind == "reg":
+                port.accesses += 1
+                ops.append(("read", Space.REG, a[0]))
+            else:
+                ops.append(("pop", a[0], record_words(a[1]) * a[2]))
+        res = iter(await port.flush(*ops))
+        out = []
+        for kind, *a in self._items:
+            r = b"" if kind == "mem" and a[1] <= 0 else next(res)
+            if kind == "mem":
+                off = a[0] - _span(a[0], a[1])[0]
+                out.append(r[off:off + a[1]])
+            elif kind == "reg":
+                out.append(r)
+            else:
+                out.append(port._records(a[0], a[1], r, record_words(a[1]) * a[2]))
+        return out
+
 
 #: The historical name (tests/hw/target/target_host.py, the cocotb bench).
 TargetHost = TargetPort
 
 
 # --------------------------------------------------------------------------------------------
-# UART backend
+# Link backends (UART, UDP)
 # --------------------------------------------------------------------------------------------
 
-class UartAccess:
-    """Async access callable over a :class:`host.link.UartLink` (see :func:`uart_access`).
+def _swap(octets):
+    """Reverse the octets of every word (link words are big-endian, memory lanes little)."""
+    return b"".join(octets[k:k + 4][::-1] for k in range(0, len(octets), 4))
 
-    A UART data word is a big-endian 32-bit value (hw/target/hostlink.py); a ``Space.MEM`` word's
-    octet 0 is its bits 7..0, so bulk memory transfers reverse the octets of every word.
+
+class LinkAccess:
+    """Async access callable over a host link (:class:`host.link.UartLink`,
+    :class:`host.udplink.UdpLink`; see :func:`link_access`).
+
+    A link data word is a big-endian 32-bit value (hw/target/hostlink.py); a ``Space.MEM``
+    word's octet 0 is its bits 7..0, so bulk memory transfers reverse the octets of every word.
+
+    :meth:`run_ops` carries out a list of ops in one :meth:`~host.link.FrameLink.exchange`
+    (what :meth:`TargetPort.batch` sends)::
+
+        ("write", space, addr, value)   ("read", space, addr)        one word
+        ("mem_write", addr, octets)     ("mem_read", addr, n)        word-aligned memory
+        ("push", queue, words)          ("pop", queue, n)            queue words
+
+    Consecutive writes to consecutive addresses of one space, and consecutive pushes to one
+    queue, share a frame (the target sees the same word accesses in the same order). Each op's
+    result is its value (None for writes; a single read of an empty queue fails) or a
+    :class:`HostError` for an op the target refused.
     """
 
     def __init__(self, link):
         self.link = link
 
-    async def __call__(self, space, addr, we, wdata):
-        from host.link import LinkStatusError
-        space = Space(space)
-        link = self.link
-        try:
-            if space is Space.REG:
-                if we:
-                    link.write_reg(addr, wdata)
-                    return 0, 0
-                return link.read_reg(addr), 0
-            if space is Space.MEM:
-                if we:
-                    link.write_mem(addr, wdata.to_bytes(4, "big"))
-                    return 0, 0
-                return int.from_bytes(link.read_mem(addr, 4), "big"), 0
-            if we:
-                link.push(addr, [wdata])
-                return 0, 0
-            words = link.pop(addr, 1)
-            return (words[0], 0) if words else (0, 1)
-        except LinkStatusError:
-            # BUS_ERROR (err on the bus), QUEUE_FULL: the access was refused.
-            return 0, 1
+    # ---- op lists --------------------------------------------------------------------------
+    @staticmethod
+    def _unit(op):
+        """``(link op, key, words or None)`` of one port op; ``key`` says what may merge."""
+        kind = op[0]
+        if kind == "write":
+            _, space, addr, value = op
+            lop = {Space.REG: "write_regs", Space.MEM: "write_mem"}.get(Space(space), "push")
+            return lop, addr, [value]
+        if kind == "mem_write":
+            _, addr, octets = op
+            return "write_mem", addr, [int.from_bytes(octets[k:k + 4], "little")
+                                       for k in range(0, len(octets), 4)]
+        if kind == "push":
+            return "push", op[1], list(op[2])
+        return kind, None, None
+
+    def _run(self, ops):
+        b = self.link.batch()
+        units = []                  # (batch index, link op, addr, words, [(op index, first)])
+        for i, op in enumerate(ops):
+            lop, addr, words = self._unit(op)
+            if words is not None:
+                if units and units[-1][1] == lop and units[-1][3] is not None and (
+                        units[-1][2] == addr if lop == "push"
+                        else units[-1][2] + 4 * len(units[-1][3]) == addr):
+                    units[-1][4].append((i, len(units[-1][3])))
+                    units[-1][3].extend(words)
+                else:
+                    units.append([None, lop, addr, list(words), [(i, 0)]])
+                continue
+            units.append([None, lop, None, None, [(i, 0)]])
+        for u in units:
+            lop, words, i = u[1], u[3], u[4][0][0]
+            if lop == "write_mem":
+                u[0] = b.write_mem(u[2], b"".join(w.to_bytes(4, "big") for w in words))
+            elif words is not None:
+                u[0] = getattr(b, lop)(u[2], words)
+            else:
+                u[0] = self._read(b, ops[i])
+        results = b.run(check=False)
+        out = [None] * len(ops)
+        for k, _, _, words, members in units:
+            r = results[k]
+            for j, (i, first) in enumerate(members):
+                end = members[j + 1][1] if j + 1 < len(members) else len(words or ())
+                if isinstance(r, Exception) and (words is None or r.done < end):
+                    out[i] = self._error(ops[i], r, max(0, r.done - first))
+                elif words is None:
+                    out[i] = self._value(ops[i], r)
+        return out
 
     @staticmethod
-    def _swap(octets):
-        return b"".join(octets[k:k + 4][::-1] for k in range(0, len(octets), 4))
+    def _read(b, op):
+        kind, *a = op
+        if kind == "read":
+            space, addr = Space(a[0]), a[1]
+            if space is Space.REG:
+                return b.read_reg(addr)
+            return b.read_mem(addr, 4) if space is Space.MEM else b.pop(addr, 1)
+        if kind == "mem_read":
+            return b.read_mem(*a)
+        if kind == "pop":
+            return b.pop(*a)
+        raise ValueError(f"unknown host-port op {op!r}")
+
+    @staticmethod
+    def _value(op, r):
+        if op[0] == "mem_read":
+            return _swap(r)
+        if op[0] != "read" or Space(op[1]) is Space.REG:
+            return r
+        if Space(op[1]) is Space.MEM:
+            return int.from_bytes(r, "big")
+        return r[0] if r else HostError("read", Space.QUEUE, op[2])
+
+    @staticmethod
+    def _error(op, e, done):
+        """The HostError of ``op``, ``done`` of whose words went through before ``e``."""
+        kind, *a = op
+        if kind in ("write", "read"):
+            return HostError(kind, a[0], a[1], a[2] if kind == "write" else None)
+        if kind == "mem_write":
+            return HostError("write", Space.MEM, a[0] + 4 * done,
+                             why=f"bulk write of {len(a[1])} octets: {e}")
+        if kind == "mem_read":
+            return HostError("read", Space.MEM, a[0] + 4 * done,
+                             why=f"bulk read of {a[1]} octets: {e}")
+        if kind == "push":
+            words = a[1]
+            return HostError("write", Space.QUEUE, a[0], words[min(done, len(words) - 1)],
+                             why=f"push of {len(words)} words: {e}")
+        return HostError("read", Space.QUEUE, a[0], why=f"pop of {a[1]} words: {e}")
+
+    async def run_ops(self, ops):
+        """Results of ``ops`` (see the class docstring), one link exchange."""
+        return self._run(ops)
+
+    def _one(self, op):
+        r = self._run([op])[0]
+        if isinstance(r, HostError):
+            raise r
+        return r
+
+    # ---- the access coroutine and its bulk helpers ----------------------------------------
+    async def __call__(self, space, addr, we, wdata):
+        op = ("write", Space(space), addr, wdata) if we else ("read", Space(space), addr)
+        r = self._run([op])[0]
+        # BUS_ERROR (err on the bus), QUEUE_FULL, an empty queue: the access was refused.
+        return (0, 1) if isinstance(r, HostError) else (r or 0, 0)
 
     async def mem_write(self, addr, octets):
-        from host.link import LinkStatusError
-        try:
-            self.link.write_mem(addr, self._swap(octets))
-        except LinkStatusError as e:
-            raise HostError("write", Space.MEM, addr + 4 * e.done,
-                            why=f"bulk write of {len(octets)} octets: {e}") from e
+        self._one(("mem_write", addr, bytes(octets)))
+
+    async def mem_read(self, addr, n):
+        return self._one(("mem_read", addr, n))
 
     async def queue_push(self, q, words):
         """Push one record's words in one frame; HostError if the target refuses (full)."""
-        from host.link import LinkStatusError
-        try:
-            self.link.push(q, words)
-        except LinkStatusError as e:
-            raise HostError("write", Space.QUEUE, q, words[min(e.done, len(words) - 1)],
-                            why=f"push of {len(words)} words: {e}") from e
+        self._one(("push", q, list(words)))
 
     async def queue_pop(self, q, n):
         """Pop up to ``n`` words in one frame (fewer when the queue runs empty)."""
-        return self.link.pop(q, n)
-
-    async def mem_read(self, addr, n):
-        from host.link import LinkStatusError
-        try:
-            return self._swap(self.link.read_mem(addr, n))
-        except LinkStatusError as e:
-            raise HostError("read", Space.MEM, addr + 4 * e.done,
-                            why=f"bulk read of {n} octets: {e}") from e
+        return self._one(("pop", q, n))
 
 
-def uart_access(link):
-    """Adapt a synchronous :class:`host.link.UartLink` to the port's async access callable
-    (with bulk ``mem_write`` / ``mem_read`` and one-frame ``queue_push`` / ``queue_pop``).
-    Link timeouts and framing errors propagate as :class:`host.link.LinkError`; refused
-    accesses answer ``err``."""
-    return UartAccess(link)
+#: The historical name.
+UartAccess = LinkAccess
+
+
+def link_access(link):
+    """Adapt a synchronous host link (:class:`host.link.UartLink`,
+    :class:`host.udplink.UdpLink`) to the port's async access callable, with bulk
+    ``mem_write`` / ``mem_read``, one-frame ``queue_push`` / ``queue_pop`` and ``run_ops``
+    (batches: :meth:`TargetPort.batch`). Link timeouts and framing errors propagate as
+    :class:`host.link.LinkError`; refused accesses answer ``err``."""
+    return LinkAccess(link)
+
+
+#: The UART and UDP links take the same adapter.
+uart_access = udp_access = link_access
