@@ -1,0 +1,292 @@
+# Ref: docs/roce-layouts.md §6.1 (24-bit PSN arithmetic), §6.3 (PSNs consumed), §6.5 (ACK
+#      coalescing, NAKs, requester reaction), §6.7 (timer, retry_cnt / rnr_retry, 7 = infinite);
+#      hw/iface.py (WorkRequest, WorkCompletion).
+"""The requester's control FSM: every step that reads or writes a QP's record.
+
+One step per cycle, in priority order when idle: a response header, an expired timer, a flush
+completion of a QP in error, a new work request, the next request packet. The record of the QP
+it works on comes from :class:`~hw.rdma.req_sq.SendQueues` and goes back there; candidates come
+from :class:`~hw.rdma.req_sq.SqScheduler`; responses from
+:class:`~hw.rdma.req_rx.ResponseIntake`; packets leave through
+:class:`~hw.rdma.req_tx.RequestPacketizer`; timers are loaded in
+:class:`~hw.rdma.req_timers.RetryTimers`. This FSM owns the decisions: which messages a
+response completes, the reaction to NAKs and timeouts (go back to the oldest unacknowledged
+packet, count the retry down, or fail the QP), when the timer runs, and the work completions
+(``wc``: valid only when ready, into the requester's completion FIFO). ``event`` strobes the
+requester's counters.
+
+Why one FSM: every step reads and writes the same per-QP record (queue pointers, PSN counters,
+retry counters); serialising them avoids any hazard, and none of them is on the octet datapath
+(payloads move through TxPath and the DmaWriter at one beat per cycle), so a few cycles per
+packet cost nothing at line rate.
+"""
+
+from contextlib import contextmanager
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import BthOpcode
+from hw.iface import QP_INDEX_BITS, QpConfig, WcStatus, WorkCompletion, WorkRequest, WrOp
+from hw.rdma.req_rx import rx_port
+from hw.rdma.req_sq import QSt, index_bits, pick_port, sq_port
+from hw.rdma.req_timers import timer_port
+from hw.rdma.req_tx import packet_port
+from hw.rdma.txpath import select_cfg
+
+__all__ = ["ReqEvents", "RequesterControl"]
+
+#: One-cycle strobes of the requester's counters (``cnt_<name>``).
+ReqEvents = data.StructLayout({"timeouts": 1, "seq_naks": 1, "rnr_naks": 1, "retransmits": 1,
+                               "stale": 1, "src_mismatch": 1})
+
+
+def _psn_lt(a, b):
+    """a before b in 24-bit serial arithmetic (roce-layouts §6.1)."""
+    return (a - b)[23]
+
+
+class _RecordOps:
+    """The updates of the selected QP's record that the control FSM's steps are made of.
+
+    Each adds comb assignments to ``nxt`` and the ports in the current context, in statement
+    order: a later assignment wins (an RNR NAK's timer load wins over ``restart_timer``).
+    """
+
+    def __init__(self, m, ctl, cfg):
+        self.m, self.ctl, self.cfg = m, ctl, cfg
+        self.cur, self.nxt = ctl.sq.cur, ctl.sq.nxt
+        # The packet to send again from: the oldest unacknowledged one (a READ goes whole).
+        self.go_back_pkt = Mux(ctl.sq.head.op == WrOp.READ, 0, self.cur.head_done)
+
+    def reload_counters(self):
+        self.m.d.comb += [self.nxt.retry_left.eq(self.cfg.retry_cnt),
+                          self.nxt.rnr_left.eq(self.cfg.rnr_retry)]
+
+    def restart_timer(self, still_outstanding):
+        """After progress: run again for what is still outstanding, else stop. A running RNR
+        wait keeps the timer."""
+        with self.m.If(~self.cur.rnr_wait):
+            self.m.d.comb += [self.nxt.timer_on.eq(still_outstanding & (self.cfg.timeout != 0)),
+                              self.ctl.timer.start_ack.eq(1)]
+
+    def go_error(self, status):
+        nxt, ctl = self.nxt, self.ctl
+        self.m.d.comb += [nxt.st.eq(QSt.ERR), nxt.err_code.eq(status), nxt.timer_on.eq(0),
+                          nxt.rnr_wait.eq(0), ctl.error_event.eq(1), ctl.error_qp.eq(ctl.sq.sel)]
+
+    @contextmanager
+    def go_back(self, left, status):
+        """Retry counter ``left`` of the record (7 = infinite): none left -> error; else one
+        less, and send again from the oldest unacknowledged packet (plus the body's updates)."""
+        m, cur, nxt = self.m, self.cur, self.nxt
+        with m.If(getattr(cur, left) == 0):
+            self.go_error(status)
+        with m.Else():
+            with m.If(getattr(cur, left) != 7):
+                m.d.comb += getattr(nxt, left).eq(getattr(cur, left) - 1)
+            m.d.comb += [nxt.txp.eq(cur.head), nxt.tx_pkt.eq(self.go_back_pkt)]
+            yield
+
+    def complete_head(self, status):
+        """A work completion for the head entry; the next entry becomes the head."""
+        cur, nxt, wc = self.cur, self.nxt, self.ctl.wc
+        self.m.d.comb += [self.ctl.sq.commit.eq(1), wc.valid.eq(1),
+                          wc.p.wr_id.eq(self.ctl.sq.head.wr_id), wc.p.status.eq(status),
+                          nxt.head.eq(cur.head + 1), nxt.head_done.eq(0)]
+
+
+class RequesterControl(wiring.Component):
+    """Ports
+    -----
+    wr : In(stream of WorkRequest)
+    wc : Out(stream of WorkCompletion)   ``valid`` only when ``ready``
+    cfg : In(QpConfig).array(n_qp)
+    sq, pick, timer, rx, pk : Out   ports on the requester's units (see the module docstring)
+    event : Out(:data:`ReqEvents`)
+    error_event : Out(1), error_qp : Out(QP_INDEX_BITS)   one-cycle strobe: QP went to error
+    """
+
+    def __init__(self, n_qp, sq_depth):
+        self._depth = sq_depth
+        super().__init__({
+            "wr": In(stream.Signature(WorkRequest)),
+            "wc": Out(stream.Signature(WorkCompletion)),
+            "cfg": In(QpConfig).array(n_qp),
+            "sq": Out(sq_port(n_qp, sq_depth)), "pick": Out(pick_port(n_qp)),
+            "timer": Out(timer_port(n_qp)), "rx": Out(rx_port(n_qp)), "pk": Out(packet_port()),
+            "event": Out(ReqEvents), "error_event": Out(1), "error_qp": Out(QP_INDEX_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        sq, pick, tmr, rx, pk, ev = self.sq, self.pick, self.timer, self.rx, self.pk, self.event
+        cqp, cur, nxt, commit, h = sq.sel, sq.cur, sq.nxt, sq.commit, sq.head
+        rec, wc = rx.rec, self.wc
+        ptr_bits = index_bits(self._depth) + 1
+        m.d.comb += [nxt.eq(cur), wc.p.qp.eq(cqp)]
+        cfg = select_cfg(m, self.cfg, cqp, "ccfg")
+        h_last = Signal(24)
+        m.d.comb += h_last.eq(h.first_psn + h.npkts - 1)
+        pmtu_log2 = Signal(4)
+        m.d.comb += pmtu_log2.eq(cfg.pmtu + 7)          # code 1 = 256 octets
+        m.d.comb += [sq.pmtu_log2.eq(pmtu_log2), sq.push_wr.eq(self.wr.p),
+                     pk.entry.eq(sq.txp), pk.index.eq(cur.tx_pkt), pk.qp.eq(cqp),
+                     pk.pmtu_log2.eq(pmtu_log2),
+                     tmr.index.eq(cqp), tmr.ack_code.eq(cfg.timeout), tmr.rnr_code.eq(rec.syn[:5])]
+        outstanding = Signal()          # of `cur`: something sent is not yet acknowledged
+        m.d.comb += outstanding.eq((cur.head != cur.txp) | (cur.tx_pkt != cur.head_done))
+        progress = Signal()             # the response completed or acknowledged something
+
+        ops = _RecordOps(m, self, cfg)
+
+        with m.FSM(name="req"):
+            with m.State("IDLE"):
+                with m.If(rx.valid):
+                    m.d.comb += rx.take.eq(1)
+                    m.d.sync += progress.eq(0)
+                    with m.If(rx.hit & rx.hit_src):
+                        m.next = "ACK_LOOP"
+                    with m.Else():
+                        # A spoofed source (dropped before anything of the QP is looked at) or
+                        # no QP.
+                        m.d.comb += [ev.src_mismatch.eq(rx.hit), ev.stale.eq(~rx.hit)]
+                        with m.If(rx.has_payload):
+                            m.next = "DISCARD"
+                with m.Elif(pick.exp_any):
+                    m.d.comb += [cqp.eq(pick.exp_qp), commit.eq(1), nxt.timer_on.eq(0)]
+                    with m.If(cur.rnr_wait):
+                        m.d.comb += nxt.rnr_wait.eq(0)
+                    with m.Elif(outstanding):
+                        m.d.comb += ev.timeouts.eq(1)
+                        with ops.go_back("retry_left", WcStatus.RETRY_EXCEEDED):
+                            m.d.comb += ev.retransmits.eq(1)
+                with m.Elif(pick.flush_any & wc.ready):
+                    m.d.comb += cqp.eq(pick.flush_qp)
+                    ops.complete_head(cur.err_code)
+                    m.d.comb += nxt.err_code.eq(WcStatus.FLUSHED)
+                    with m.If(cur.head == cur.txp):
+                        m.d.comb += [nxt.txp.eq(cur.head + 1), nxt.tx_pkt.eq(0)]
+                with m.Elif(self.wr.valid & (pick.prefer_wr | ~pick.send_any | pk.busy)):
+                    m.d.comb += [cqp.eq(self.wr.p.qp), pick.wr_turn.eq(1)]
+                    with m.If(cur.st == QSt.OFF):
+                        # Not ready to send: complete as flushed at once.
+                        with m.If(wc.ready):
+                            m.d.comb += [self.wr.ready.eq(1), wc.valid.eq(1),
+                                         wc.p.wr_id.eq(self.wr.p.wr_id),
+                                         wc.p.status.eq(WcStatus.FLUSHED)]
+                    with m.Elif(~sq.full):
+                        m.d.comb += [self.wr.ready.eq(1), sq.push.eq(1)]
+                with m.Elif(pick.send_any & ~pk.busy):
+                    m.d.comb += [cqp.eq(pick.send_qp), commit.eq(1), pk.load.eq(1),
+                                 pick.sent.eq(1)]
+                    with m.If(pk.msg_end):
+                        m.d.comb += [nxt.txp.eq(cur.txp + 1), nxt.tx_pkt.eq(0)]
+                    with m.Else():
+                        m.d.comb += nxt.tx_pkt.eq(cur.tx_pkt + 1)
+                    with m.If(~cur.timer_on & (cfg.timeout != 0)):
+                        m.d.comb += [nxt.timer_on.eq(1), tmr.start_ack.eq(1)]
+
+            # Complete every non-READ message wholly at or before rec.limit, one per cycle.
+            with m.State("ACK_LOOP"):
+                m.d.comb += cqp.eq(rec.qp)
+                nonempty = cur.head != cur.tail
+                sent_whole = cur.head != cur.txp
+                lim_off = Signal(24)
+                m.d.comb += lim_off.eq(rec.limit - h.first_psn)
+                with m.If(nonempty & (h.op != WrOp.READ) & sent_whole &
+                          ~_psn_lt(rec.limit, h_last)):
+                    with m.If(wc.ready):
+                        ops.complete_head(WcStatus.OK)
+                        m.d.sync += progress.eq(1)
+                with m.Else():
+                    sent_pkts = Mux(sent_whole, h.npkts, cur.tx_pkt)
+                    with m.If(nonempty & (h.op != WrOp.READ) &
+                              ~_psn_lt(rec.limit, h.first_psn) &
+                              (lim_off < sent_pkts) & (lim_off >= cur.head_done)):
+                        m.d.comb += [commit.eq(1), nxt.head_done.eq(lim_off + 1)]
+                        m.d.sync += progress.eq(1)
+                    m.next = "ACT"
+
+            with m.State("ACT"):
+                m.d.comb += cqp.eq(rec.qp)
+                nonempty = cur.head != cur.tail
+                in_head = nonempty & ~_psn_lt(rec.psn, h.first_psn) & ~_psn_lt(h_last, rec.psn)
+                is_resp = (rec.op >= BthOpcode.READ_RESPONSE_FIRST.value) & \
+                          (rec.op <= BthOpcode.READ_RESPONSE_ONLY.value)
+                syn = rec.syn
+                m.next = "IDLE"
+                with m.If(progress):
+                    m.d.comb += commit.eq(1)
+                    ops.reload_counters()
+                    ops.restart_timer(outstanding)
+                with m.If(is_resp):
+                    ok = nonempty & (h.op == WrOp.READ) & (cur.head != cur.txp) & \
+                         (rec.psn == (h.first_psn + cur.head_done)[:24])
+                    with m.If(ok):
+                        with m.If(rec.plen != 0):
+                            m.d.comb += [rx.write_start.eq(1),
+                                         rx.write_addr.eq(h.laddr +
+                                                          (cur.head_done << pmtu_log2))]
+                            m.next = "WRITE"       # the writer is idle here
+                        with m.Else():
+                            m.next = "READ_DONE"
+                    with m.Else():
+                        m.d.comb += ev.stale.eq(1)
+                        with m.If(rec.plen != 0):
+                            m.next = "DISCARD"
+                with m.Elif(syn[5:8] == 0):
+                    # ACK (any credit field): all done in ACK_LOOP.
+                    m.d.comb += ev.stale.eq(~progress)
+                with m.Elif(~in_head | cur.rnr_wait):
+                    # Not about the oldest WR, or a NAK provoked by packets sent before an RNR
+                    # NAK that is already being waited out.
+                    m.d.comb += ev.stale.eq(1)
+                with m.Elif(syn[5:8] == 0b001):
+                    # RNR NAK: wait the NAK's timer, then go back to its PSN.
+                    m.d.comb += [commit.eq(1), ev.rnr_naks.eq(1)]
+                    with ops.go_back("rnr_left", WcStatus.RNR_EXCEEDED):
+                        m.d.comb += [nxt.rnr_wait.eq(1), nxt.timer_on.eq(1),
+                                     tmr.start_rnr.eq(1)]
+                with m.Elif(syn == 0x60):
+                    # PSN sequence error: everything before rec.psn is acknowledged; resend.
+                    m.d.comb += [commit.eq(1), ev.seq_naks.eq(1)]
+                    with ops.go_back("retry_left", WcStatus.RETRY_EXCEEDED):
+                        m.d.comb += [nxt.timer_on.eq(0), ev.retransmits.eq(1)]
+                for code, status in ((0x61, WcStatus.REMOTE_INVALID),
+                                     (0x62, WcStatus.REMOTE_ACCESS),
+                                     (0x63, WcStatus.REMOTE_OP)):
+                    with m.Elif(syn == code):
+                        m.d.comb += commit.eq(1)
+                        ops.go_error(status)
+
+            with m.State("WRITE"):
+                m.d.comb += rx.write.eq(1)
+                with m.If(rx.payload_end):
+                    m.next = "WRITE_WAIT"
+            with m.State("WRITE_WAIT"):
+                with m.If(rx.writer_idle):
+                    m.next = "READ_DONE"
+
+            # One more response of the head READ is in memory.
+            with m.State("READ_DONE"):
+                m.d.comb += cqp.eq(rec.qp)
+                with m.If(cur.head_done + 1 == h.npkts):
+                    with m.If(wc.ready):
+                        ops.complete_head(WcStatus.OK)
+                        ops.reload_counters()
+                        ops.restart_timer(((cur.head + 1)[:ptr_bits] != cur.txp) |
+                                      (cur.tx_pkt != 0))
+                        m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += [commit.eq(1), nxt.head_done.eq(cur.head_done + 1)]
+                    ops.reload_counters()
+                    ops.restart_timer((cur.head != cur.txp) | (cur.tx_pkt != cur.head_done + 1))
+                    m.next = "IDLE"
+
+            with m.State("DISCARD"):
+                m.d.comb += rx.discard.eq(1)
+                with m.If(rx.payload_end):
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,96 @@
+# Ref: docs/roce-layouts.md §3 (response opcodes), §4.2 (AETH syndrome), §6.5 (an ACK of PSN p
+#      acknowledges p, a NAK of PSN p everything before p); hw/rdma/roce_hdr.py (RoceRxHeader).
+"""The requester's receive side: response headers in, READ response payloads to memory.
+
+A response header (from :class:`~hw.rdma.requester.RespDemux`) is matched against the QP table:
+``hit`` (a QP ready to send has the header's destination QPN) and ``hit_src`` (its ``peer_ip``
+is the header's source address). When the control FSM takes the header (``take``), the fields
+it works on are latched in ``rec``, with the QP index and ``limit``, the last PSN the response
+acknowledges (its PSN for an ACK, the PSN before it for a NAK or a READ response).
+
+The payload that follows a header goes either to the :class:`~hw.lib.dma.DmaWriter` (``write``,
+after ``write_start`` gave the writer its address) or nowhere (``discard``); ``payload_end``
+marks its last beat, ``writer_idle`` that every write has reached the bus.
+"""
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import BthOpcode
+from hw.iface import ADDR_BITS, MemBusSignature, QpConfig
+from hw.lib.dma import DmaWriter
+from hw.lib.stream import PacketStream
+from hw.rdma.req_sq import qp_bits
+from hw.rdma.roce_hdr import RoceRxHeader
+
+__all__ = ["resp_record", "rx_port", "ResponseIntake"]
+
+
+def resp_record(n_qp):
+    """The fields of a taken response header that the control FSM works on."""
+    return data.StructLayout({"op": 8, "psn": 24, "syn": 8, "plen": 16, "qp": qp_bits(n_qp),
+                              "limit": 24})
+
+
+def rx_port(n_qp):
+    """The control FSM's port on :class:`ResponseIntake`, seen from the FSM."""
+    return wiring.Signature({
+        "valid": In(1), "hit": In(1), "hit_src": In(1), "has_payload": In(1),
+        "take": Out(1),                         # accept the header, latch `rec`
+        "rec": In(resp_record(n_qp)),
+        "write_start": Out(1), "write_addr": Out(ADDR_BITS),
+        "write": Out(1), "discard": Out(1),     # where the payload goes
+        "payload_end": In(1), "writer_idle": In(1),
+    })
+
+
+class ResponseIntake(wiring.Component):
+    """Ports
+    -----
+    rsp_hdr, rsp_payload : In   responses, from :class:`~hw.rdma.requester.RespDemux`
+    mem : Out(MemBusSignature())   READ response data
+    cfg : In(QpConfig).array(n_qp), rts : In(n_qp)   QP i is ready to send
+    ctl : In(:func:`rx_port`)
+    """
+
+    def __init__(self, width, n_qp):
+        self._width, self._n_qp = width, n_qp
+        super().__init__({
+            "rsp_hdr": In(stream.Signature(RoceRxHeader)),
+            "rsp_payload": In(PacketStream(width)),
+            "mem": Out(MemBusSignature()),
+            "cfg": In(QpConfig).array(n_qp), "rts": In(n_qp),
+            "ctl": In(rx_port(n_qp)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c, rh, pl = self.ctl, self.rsp_hdr.p, self.rsp_payload
+        hit_qp = Signal(qp_bits(self._n_qp))
+        for i in range(self._n_qp):
+            with m.If((rh.bth.dest_qp == self.cfg[i].local_qpn) & self.rts[i]):
+                m.d.comb += [c.hit.eq(1), hit_qp.eq(i),
+                             c.hit_src.eq(rh.meta.src_ip == self.cfg[i].peer_ip)]
+        is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
+                 (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
+        plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)
+        m.d.comb += [c.valid.eq(self.rsp_hdr.valid), self.rsp_hdr.ready.eq(c.take),
+                     c.has_payload.eq(rh.payload_len != 0)]
+        with m.If(c.take):
+            m.d.sync += [c.rec.op.eq(rh.bth.opcode), c.rec.psn.eq(rh.bth.psn),
+                         c.rec.syn.eq(rh.aeth.syndrome), c.rec.plen.eq(rh.payload_len),
+                         c.rec.qp.eq(hit_qp),
+                         c.rec.limit.eq(Mux(plain_ack, rh.bth.psn, rh.bth.psn - 1))]
+
+        m.submodules.writer = writer = DmaWriter(self._width)
+        wiring.connect(m, writer.mem, wiring.flipped(self.mem))
+        m.d.comb += [writer.cmd.valid.eq(c.write_start), writer.cmd.p.addr.eq(c.write_addr),
+                     c.writer_idle.eq(writer.idle),
+                     c.payload_end.eq(pl.valid & pl.ready & pl.p.last)]
+        with m.If(c.write):
+            m.d.comb += [writer.i.valid.eq(pl.valid), writer.i.p.eq(pl.p),
+                         pl.ready.eq(writer.i.ready)]
+        with m.If(c.discard):
+            m.d.comb += pl.ready.eq(1)
+        return m
