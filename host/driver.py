@@ -3,7 +3,7 @@
 #      §Direct Modes, §Completion, §Operational Considerations (retention, Ticket Timeout);
 #      layouts.md;
 #      model/target.py "Readings of the draft" (the behaviour followed here, the oracle of the tests);
-#      hw/kbtp/engine.py "What the host keeps doing" and its register map;
+#      hw/kbtp/engine.py "What the host keeps doing"; docs/registers.md (the engine's register map);
 #      host/policy.py (the decisions shared with the model, and the differences).
 """The KBTP host driver: the slow path of a :class:`hw.target.target.KbtpTarget`.
 

@@ -5,8 +5,8 @@
 """The ring allocator: every access of the KBTP engine to the shared free-block ring.
 
 One unit behind one memory-bus master, so that the ring's rules live in one place that can be
-proven on its own: tests/test_formal_ring.py model-checks this unit (bounded, every input free,
-from every idle image of a 2-slot ring; an allocation takes 13 cycles here, 39 inside the
+proven on its own: tests/hw/kbtp/test_formal_ring.py model-checks this unit (bounded, every
+input free, from every idle image of a 2-slot ring; an allocation takes 13 cycles here, 39 inside the
 engine), and checks the engine around it with the same ghost checks in simulation.
 
 Operations
@@ -103,7 +103,7 @@ class RingAllocator(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        req, rsp = self.mem.req, self.mem.rsp
+        req = self.mem.req
         EMPTY = SLOT_EMPTY
 
         n_slots = Signal(33)

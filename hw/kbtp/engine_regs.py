@@ -1,0 +1,243 @@
+# Ref: draft KBTP §Allocation Quotas (USAGE), §Free-Block Ring (host commands); docs/registers.md
+#      (the map, rendered from hw/kbtp/regmap.py); docs/layouts.md; issue 19 items 3 and 4.
+"""The KBTP engine's register bank: every register of hw/kbtp/regmap.py and what the host bus
+does to it.
+
+It owns the configuration registers (exported as :data:`~hw.kbtp.regmap.CONFIG`), the RANGE
+registers (looked up by ``range_idx``), the sessions (VALID / RECORD / domain and USAGE in
+flip-flops, the other session words in a LUT RAM read at the request's QP), the COUNT memory with
+its clearing sweep after reset, the host command register, the statistics (STALL_CYCLES,
+LAST_LATENCY, LAST_CYCLES, HOSTQ_COUNT) and the host-bus decode, which is generated from
+:data:`~hw.kbtp.regmap.REGS`: every register of the table must have a storage here (elaborate
+fails otherwise) and every access to a word of the window that no register holds is refused
+(``err``).
+"""
+
+from amaranth.hdl import Array, Cat, Const, Module, Signal
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.iface import ADDR_BITS, HostBusSignature, QP_INDEX_BITS, Space
+from hw.kbtp import regmap
+from hw.kbtp.regmap import CONFIG, ENGINE_ID, REGS, WINDOW
+from hw.kbtp.ring_alloc import Cmd
+
+__all__ = ["EngineRegs", "SESSION"]
+
+#: The session of the request's QP, as the register bank shows it.
+SESSION = data.StructLayout({"valid": 1, "record": 1, "domain": 8, "handle_base": 64,
+                             "handle_count": 32, "quota": 32, "usage": 32,
+                             "scratch": ADDR_BITS})
+
+_QP = next(r for r in REGS if r.name == "QP")
+#: Session registers held in flip-flops (the engine reads them for any QP, or writes them);
+#: the other session words live in a LUT RAM, one row per QP.
+_QP_FLOPS = ("SESSION", "USAGE")
+_QP_MEM = [f for f in _QP.fields if f.name not in _QP_FLOPS]
+
+
+class EngineRegs(wiring.Component):
+    """Register bank of the KBTP engine (see the module docstring).
+
+    Ports
+    -----
+    bus : In(HostBusSignature())        the host's accesses (window at ``base``)
+    cfg : Out(CONFIG)                   configuration registers
+    qp : In(QP_INDEX_BITS), session : Out(SESSION)
+        the session of QP ``qp`` (the request's)
+    usage_inc, usage_dec : In(1)        add / remove one block of QP ``qp``'s USAGE (a host
+                                        write of that USAGE in the same cycle wins)
+    range_idx : In, range : Out(9)      RANGE[range_idx]
+    cmd_valid : Out(1), cmd_kind : Out(2), cmd_ack : In(1)
+        a host command (:class:`~hw.kbtp.ring_alloc.Cmd`) for the ring allocator, held until
+        ``cmd_ack``
+    deferred : In(1), cmd_result : In(64), occupancy : In(32)
+        the ring allocator's state, shown in CMD, CMD_RESULT and RING_OCCUPANCY
+    stall : In(1)                       one count of STALL_CYCLES
+    started, wr_fire, to_host, finished : In(1)
+        events of the request: RecvNotify taken, a WorkRequest out, forwarded to the host,
+        RecvRepost out (for the latency registers; ``finished`` counts COUNT[count_k])
+    count_k : In(6), count_ready : Out(1)
+        the COUNT entry of the request; the COUNT memory is cleared (after reset)
+    """
+
+    def __init__(self, n_qp, n_ranges, base):
+        regmap.check(n_qp=n_qp, n_ranges=n_ranges)
+        self.n_qp, self.n_ranges, self.base = n_qp, n_ranges, base
+        cfg_init = {r.name.lower(): r.reset for r in REGS if r.name.lower() in CONFIG.members}
+        super().__init__({
+            "bus": In(HostBusSignature()),
+            "cfg": Out(CONFIG, init=cfg_init),
+            "qp": In(QP_INDEX_BITS), "session": Out(SESSION),
+            "usage_inc": In(1), "usage_dec": In(1),
+            "range_idx": In(max(1, (n_ranges - 1).bit_length())), "range": Out(9),
+            "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_ack": In(1),
+            "deferred": In(1), "cmd_result": In(64), "occupancy": In(32),
+            "stall": In(1),
+            "started": In(1), "wr_fire": In(1), "to_host": In(1), "finished": In(1),
+            "count_k": In(6), "count_ready": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        rel = Signal(32)
+        m.d.comb += rel.eq(bus.addr - self.base)
+        in_win = (bus.space == Space.REG) & (bus.addr >= self.base) & \
+            (bus.addr < self.base + WINDOW)
+
+        # Storage, by register name: one (value, write target or None) per array entry, or a
+        # function giving the statements of an access to word k of a memory-backed register.
+        store = {n.upper(): [(self.cfg[n], self.cfg[n])] for n in CONFIG.members}
+        store["ID"] = [(Const(ENGINE_ID, 32), None)]
+        store["CMD_RESULT"] = [(self.cmd_result, None)]
+        store.update(self._ranges(m))
+        store.update(self._statistics(m))
+        store.update(self._sessions(m, rel))
+        store.update(self._counts(m, rel))
+        store.update(self._command(m))
+
+        cases = []                  # (word offsets, the statements of an access to them)
+        for name, r, entries in regmap.layout(n_qp=self.n_qp, n_ranges=self.n_ranges):
+            how = store[name]       # (a KeyError here: a register of the table without storage)
+            for k in range(r.n_words):
+                if callable(how):
+                    cases.append(([words[k] for words in entries], how(k)))
+                else:
+                    cases += [([words[k]], self._word(m, value, target, k))
+                              for words, (value, target) in zip(entries, how, strict=True)]
+
+        with m.If(in_win & (bus.re | bus.we)):
+            m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
+            with m.Switch(rel):
+                for offs, access in cases:
+                    with m.Case(*offs):
+                        m.d.comb += bus.err.eq(0)
+                        access()
+        return m
+
+    def _word(self, m, value, target, k):
+        """Access to word ``k`` of a register held in ``value`` (written through ``target``: a
+        Value, a function of the written word, or None for a read-only register)."""
+        bus = self.bus
+
+        def access():
+            with m.If(bus.re):
+                m.d.comb += bus.rdata.eq(value[32 * k:32 * (k + 1)])
+            if target is not None:
+                with m.If(bus.we):
+                    m.d.sync += (target(bus.wdata) if callable(target) else
+                                 target[32 * k:32 * (k + 1)].eq(bus.wdata))
+        return access
+
+    def _ranges(self, m):
+        ranges = Array(Signal(9, name=f"range{i}") for i in range(self.n_ranges))
+        m.d.comb += self.range.eq(ranges[self.range_idx])
+        return {"RANGE": [(r, r) for r in ranges]}
+
+    def _statistics(self, m):
+        stall_cycles, last_latency, last_cycles, hostq_count = (
+            Signal(32, name=n) for n in ("stall_cycles", "last_latency", "last_cycles",
+                                         "hostq_count"))
+        lat = Signal(32)            # running cycle count of the current request
+        lat_open = Signal()         # no WorkRequest out yet for this request
+        with m.If(self.stall):
+            m.d.sync += stall_cycles.eq(stall_cycles + 1)
+        with m.If(lat_open | (lat != 0)):
+            m.d.sync += lat.eq(lat + 1)
+        with m.If(self.wr_fire & lat_open):
+            m.d.sync += [last_latency.eq(lat), lat_open.eq(0)]
+        with m.If(self.started):
+            m.d.sync += [lat.eq(0), lat_open.eq(1)]
+        with m.If(self.to_host):
+            m.d.sync += [hostq_count.eq(hostq_count + 1), lat_open.eq(0), lat.eq(0)]
+        with m.If(self.finished):
+            m.d.sync += [last_cycles.eq(lat), lat.eq(0), lat_open.eq(0)]
+        return {"STALL_CYCLES": [(stall_cycles, None)], "LAST_LATENCY": [(last_latency, None)],
+                "LAST_CYCLES": [(last_cycles, None)],
+                "RING_OCCUPANCY": [(self.occupancy, None)], "HOSTQ_COUNT": [(hostq_count, None)]}
+
+    def _sessions(self, m, rel):
+        nq, qp = self.n_qp, self.qp
+        s_valid = Array(Signal(name=f"s_valid{q}") for q in range(nq))
+        s_record = Array(Signal(name=f"s_record{q}") for q in range(nq))
+        s_domain = Array(Signal(8, name=f"s_domain{q}") for q in range(nq))
+        s_usage = Array(Signal(32, name=f"s_usage{q}") for q in range(nq))
+        # The other session words live in a memory (LUT RAM on the ECP5, one row per QP) read at
+        # the request's QP, instead of n_qp x 160 flip-flops behind QP multiplexers. Reset does
+        # not clear them (the host writes a session before it sets its VALID bit).
+        n_words = sum(f.n_words for f in _QP_MEM)
+        m.submodules.sessions = sessions = memory.Memory(shape=32 * n_words, depth=nq, init=[])
+        rp = sessions.read_port(domain="comb")      # the request's QP
+        bus_rp = sessions.read_port(domain="comb")  # host reads
+        wp = sessions.write_port(granularity=32)    # host writes, one word at a time
+        sess = self.session
+        m.d.comb += [rp.addr.eq(qp), sess.valid.eq(s_valid[qp]), sess.record.eq(s_record[qp]),
+                     sess.domain.eq(s_domain[qp]), sess.usage.eq(s_usage[qp])]
+        # The engine's USAGE updates come first: a host write in the same cycle wins.
+        with m.If(self.usage_inc):
+            m.d.sync += s_usage[qp].eq(s_usage[qp] + 1)
+        with m.If(self.usage_dec):
+            m.d.sync += s_usage[qp].eq(s_usage[qp] - 1)
+
+        store, w0 = {}, 0
+        for f in _QP_MEM:
+            m.d.comb += sess[f.name.lower()].eq(rp.data[32 * w0:32 * (w0 + f.n_words)])
+            store["QP_" + f.name] = lambda k, w=w0: self._session_word(m, rel, bus_rp, wp, w + k)
+            w0 += f.n_words
+
+        def session_write(q):
+            return lambda wd: [s_valid[q].eq(wd[0]), s_record[q].eq(wd[1]),
+                               s_domain[q].eq(wd[8:16])]
+        store["QP_SESSION"] = [(Cat(s_valid[q], s_record[q], Const(0, 6), s_domain[q]),
+                                session_write(q)) for q in range(nq)]
+        store["QP_USAGE"] = [(s_usage[q], s_usage[q]) for q in range(nq)]
+        return store
+
+    def _session_word(self, m, rel, rp, wp, w):
+        bus = self.bus
+
+        def access():
+            sq = rel[6:12] - _QP.offset // _QP.stride
+            m.d.comb += [rp.addr.eq(sq), bus.rdata.eq(rp.data[32 * w:32 * (w + 1)])]
+            with m.If(bus.we):
+                m.d.comb += [wp.en.eq(1 << w), wp.addr.eq(sq),
+                             wp.data.eq(bus.wdata.replicate(len(wp.en)))]
+        return access
+
+    def _counts(self, m, rel):
+        # COUNT[k] in a memory (LUT RAM on the ECP5: 48 x 32 flip-flops behind a 48-to-1
+        # multiplexer were some of the most congested logic of the ECPIX-5 build). Reset clears
+        # it as it cleared the registers: ``clear`` sweeps every entry before a request counts.
+        m.submodules.counts = counts = memory.Memory(shape=32, depth=64, init=[])
+        clear = Signal(range(65), init=64)      # entries still to clear after reset
+        wp = counts.write_port()
+        rp = counts.read_port(domain="comb")    # the request's read-modify-write
+        bus_rp = counts.read_port(domain="comb")
+        m.d.comb += [self.count_ready.eq(clear == 0), rp.addr.eq(self.count_k)]
+        with m.If(clear != 0):
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(clear - 1), wp.data.eq(0)]
+            m.d.sync += clear.eq(clear - 1)
+        with m.If(self.finished):
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(self.count_k), wp.data.eq(rp.data + 1)]
+
+        def access(k):
+            def go():       # (COUNT is 64-word aligned: the index is rel[2:8])
+                m.d.comb += [bus_rp.addr.eq(rel[2:8]), self.bus.rdata.eq(bus_rp.data)]
+            return go
+        return {"COUNT": access}
+
+    def _command(self, m):
+        bus = self.bus
+        pending = self.cmd_valid
+        with m.If(self.cmd_ack):
+            m.d.sync += pending.eq(0)
+
+        def access(k):
+            def go():
+                m.d.comb += bus.rdata.eq(Cat(pending | self.deferred, self.deferred))
+                with m.If(bus.we & ~pending & ~self.deferred &
+                          ((bus.wdata == Cmd.TAIL_FETCHADD) | (bus.wdata == Cmd.FREE_BLOCK))):
+                    m.d.sync += [pending.eq(1), self.cmd_kind.eq(bus.wdata[:2])]
+            return go
+        return {"CMD": access}

@@ -1,0 +1,270 @@
+# Ref: draft KBTP §Block Table (entry layout; "Data Length + Block Offset before Flags +
+#      Generation"), §Block Mapped Store / §Block Unmapped Store (inline data), §Completion;
+#      docs/layouts.md; hw/iface.py (memory bus, WorkRequest / WorkCompletion).
+"""The KBTP engine's data movement: small units, each started by the engine's FSM with a
+one-cycle ``start`` and reporting the end with a one-cycle ``done``.
+
+* :class:`WordReader`: reads up to ``max_words`` 8-octet words (the message, a table entry).
+* :class:`InlineCopy`: copies an inline payload from the receive buffer into a block.
+* :class:`EntryWriter`: the table entry update of a STORE or an ALLOC_STORE, in the draft's
+  order.
+* :class:`BufferWriter`: writes a buffer of words (a COMPLETION or a record into SCRATCH).
+* :class:`WorkIssuer`: one WorkRequest out, its WorkCompletion back.
+
+Each memory master leaves ``mem.req.valid`` low while idle and answers whatever response it is
+shown: the engine connects a master to its bus only in the states that run it.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.headers import EntryFlags
+from hw.iface import ADDR_BITS, MemBusSignature, WcStatus, WorkCompletion, WorkRequest, WrOp
+from hw.lib.membus import bswap64
+
+__all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer"]
+
+
+def _write(m, req, addr, wdata, wstrb):
+    """Comb statements of a word write request."""
+    m.d.comb += [req.valid.eq(1), req.payload.addr.eq(addr), req.payload.we.eq(1),
+                 req.payload.wdata.eq(wdata), req.payload.wstrb.eq(wstrb)]
+
+
+class WordReader(wiring.Component):
+    """Read ``words`` words from ``addr`` on; ``data`` is what was read, big-endian octets (the
+    last word in the low 64 bits), valid from the cycle after ``done``.
+
+    Ports
+    -----
+    start : In(1), addr : In(ADDR_BITS), words : In(range(max_words + 1))
+    done : Out(1)       with the last response
+    data : Out(64 * max_words)
+    mem : Out(MemBusSignature())
+    """
+
+    def __init__(self, max_words):
+        super().__init__({"start": In(1), "addr": In(ADDR_BITS),
+                          "words": In(range(max_words + 1)), "done": Out(1),
+                          "data": Out(64 * max_words), "mem": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        req, rsp = self.mem.req, self.mem.rsp
+        addr = Signal(ADDR_BITS)
+        issue = Signal.like(self.words)     # words still to request
+        wait = Signal.like(self.words)      # responses still to come
+        with m.If(self.start):
+            m.d.sync += [addr.eq(self.addr), issue.eq(self.words), wait.eq(self.words)]
+        m.d.comb += [req.valid.eq(issue != 0), req.payload.addr.eq(addr), req.payload.we.eq(0),
+                     rsp.ready.eq(1)]
+        with m.If(req.valid & req.ready):
+            m.d.sync += [issue.eq(issue - 1), addr.eq(addr + 8)]
+        with m.If(rsp.valid):
+            m.d.sync += [self.data.eq(Cat(bswap64(rsp.payload.rdata), self.data[:-64])),
+                         wait.eq(wait - 1)]
+            m.d.comb += self.done.eq(wait == 1)
+        return m
+
+
+class InlineCopy(wiring.Component):
+    """Copy ``length`` octets (> 0) from word address ``src`` to word address ``dst``, up to 8
+    reads ahead of the writes; the last word's octets past the end are not written.
+
+    Ports
+    -----
+    start : In(1), src, dst : In(ADDR_BITS), length : In(32)
+    done : Out(1)       with the last write
+    mem : Out(MemBusSignature())
+    """
+
+    def __init__(self):
+        super().__init__({"start": In(1), "src": In(ADDR_BITS), "dst": In(ADDR_BITS),
+                          "length": In(32), "done": Out(1), "mem": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        req, rsp = self.mem.req, self.mem.rsp
+        m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=8)
+        busy = Signal()
+        src = Signal(ADDR_BITS)
+        dst = Signal(ADDR_BITS)
+        words = Signal(16)
+        rd = Signal(16)             # words read
+        wr = Signal(16)             # words written
+        rem = Signal(3)             # octets of the last word, 0: all 8
+        with m.If(self.start):
+            m.d.sync += [busy.eq(1), src.eq(self.src), dst.eq(self.dst),
+                         words.eq((self.length + 7) >> 3), rd.eq(0), wr.eq(0),
+                         rem.eq(self.length[:3])]
+        last = wr == words - 1
+        strb = Mux(last & (rem != 0), (Const(1, 9) << rem) - 1, 0xFF)
+        with m.If(busy):
+            m.d.comb += [rsp.ready.eq(cpf.w_rdy), cpf.w_en.eq(rsp.valid),
+                         cpf.w_data.eq(rsp.payload.rdata)]
+            with m.If(cpf.r_rdy):
+                _write(m, req, dst + (wr << 3), cpf.r_data, strb)
+                m.d.comb += cpf.r_en.eq(req.ready)
+                with m.If(req.ready):
+                    m.d.sync += wr.eq(wr + 1)
+                    with m.If(last):
+                        m.d.sync += busy.eq(0)
+                        m.d.comb += self.done.eq(1)
+            with m.Elif((rd != words) & (rd - wr < 8)):
+                m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
+                             req.payload.addr.eq(src + (rd << 3))]
+                with m.If(req.ready):
+                    m.d.sync += rd.eq(rd + 1)
+        return m
+
+
+class EntryWriter(wiring.Component):
+    """Write the table entry at ``addr`` after the data of a STORE (Data Length, then SEALED if
+    ``seal``) or of an ALLOC_STORE (``alloc``: Data Length and Block Offset, then Flags VALID
+    (+ SEALED) and Generation ``next_gen``). The inputs are held from ``start`` to ``done``.
+
+    Ports
+    -----
+    start : In(1), alloc : In(1), seal : In(1), addr : In(ADDR_BITS)
+    dlen : In(32), boff : In(64), flags : In(16) (the entry's), next_gen : In(16)
+    done : Out(1)       with the last write
+    mem : Out(MemBusSignature())
+    """
+
+    def __init__(self):
+        super().__init__({"start": In(1), "alloc": In(1), "seal": In(1),
+                          "addr": In(ADDR_BITS), "dlen": In(32), "boff": In(64),
+                          "flags": In(16), "next_gen": In(16), "done": Out(1),
+                          "mem": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        req, addr = self.mem.req, self.addr
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.next = "DATA_LENGTH"
+
+            with m.State("DATA_LENGTH"):        # entry octets 4..7
+                _write(m, req, addr, bswap64(Cat(self.dlen, Const(0, 32))), 0xF0)
+                with m.If(req.ready):
+                    with m.If(self.alloc):
+                        m.next = "BLOCK_OFFSET"
+                    with m.Elif(self.seal):
+                        m.next = "SEAL"
+                    with m.Else():
+                        m.d.comb += self.done.eq(1)
+                        m.next = "IDLE"
+
+            with m.State("SEAL"):               # entry octets 0..1
+                _write(m, req, addr, bswap64(Cat(Const(0, 48),
+                                                 self.flags | EntryFlags.SEALED.value)), 0x03)
+                with m.If(req.ready):
+                    m.d.comb += self.done.eq(1)
+                    m.next = "IDLE"
+
+            with m.State("BLOCK_OFFSET"):
+                _write(m, req, addr + 8, bswap64(self.boff), 0xFF)
+                with m.If(req.ready):
+                    m.next = "FLAGS_GENERATION"
+
+            with m.State("FLAGS_GENERATION"):   # entry octets 0..3, last
+                nflags = Signal(16)
+                m.d.comb += nflags.eq(Mux(self.seal,
+                                          EntryFlags.VALID.value | EntryFlags.SEALED.value,
+                                          EntryFlags.VALID.value))
+                _write(m, req, addr, bswap64(Cat(Const(0, 32), self.next_gen, nflags)), 0x0F)
+                with m.If(req.ready):
+                    m.d.comb += self.done.eq(1)
+                    m.next = "IDLE"
+        return m
+
+
+class BufferWriter(wiring.Component):
+    """Write the first ``words`` words of ``data`` (big-endian octets, octet 0 on top) to
+    ``addr`` on, one word per cycle the bus allows. ``data`` is taken at ``start``.
+
+    Ports
+    -----
+    start : In(1), addr : In(ADDR_BITS), words : In(range(max_words + 1))
+    data : In(64 * max_words)
+    done : Out(1)       with the last write
+    mem : Out(MemBusSignature())
+    """
+
+    def __init__(self, max_words):
+        super().__init__({"start": In(1), "addr": In(ADDR_BITS),
+                          "words": In(range(max_words + 1)), "data": In(64 * max_words),
+                          "done": Out(1), "mem": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        req = self.mem.req
+        buf = Signal.like(self.data)
+        addr = Signal(ADDR_BITS)
+        left = Signal.like(self.words)
+        fire = Signal()
+        with m.If(left != 0):
+            _write(m, req, addr, bswap64(buf[-64:]), 0xFF)
+            m.d.comb += [fire.eq(req.ready), self.done.eq(req.ready & (left == 1))]
+        # (one load-or-shift mux in front of the buffer)
+        with m.If(self.start | fire):
+            m.d.sync += buf.eq(Mux(self.start, self.data, Cat(Const(0, 64), buf[:-64])))
+        with m.If(self.start):
+            m.d.sync += [addr.eq(self.addr), left.eq(self.words)]
+        with m.Elif(fire):
+            m.d.sync += [addr.eq(addr + 8), left.eq(left - 1)]
+        return m
+
+
+class WorkIssuer(wiring.Component):
+    """Send the WorkRequest given on ``cmd`` (its ``qp`` and ``wr_id`` are replaced by the
+    port ``qp`` and a running count of WorkCompletions), wait for its WorkCompletion.
+
+    Ports
+    -----
+    cmd : In(stream.Signature(WorkRequest))     taken when idle
+    qp : In(QP_INDEX_BITS)
+    wr : Out(stream.Signature(WorkRequest)), wc : In(stream.Signature(WorkCompletion))
+    done : Out(1)       with the WorkCompletion; ``ok``: its status was OK (held until the next)
+    """
+
+    def __init__(self):
+        super().__init__({"cmd": In(stream.Signature(WorkRequest)),
+                          "qp": In(WorkRequest.members["qp"]),
+                          "wr": Out(stream.Signature(WorkRequest)),
+                          "wc": In(stream.Signature(WorkCompletion)),
+                          "done": Out(1), "ok": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        wrq = Signal(WorkRequest)
+        wr_id = Signal(16)
+        m.d.comb += [self.wr.payload.eq(wrq), self.wr.payload.qp.eq(self.qp),
+                     self.wr.payload.wr_id.eq(wr_id)]
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    # (imm and inv_rkey are taken only from the ops that carry them; the others
+                    # leave them as they were, as the transport ignores them there)
+                    p = self.cmd.payload
+                    m.d.sync += [wrq[f].eq(p[f]) for f in ("op", "rkey", "va", "length", "laddr")]
+                    with m.If(p.op == WrOp.WRITE_IMM):
+                        m.d.sync += wrq.imm.eq(p.imm)
+                    with m.If((p.op == WrOp.SEND) | (p.op == WrOp.SEND_INV)):
+                        m.d.sync += wrq.inv_rkey.eq(p.inv_rkey)
+                    m.next = "ISSUE"
+            with m.State("ISSUE"):
+                m.d.comb += self.wr.valid.eq(1)
+                with m.If(self.wr.ready):
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                m.d.comb += self.wc.ready.eq(1)
+                with m.If(self.wc.valid):
+                    m.d.sync += [self.ok.eq(self.wc.payload.status == WcStatus.OK),
+                                 wr_id.eq(wr_id + 1)]
+                    m.d.comb += self.done.eq(1)
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,137 @@
+# Ref: hw/kbtp/regmap.py (the engine's register map, one table); hw/kbtp/engine_regs.py (the
+#      decode generated from it); docs/registers.md and tools/registers/gen.py; issue 19 item 3.
+"""The KBTP engine's register map is written once (hw/kbtp/regmap.py) and everything follows it:
+the offsets drivers use (``reg``), the register bank's decode, docs/registers.md."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from amaranth.sim import Simulator
+
+from hw.iface import REG_KBTP, Space
+from hw.kbtp import regmap
+from hw.kbtp.engine import ENGINE_ID, reg
+from hw.kbtp.engine_regs import EngineRegs
+
+ROOT = Path(__file__).resolve().parents[3]
+GEN = ROOT / "tools" / "registers" / "gen.py"
+
+#: The offsets host/driver.py, sim/ and the tests were written against (before the table).
+OFFSETS = dict(
+    ID=0x000, CTRL=0x004, TABLE_BASE=0x008, TABLE_BASE_HANDLE_LO=0x00C,
+    TABLE_BASE_HANDLE_HI=0x010, TABLE_COUNT=0x014, POOL_BASE=0x018, POOL_TO_BASE_LO=0x01C,
+    POOL_TO_BASE_HI=0x020, BLOCK_SIZE=0x024, RING_BASE=0x028, RING_ORDER=0x02C,
+    HEAD_ADDR=0x030, TAIL_ADDR=0x034, MAX_INLINE=0x038, RANGE_LOG2=0x03C, RANGE=0x040,
+    CMD=0x080, CMD_ARG_LO=0x084, CMD_ARG_HI=0x088, CMD_RESULT_LO=0x08C,
+    CMD_RESULT_HI=0x090, STALL_CYCLES=0x0A0, LAST_LATENCY=0x0A4, LAST_CYCLES=0x0A8,
+    RING_OCCUPANCY=0x0AC, HOSTQ_COUNT=0x0B0, COUNT=0x100, QP=0x200, QP_STRIDE=0x40,
+    QP_SESSION=0x00, QP_HANDLE_BASE_LO=0x04, QP_HANDLE_BASE_HI=0x08,
+    QP_HANDLE_COUNT=0x0C, QP_QUOTA=0x10, QP_USAGE=0x14, QP_SCRATCH=0x18)
+
+
+def _gen():
+    # by path: tests/tool_gate.py takes the name "tools" on sys.path under pytest
+    spec = importlib.util.spec_from_file_location("kbtp_registers_gen", GEN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reg_offsets_unchanged():
+    assert reg == OFFSETS
+    assert regmap.ENGINE_ID == ENGINE_ID == 0x4B425445
+
+
+def test_docs_generated_from_the_table():
+    """docs/registers.md is exactly what tools/registers/gen.py renders."""
+    p = subprocess.run([sys.executable, str(GEN), "--check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_drift_is_detected(tmp_path):
+    gen = _gen()
+    doc = (ROOT / "docs" / "registers.md").read_text()
+    assert gen.render() == doc
+    bad = tmp_path / "registers.md"
+    bad.write_text(doc.replace("| 0x0A4 | LAST_LATENCY |", "| 0x0A8 | LAST_LATENCY |", 1))
+    assert gen.main(["--check", "--out", str(bad)]) == 1
+    # every register of the table is in the document, under the name drivers use
+    for name in reg:
+        if not name.endswith(("_STRIDE", "_HI")) and name != "QP":
+            assert f" {name.removesuffix('_LO')}" in doc, name
+
+
+def test_overlapping_arrays_are_refused():
+    regmap.check(n_qp=16, n_ranges=16)
+    with pytest.raises(ValueError, match="CMD"):
+        regmap.check(n_qp=1, n_ranges=17)
+    with pytest.raises(ValueError, match="window"):
+        EngineRegs(n_qp=57, n_ranges=1, base=REG_KBTP)
+
+
+N_QP, N_RANGES = 2, 3
+
+
+def _words():
+    """{word offset: (register, its name)} of every word of the map."""
+    out = {}
+    for name, r, entries in regmap.layout(n_qp=N_QP, n_ranges=N_RANGES):
+        for words in entries:
+            for k, off in enumerate(words):
+                out[off] = (r, name, k)
+    return out
+
+
+def test_decode_follows_the_table():
+    """The register bank answers every word of the table and only those, reads back what an RW
+    register was written (within its width), and resets as the table says."""
+    dut = EngineRegs(N_QP, N_RANGES, REG_KBTP)
+    words = _words()
+    bad, written = [], []
+
+    async def access(ctx, off, value=None):
+        bus = dut.bus
+        ctx.set(bus.addr, REG_KBTP + off)
+        ctx.set(bus.space, Space.REG)
+        ctx.set(bus.we if value is not None else bus.re, 1)
+        ctx.set(bus.wdata, value or 0)
+        ack, err, rdata = ctx.get(bus.ack), ctx.get(bus.err), ctx.get(bus.rdata)
+        await ctx.tick()
+        ctx.set(bus.we, 0)
+        ctx.set(bus.re, 0)
+        return ack, err, rdata
+
+    async def bench(ctx):
+        for _ in range(70):             # the COUNT memory's clearing sweep
+            await ctx.tick()
+        for off in range(0, regmap.WINDOW, 4):
+            ack, err, rdata = await access(ctx, off)
+            assert ack, hex(off)
+            assert err == (off not in words), hex(off)
+            if off in words:
+                r, name, k = words[off]
+                if r.reset is not None:
+                    assert rdata == (r.reset >> 32 * k) & 0xFFFFFFFF, name
+        for off, (r, name, k) in words.items():
+            if r.access != "RW":
+                continue
+            value = 0xA5C3_5A3C ^ off
+            await access(ctx, off, value)
+            bits = min(32, r.width - 32 * k)
+            mask = 0xFF03 if name == "QP_SESSION" else (1 << bits) - 1
+            got = (await access(ctx, off))[2]
+            written.append(name)
+            if got != value & mask:
+                bad.append((hex(off), name, hex(got), hex(value & mask)))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert not bad
+    assert set(written) == {name for name, r, _ in regmap.layout(n_qp=1, n_ranges=1)
+                            if r.access == "RW"}
