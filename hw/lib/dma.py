@@ -9,7 +9,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import ADDR_BITS, MemBusSignature, MemReq
-from hw.lib.stream import PacketStream
+from hw.lib.stream import PacketStream, keep_count
 
 __all__ = ["DmaReadCmd", "DmaReader", "DmaWriter", "WordWriter"]
 
@@ -149,15 +149,13 @@ class DmaWriter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        w, nl = self._width, self._width // 8
+        nl = self._width // 8
         waddr = Signal(ADDR_BITS - 3)       # word address of buf[0:64]
         pos = Signal(3)                     # next octet goes to lane `pos` of that word
         buf = Signal(128)
         strb = Signal(16)
         n = Signal(range(nl + 1))
-        for j in range(nl):
-            with m.If(self.i.p.keep[j]):
-                m.d.comb += n.eq(j + 1)
+        m.d.comb += n.eq(keep_count(self.i.p.keep, nl))
         comb_data = Signal(128)
         comb_strb = Signal(16)
         total = Signal(5)
@@ -237,7 +235,7 @@ class WordWriter(wiring.Component):
         o = self.o
         pos = a[0:3]
         n = Signal(range(nl + 1))
-        m.d.comb += n.eq(sum(self.i.p.keep[j] for j in range(nl)))
+        m.d.comb += n.eq(keep_count(self.i.p.keep, nl))
         sh_data = Signal(128)
         sh_mask = Signal(16)
         m.d.comb += [sh_data.eq(self.i.p.data << (pos * 8)),

@@ -14,7 +14,7 @@ adder left there)::
 
     new = ((old & ~mask) + (add & ~mask)) ^ ((old ^ add) & mask)
 
-tests/test_formal_fetchadd.py proves this equal to the ripple definition for all inputs.
+tests/hw/lib/test_formal_fetchadd.py proves this equal to the ripple definition for all inputs.
 """
 
 from amaranth.hdl import Module

@@ -12,7 +12,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.lib.stream import packet_layout
+from hw.lib.stream import keep_count, packet_layout
 
 __all__ = ["octets_be", "be_value", "lanes", "lane_region", "HeaderCapture", "OctetPacker"]
 
@@ -149,6 +149,22 @@ class OctetPacker(wiring.Component):
             "i": In(stream.Signature(data.StructLayout(in_fields))),
             "o": Out(stream.Signature(data.StructLayout(out_fields))),
         })
+
+    def forward(self, m, s, *, last=None, side=None):
+        """Pass the packet stream ``s`` into ``i`` beat for beat: the kept lanes of each beat,
+        from lane 0. Comb statements of the parent module ``m``, under its current conditions
+        (e.g. the FSM state that forwards ``s``). ``last`` replaces ``s.p.last``; ``side`` sets
+        the side data."""
+        m.d.comb += [
+            self.i.valid.eq(s.valid),
+            self.i.p.data.eq(s.p.data),
+            self.i.p.lo.eq(0),
+            self.i.p.n.eq(keep_count(s.p.keep, self._lanes)),
+            self.i.p.last.eq(s.p.last if last is None else last),
+            s.ready.eq(self.i.ready),
+        ]
+        if side is not None:
+            m.d.comb += self.i.p.side.eq(side)
 
     def elaborate(self, platform):
         m = Module()

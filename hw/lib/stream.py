@@ -13,11 +13,12 @@ Blocks that parse headers load the octets MSB first (big-endian) so that the lay
 :mod:`hw.headers` apply directly to the loaded value.
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["packet_layout", "PacketStream", "RecordMerge", "RegisterSlice", "FrameMux"]
+__all__ = ["packet_layout", "PacketStream", "keep_count", "RecordMerge", "RegisterSlice",
+           "FrameMux"]
 
 
 def packet_layout(width):
@@ -29,6 +30,13 @@ def packet_layout(width):
 def PacketStream(width):
     """``stream.Signature`` of a packet stream ``width`` bits wide (8, 16, 32, 64, ...)."""
     return stream.Signature(packet_layout(width))
+
+
+def keep_count(keep, n_lanes=None):
+    """Number of valid lanes of a ``keep`` mask (contiguous from lane 0, as on every beat), as a
+    value of ``range(n_lanes + 1)``; ``n_lanes`` defaults to the width of ``keep``."""
+    n_lanes = len(keep) if n_lanes is None else n_lanes
+    return sum((keep[j] for j in range(n_lanes)), Const(0, range(n_lanes + 1)))
 
 
 class RecordMerge(wiring.Component):

@@ -10,26 +10,26 @@ significant octet first.
 The IPv4 and UDP headers are not in the RoCE stream (it starts at the BTH); they are rebuilt
 from the metadata, which carries every covered field, and folded into the CRC in one wide
 step when a packet starts. The CRC itself is :mod:`amaranth.lib.crc`'s catalog
-``CRC32_ETHERNET``: its parallel update matrices (one per number of valid octets in a beat)
-give the next register value for keep-masked beats.
+``CRC32_ETHERNET``; the parallel update (which register and data bits each next register bit
+XORs together) is derived from its public :meth:`~amaranth.lib.crc.Parameters.compute`
+(see :func:`_masks`), for the numbers of valid octets a beat can hold.
 """
 
 import functools
 
 from amaranth import *
-from amaranth.lib import data, fifo, stream, wiring
-from amaranth.lib.crc import catalog
-from amaranth.lib.memory import Memory
+from amaranth.lib import stream, wiring
+from amaranth.lib.crc import Algorithm, catalog
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import IPv4Header, UDPHeader, ROCE_UDP_PORT
+from hw.lib.fifo import PacketFifo
 from hw.lib.octets import OctetPacker, lanes, octets_be
-from hw.net.ip import (RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, _keep_count,
-                       IP_PROTO_UDP)
-from hw.lib.stream import packet_layout
+from hw.lib.stream import keep_count
+from hw.net.ip import RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, IP_PROTO_UDP
 
-__all__ = ["crc32_step", "crc32_step_py", "crc32_value", "ICRC_PREFIX_STATE", "PacketFifo",
-           "IcrcCheck", "IcrcInsert", "masked_ipudp_octets", "BTH_MASKED_OCTET"]
+__all__ = ["crc32_step", "crc32_step_py", "crc32_value", "ICRC_PREFIX_STATE", "IcrcCheck",
+           "IcrcInsert", "masked_ipudp_octets", "BTH_MASKED_OCTET"]
 
 _ALGO = catalog.CRC32_ETHERNET
 #: BTH octet whose value is replaced by 0xFF for the ICRC (FECN, BECN, resv6).
@@ -40,20 +40,21 @@ BTH_MASKED_OCTET = 4
 def _masks(n_bits):
     """For each next-state bit, the mask over ``Cat(state, reflected data)`` to XOR together.
 
-    Built from :mod:`amaranth.lib.crc`'s own F/G matrices for a data word of ``n_bits``.
+    One update of the raw register by a data word of ``n_bits`` is linear over GF(2) in the
+    register and the (already reflected) word, so it is known from the images of the unit
+    vectors: bit ``j < 32`` of a mask is set when register bit ``j`` alone, bit ``32 + j`` when
+    data bit ``j`` alone, sets that next-state bit. Each image is one call of the public
+    :meth:`~amaranth.lib.crc.Parameters.compute` of the catalog polynomial with no reflection
+    and no output XOR (so that it returns the raw register), starting from that register bit
+    or from zero. :class:`amaranth.lib.crc.Processor` builds its matrices the same way, but
+    through a private method (``Parameters._matrices``) that may change between releases.
     """
-    f, g = _ALGO(n_bits)._matrices()
-    masks = []
-    for i in range(32):
-        mk = 0
-        for j in range(32):
-            if f[j][i]:
-                mk |= 1 << j
-        for j in range(n_bits):
-            if g[j][i]:
-                mk |= 1 << (32 + j)
-        masks.append(mk)
-    return tuple(masks)
+    def step(initial, word):
+        return Algorithm(crc_width=32, polynomial=_ALGO.polynomial, initial_crc=initial,
+                         reflect_input=False, reflect_output=False,
+                         xor_output=0)(n_bits).compute([word])
+    images = [step(1 << j, 0) for j in range(32)] + [step(0, 1 << j) for j in range(n_bits)]
+    return tuple(sum(((img >> i) & 1) << j for j, img in enumerate(images)) for i in range(32))
 
 
 def crc32_step(m, state, octets):
@@ -108,16 +109,27 @@ def masked_ipudp_octets(m, *, tos_ttl_masked=True, total_length, ip_id, ip_flags
 
 
 class _BeatCrc:
-    """CRC register advanced by keep-masked beats of a RoCE stream (BTH octet 4 masked).
+    """CRC register advanced by the keep-masked beats (BTH octet 4 masked) of the RoCE stream
+    ``s`` (BTH first) that are taken (``fire``: ``s.valid & s.ready``).
 
-    ``start_state`` is used instead of the register on the first beat of a packet.
+    The first beat of a packet starts from the ICRC prefix folded with the packet's IPv4 and
+    UDP headers, :func:`masked_ipudp_octets` of ``ipudp``. ``pos`` is the octet offset of the
+    beat in its packet (saturating past 64 KiB); ``next`` the register after this beat.
     """
 
     def __init__(self, width):
         self.width = width
 
-    def add(self, m, *, fire, first, pos, beat, keep, start_state):
+    def add(self, m, s, **ipudp):
         nl = self.width // 8
+        self.fire = fire = s.valid & s.ready
+        first = Signal(init=1)
+        self.pos = pos = Signal(17)
+        with m.If(fire):
+            m.d.sync += [first.eq(s.p.last),
+                         pos.eq(Mux(s.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))]
+        start_state = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), masked_ipudp_octets(m, **ipudp))
+        beat, keep = s.p.data, s.p.keep
         self.reg = Signal(32)
         octs = lanes(beat, nl)
         # BTH octet 4 is fixed at a static lane of a static beat.
@@ -132,7 +144,7 @@ class _BeatCrc:
         octs = lanes(masked, nl)
         self.next = Signal(32)
         n = Signal(range(nl + 1))
-        m.d.comb += n.eq(_keep_count(keep, nl))
+        m.d.comb += n.eq(keep_count(keep, nl))
         # A full beat goes through the nl-octet matrix. A partial one (the last beat of a
         # packet: k < nl valid octets, contiguous from lane 0) goes through a chain of the
         # nl/2-, nl/4-, ..., 1-octet matrices, one per set bit of k, largest first, each over
@@ -163,121 +175,15 @@ class _BeatCrc:
         return self
 
 
-class PacketFifo(wiring.Component):
-    """Store-and-forward packet FIFO with commit / discard, carrying per-packet side data.
-
-    A packet becomes visible at the output only once its last beat was written with
-    ``commit``; a last beat written with ``discard`` rolls the write pointer back. A packet
-    larger than the whole buffer is dropped (``cnt_overflow``); while earlier packets wait to
-    drain, a full buffer back-pressures the input.
-
-    Parameters
-    ----------
-    width : int
-    depth : int
-        Data beats (power of two not required).
-    side : shape
-        Per-packet side data, sampled with the last beat.
-    max_packets : int
-        Depth of the side-data FIFO (packets stored at once).
-
-    Ports
-    -----
-    i : In(stream {data, keep, last, side})
-    commit, discard : In(1)
-        Qualify the last input beat (exactly one of them with ``i.p.last``).
-    o : Out(stream {data, keep, last, side})
-    cnt_overflow : Out(32)
-    """
-
-    def __init__(self, width, depth, side, max_packets=8):
-        self._width = width
-        self._depth = depth
-        self._side = side
-        self._max_packets = max_packets
-        layout = data.StructLayout({**dict(packet_layout(width).members), "side": side})
-        super().__init__({
-            "i": In(stream.Signature(layout)),
-            "commit": In(1),
-            "discard": In(1),
-            "o": Out(stream.Signature(layout)),
-            "cnt_overflow": Out(32),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        depth = self._depth
-        beat = packet_layout(self._width)
-        m.submodules.mem = mem = Memory(shape=beat, depth=depth, init=[])
-        wp = mem.write_port()
-        rp = mem.read_port()
-        m.submodules.sides = sides = fifo.SyncFIFOBuffered(
-            width=Shape.cast(self._side).width, depth=self._max_packets)
-
-        def inc(p):
-            return Mux(p == depth - 1, 0, p + 1)
-
-        wr = Signal(range(depth))         # next write address
-        wr_commit = Signal(range(depth))  # end of the last committed packet
-        rd = Signal(range(depth))         # next read address
-        dropping = Signal()               # the current input packet overflowed
-
-        full = inc(wr) == rd
-        # Nothing committed left to drain: a full buffer holds only the current packet.
-        stuck = full & (wr_commit == rd)
-        m.d.comb += self.i.ready.eq((~full | stuck | dropping) & sides.w_rdy)
-        i_fire = self.i.valid & self.i.ready
-        write = i_fire & ~full & ~dropping
-        m.d.comb += [
-            wp.addr.eq(wr),
-            wp.data.eq(Cat(self.i.p.data, self.i.p.keep, self.i.p.last)),
-            wp.en.eq(write),
-        ]
-        ok_end = i_fire & self.i.p.last & self.commit & ~dropping & ~(full & ~write)
-        m.d.comb += [sides.w_data.eq(self.i.p.side), sides.w_en.eq(ok_end)]
-        with m.If(i_fire):
-            with m.If(self.i.p.last):
-                m.d.sync += dropping.eq(0)
-                with m.If(ok_end):
-                    m.d.sync += [wr.eq(inc(wr)), wr_commit.eq(inc(wr))]
-                with m.Else():
-                    m.d.sync += wr.eq(wr_commit)
-                with m.If(dropping | stuck):
-                    m.d.sync += self.cnt_overflow.eq(self.cnt_overflow + 1)
-            with m.Elif(stuck):
-                m.d.sync += [dropping.eq(1), wr.eq(wr_commit)]
-            with m.Elif(write):
-                m.d.sync += wr.eq(inc(wr))
-
-        # Read side: a registered output stage in front of the synchronous read port.
-        ov = Signal()
-        o_fire = self.o.valid & self.o.ready
-        load = (~ov | o_fire) & (rd != wr_commit)
-        m.d.comb += [rp.addr.eq(rd), rp.en.eq(load)]
-        rdata = Signal(beat)
-        m.d.comb += rdata.eq(rp.data)
-        m.d.comb += [
-            self.o.valid.eq(ov & sides.r_rdy),
-            self.o.p.data.eq(rdata.data),
-            self.o.p.keep.eq(rdata.keep),
-            self.o.p.last.eq(rdata.last),
-            self.o.p.side.eq(sides.r_data),
-            sides.r_en.eq(o_fire & rdata.last),
-        ]
-        with m.If(load):
-            m.d.sync += [ov.eq(1), rd.eq(inc(rd))]
-        with m.Elif(o_fire):
-            m.d.sync += ov.eq(0)
-        return m
-
-
 class IcrcCheck(wiring.Component):
     """Check the ICRC of received RoCE packets; forward good ones, drop bad ones.
 
     The input is what :class:`~hw.net.ip.EthIpRx` emits: BTH .. ICRC, UDP length − 8 octets,
     with :data:`~hw.net.ip.RoceRxMeta` on every beat. The CRC runs over every octet, the ICRC
     included: a correct packet leaves the register at the CRC's residue, so the ICRC never has
-    to be located. Packets are buffered whole (:class:`PacketFifo`) and released only when good.
+    to be located. Packets are buffered whole (:class:`~hw.lib.fifo.PacketFifo` with the
+    metadata as per-packet side data; a packet larger than the buffer is dropped and counted in
+    ``cnt_overflow``) and released only when good.
     The output is the input unchanged (ICRC still present).
 
     A packet is good only if it also has exactly ``meta.udp_length − 8`` octets. EthIpRx
@@ -285,13 +191,14 @@ class IcrcCheck(wiring.Component):
     four octets are the ICRC of what did arrive (the IPv4 and UDP lengths are covered, so only
     a forger makes one), the CRC alone would pass it, and the parser would promise the
     consumers a payload of the UDP length that never comes: one such frame stopped the receive
-    path (found by sim/fuzz.py). Such packets are dropped here and counted only by EthIpRx.
+    path (found by tools/fuzz.py). Such packets are dropped here and counted only by EthIpRx.
 
     Parameters
     ----------
     width : int
     depth : int
-        Buffer beats; must hold the largest packet (PMTU 4096 + 64 octets) to pass it.
+        Buffer beats (any number; a power of two is the cheapest); must hold the largest
+        packet (PMTU 4096 + 64 octets) to pass it.
 
     Ports
     -----
@@ -312,40 +219,24 @@ class IcrcCheck(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         nl = self._width // 8
-        m.submodules.fifo = pf = PacketFifo(self._width, self._depth, RoceRxMeta,
-                                            self._max_packets)
-        m.d.comb += [
-            self.o.valid.eq(pf.o.valid), pf.o.ready.eq(self.o.ready),
-            self.o.p.data.eq(pf.o.p.data), self.o.p.keep.eq(pf.o.p.keep),
-            self.o.p.last.eq(pf.o.p.last), self.o.p.meta.eq(pf.o.p.side),
-            self.cnt_overflow.eq(pf.cnt_overflow),
-        ]
-        fire = self.i.valid & self.i.ready
-        first = Signal(init=1)
-        pos = Signal(17)
-        with m.If(fire):
-            m.d.sync += [first.eq(self.i.p.last),
-                         pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))]
+        m.submodules.fifo = pf = PacketFifo(self._width, self._depth, side=RoceRxMeta,
+                                            max_packets=self._max_packets, drop_oversize=True)
+        wiring.connect(m, pf.r, wiring.flipped(self.o))
+        m.d.comb += self.cnt_overflow.eq(pf.cnt_overflow)
 
         meta = self.i.p.meta
-        hdr = masked_ipudp_octets(m, total_length=meta.udp_length + 20, ip_id=meta.ip_id,
-                                  ip_flags=meta.ip_flags, src_ip=meta.src_ip,
-                                  dst_ip=meta.dst_ip, udp_src_port=meta.udp_src_port,
-                                  udp_length=meta.udp_length)
-        start = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), hdr)
-        crc = _BeatCrc(self._width).add(m, fire=fire, first=first, pos=pos, beat=self.i.p.data,
-                                        keep=self.i.p.keep, start_state=start)
+        crc = _BeatCrc(self._width).add(
+            m, self.i, total_length=meta.udp_length + 20, ip_id=meta.ip_id,
+            ip_flags=meta.ip_flags, src_ip=meta.src_ip, dst_ip=meta.dst_ip,
+            udp_src_port=meta.udp_src_port, udp_length=meta.udp_length)
+        fire, pos = crc.fire, crc.pos
         # Octets of the packet so far, this beat included (pos saturates past 64 KiB).
-        length_ok = (pos + _keep_count(self.i.p.keep, nl)) == (meta.udp_length - 8)
+        length_ok = (pos + keep_count(self.i.p.keep, nl)) == (meta.udp_length - 8)
         crc_ok = crc.next == _RESIDUE_REG
         good = crc_ok & length_ok
-        m.d.comb += [
-            pf.i.valid.eq(self.i.valid),
-            self.i.ready.eq(pf.i.ready),
-            pf.i.p.data.eq(self.i.p.data), pf.i.p.keep.eq(self.i.p.keep),
-            pf.i.p.last.eq(self.i.p.last), pf.i.p.side.eq(meta),
-            pf.commit.eq(good), pf.discard.eq(~good),
-        ]
+        wiring.connect(m, wiring.flipped(self.i), pf.w)
+        m.d.comb += [pf.w_commit.eq(fire & self.i.p.last & good),
+                     pf.w_discard.eq(fire & self.i.p.last & ~good)]
         with m.If(fire & self.i.p.last):
             with m.If(good):
                 m.d.sync += self.cnt_ok.eq(self.cnt_ok + 1)
@@ -379,24 +270,13 @@ class IcrcInsert(wiring.Component):
         m = Module()
         w, nl = self._width, self._width // 8
         m.submodules.packer = packer = OctetPacker(w, RoceTxMeta)
-        m.d.comb += [
-            self.o.valid.eq(packer.o.valid), packer.o.ready.eq(self.o.ready),
-            self.o.p.data.eq(packer.o.p.data), self.o.p.keep.eq(packer.o.p.keep),
-            self.o.p.last.eq(packer.o.p.last), self.o.p.meta.eq(packer.o.p.side),
-        ]
-        fire = self.i.valid & self.i.ready
-        first = Signal(init=1)
-        pos = Signal(17)
-        with m.If(fire):
-            m.d.sync += [first.eq(self.i.p.last),
-                         pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))]
+        wiring.connect(m, packer.o, wiring.flipped(self.o))
         meta = self.i.p.meta
-        hdr = masked_ipudp_octets(m, total_length=meta.length + 28, ip_id=meta.ip_id,
-                                  ip_flags=0b010, src_ip=self.own_ip, dst_ip=meta.dst_ip,
-                                  udp_src_port=meta.udp_src_port, udp_length=meta.length + 8)
-        start = crc32_step(m, Const(ICRC_PREFIX_STATE, 32), hdr)
-        crc = _BeatCrc(w).add(m, fire=fire, first=first, pos=pos, beat=self.i.p.data,
-                              keep=self.i.p.keep, start_state=start)
+        crc = _BeatCrc(w).add(
+            m, self.i, total_length=meta.length + 28, ip_id=meta.ip_id, ip_flags=0b010,
+            src_ip=self.own_ip, dst_ip=meta.dst_ip, udp_src_port=meta.udp_src_port,
+            udp_length=meta.length + 8)
+        fire = crc.fire
 
         # The ICRC octets follow the last data beat through the packer, at most nl per beat.
         icrc = Signal(32)
@@ -405,15 +285,7 @@ class IcrcInsert(wiring.Component):
         icrc_octets = lanes(icrc, 4)
         with m.FSM(name="icrc"):
             with m.State("Packet Data"):
-                m.d.comb += [
-                    packer.i.valid.eq(self.i.valid),
-                    packer.i.p.data.eq(self.i.p.data),
-                    packer.i.p.lo.eq(0),
-                    packer.i.p.n.eq(_keep_count(self.i.p.keep, nl)),
-                    packer.i.p.last.eq(0),
-                    packer.i.p.side.eq(meta),
-                    self.i.ready.eq(packer.i.ready),
-                ]
+                packer.forward(m, self.i, last=0, side=meta)
                 with m.If(fire & self.i.p.last):
                     m.d.sync += [icrc.eq(crc32_value(crc.next)), tail_meta.eq(meta),
                                  sent.eq(0)]

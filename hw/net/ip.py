@@ -16,7 +16,7 @@ from amaranth.lib.wiring import In, Out
 from hw.headers import (EthernetHeader, IPv4Header, UDPHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4,
                         ROCE_UDP_PORT)
 from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, octets_be
-from hw.lib.stream import PacketStream, packet_layout
+from hw.lib.stream import PacketStream, keep_count, packet_layout
 
 __all__ = [
     "ones_sum", "ipv4_checksum", "RoceRxMeta", "RoceTxMeta", "roce_rx_layout",
@@ -79,11 +79,6 @@ def roce_rx_layout(width):
 def roce_tx_layout(width):
     """Payload layout of the transmit RoCE stream: a packet stream plus :data:`RoceTxMeta`."""
     return data.StructLayout({**dict(packet_layout(width).members), "meta": RoceTxMeta})
-
-
-def _keep_count(keep, n_lanes):
-    """Number of valid lanes of a contiguous keep mask."""
-    return sum((keep[j] for j in range(n_lanes)), Const(0, range(n_lanes + 1)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +190,7 @@ class EthIpRx(wiring.Component):
         now_end = Signal(17)
         m.d.comb += now_end.eq(Mux(mode == PASS, roce_end, n_hdr + udp.length - 8))
         # A frame shorter than its UDP length ends where its last beat's keep says.
-        frame_end = pos + _keep_count(self.i.p.keep, nl)
+        frame_end = pos + keep_count(self.i.p.keep, nl)
         cut_end = Mux(self.i.p.last & (frame_end < now_end), frame_end, now_end)
         lo, n, reaches = lane_region(m, pos, n_hdr, cut_end, nl, "rr")
         pass_now = (mode == PASS) | ((mode == HDR) & decision_beat & reason[idx["roce"]])
@@ -337,6 +332,13 @@ class EthIpTx(wiring.Component):
         hdr = (octets_be(eth.as_value(), 14) + octets_be(ip.as_value(), 20)
                + octets_be(udp.as_value(), 8))
 
+        def forward_frame(s, count):
+            # Pass a whole frame from s through the packer; count it after its last beat.
+            packer.forward(m, s)
+            with m.If(s.valid & s.ready & s.p.last):
+                m.d.sync += count.eq(count + 1)
+                m.next = "Idle"
+
         hidx = Signal(range(n_hdr_beats + 1))
         with m.FSM(name="tx"):
             with m.State("Idle"):
@@ -346,17 +348,7 @@ class EthIpTx(wiring.Component):
                     m.d.sync += hidx.eq(0)
                     m.next = "Frame Header"
             with m.State("ARP Frame"):
-                m.d.comb += [
-                    packer.i.valid.eq(self.arp.valid),
-                    packer.i.p.data.eq(self.arp.p.data),
-                    packer.i.p.lo.eq(0),
-                    packer.i.p.n.eq(_keep_count(self.arp.p.keep, nl)),
-                    packer.i.p.last.eq(self.arp.p.last),
-                    self.arp.ready.eq(packer.i.ready),
-                ]
-                with m.If(self.arp.valid & self.arp.ready & self.arp.p.last):
-                    m.d.sync += self.cnt_arp.eq(self.cnt_arp + 1)
-                    m.next = "Idle"
+                forward_frame(self.arp, self.cnt_arp)
             with m.State("Frame Header"):
                 with m.Switch(hidx):
                     for b in range(n_hdr_beats):
@@ -371,15 +363,5 @@ class EthIpTx(wiring.Component):
                     with m.If(hidx == n_hdr_beats - 1):
                         m.next = "RoCE Packet"
             with m.State("RoCE Packet"):
-                m.d.comb += [
-                    packer.i.valid.eq(self.roce.valid),
-                    packer.i.p.data.eq(self.roce.p.data),
-                    packer.i.p.lo.eq(0),
-                    packer.i.p.n.eq(_keep_count(self.roce.p.keep, nl)),
-                    packer.i.p.last.eq(self.roce.p.last),
-                    self.roce.ready.eq(packer.i.ready),
-                ]
-                with m.If(self.roce.valid & self.roce.ready & self.roce.p.last):
-                    m.d.sync += self.cnt_roce.eq(self.cnt_roce + 1)
-                    m.next = "Idle"
+                forward_frame(self.roce, self.cnt_roce)
         return m

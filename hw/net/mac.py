@@ -11,7 +11,7 @@ therefore runs at 1/8 duty (one beat every 8 cycles at most on line rate).
 Bad frames on receive
 ---------------------
 A stream cannot take back beats already passed on, and the FCS is only known after the last
-octet. :class:`GmiiRx` therefore buffers each frame in a :class:`~hw.lib.width.PacketFifo` and
+octet. :class:`GmiiRx` therefore buffers each frame in a :class:`~hw.lib.fifo.PacketFifo` and
 commits it only when it ends well; a frame with ``rx_er``, a bad FCS, fewer than 64 octets
 (FCS included), or that did not fit in the buffer is discarded and counted. Downstream blocks
 see only good frames, without the FCS. Latency: a frame appears after its last octet.
@@ -31,7 +31,8 @@ from amaranth.lib import crc, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.lib.stream import PacketStream, RegisterSlice
-from hw.lib.width import PacketFifo, StreamDownsizer, StreamUpsizer
+from hw.lib.fifo import PacketFifo
+from hw.lib.width import StreamDownsizer, StreamUpsizer
 
 __all__ = ["GmiiRx", "GmiiTx", "GmiiMac", "PREAMBLE", "SFD", "MIN_FRAME", "IFG"]
 
@@ -113,6 +114,17 @@ class GmiiRx(wiring.Component):
             with m.Elif(dv):
                 m.next = "Drop"
 
+        def put_octet(last):
+            # delay[4] into the buffer; a frame that finds it full is lost.
+            m.d.comb += [
+                fifo.w.valid.eq(1),
+                fifo.w.payload.data.eq(delay[4]),
+                fifo.w.payload.keep.eq(1),
+                fifo.w.payload.last.eq(last),
+            ]
+            with m.If(~fifo.w.ready):
+                m.d.sync += overflow.eq(1)
+
         with m.FSM(name="rx"):
             with m.State("Idle"):
                 await_frame()
@@ -138,14 +150,7 @@ class GmiiRx(wiring.Component):
                         m.d.sync += got_er.eq(1)
                     # delay[4] is a data octet once five octets are in (count >= 5 before this).
                     with m.If(count >= 5):
-                        m.d.comb += [
-                            fifo.w.valid.eq(1),
-                            fifo.w.payload.data.eq(delay[4]),
-                            fifo.w.payload.keep.eq(1),
-                            fifo.w.payload.last.eq(0),
-                        ]
-                        with m.If(~fifo.w.ready):
-                            m.d.sync += overflow.eq(1)
+                        put_octet(last=0)
                 with m.Else():
                     # End of frame: delay[4] is the last data octet, delay[0..3] the FCS, and
                     # the CRC register has taken every octet (match_detected valid now and
@@ -154,14 +159,7 @@ class GmiiRx(wiring.Component):
                     # compare and the checks do not chain into the FIFO's pointer update
                     # (the 125 MHz critical path on ECPIX-5).
                     with m.If(count >= 5):
-                        m.d.comb += [
-                            fifo.w.valid.eq(1),
-                            fifo.w.payload.data.eq(delay[4]),
-                            fifo.w.payload.keep.eq(1),
-                            fifo.w.payload.last.eq(1),
-                        ]
-                        with m.If(~fifo.w.ready):
-                            m.d.sync += overflow.eq(1)
+                        put_octet(last=1)
                     m.d.sync += short.eq(count < MIN_FRAME)
                     m.next = "Frame End"
 

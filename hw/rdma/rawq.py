@@ -49,8 +49,9 @@ from hw.headers import ETHERTYPE_IPV4, ROCE_UDP_PORT
 from hw.iface import HostBusSignature, Space
 from hw.lib.octets import HeaderCapture
 from hw.net.ip import roce_rx_layout
-from hw.lib.stream import PacketStream
-from hw.lib.width import PacketFifo, StreamDownsizer
+from hw.lib.fifo import PacketFifo
+from hw.lib.stream import PacketStream, keep_count
+from hw.lib.width import StreamDownsizer
 
 __all__ = ["RawQueues", "QpFilter", "Q_RAW_RX", "Q_RAW_TX", "GSI_QPN"]
 
@@ -60,10 +61,6 @@ GSI_QPN = 1
 #: Frame octets before the end of the BTH Dest QP field (14 + 20 + 8 + 8).
 _NEED = 50
 _IP_PROTO_UDP = 17
-
-
-def _keep_count(keep, n):
-    return sum((keep[j] for j in range(n)), Const(0, range(n + 1)))
 
 
 class RawQueues(wiring.Component):
@@ -122,7 +119,7 @@ class RawQueues(wiring.Component):
         fire = t.valid
         cap = HeaderCapture(_NEED, w, "rawh").add(m, pos, t.p.data, fire)
         v = cap.value
-        end = pos + _keep_count(t.p.keep, nl)
+        end = pos + keep_count(t.p.keep, nl)
         match = Signal()
         m.d.comb += match.eq(
             (end >= _NEED)

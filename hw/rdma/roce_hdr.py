@@ -15,8 +15,8 @@ from amaranth.lib.wiring import In, Out
 from hw.headers import (BTH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH,
                         EXT_HEADERS, BthOpcode, size_of)
 from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, octets_be
-from hw.net.ip import RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, _keep_count
-from hw.lib.stream import PacketStream
+from hw.net.ip import RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout
+from hw.lib.stream import PacketStream, keep_count
 
 __all__ = ["RoceRxHeader", "RoceTxHeader", "RoceRxParser", "RoceTxBuilder", "header_length",
            "MAX_ROCE_HEADER", "EXT_FIELDS"]
@@ -59,7 +59,7 @@ RoceTxHeader = data.StructLayout({
 
 #: Opcodes made of headers only (IBA 9.4: READ request, atomics, ACKs). A packet of one of them
 #: with octets beyond its headers is malformed: no consumer of its record drains a payload, so
-#: forwarding one stalled the receive path (an ACKNOWLEDGE with 64 octets: found by sim/fuzz.py).
+#: forwarding one stalled the receive path (an ACKNOWLEDGE with 64 octets: found by tools/fuzz.py).
 HEADERS_ONLY = frozenset(op.value for op in (
     BthOpcode.READ_REQUEST, BthOpcode.ACKNOWLEDGE, BthOpcode.ATOMIC_ACKNOWLEDGE,
     BthOpcode.CMP_SWAP, BthOpcode.FETCH_ADD))
@@ -143,7 +143,7 @@ class RoceRxParser(wiring.Component):
         m.d.comb += ok.eq(Mux(hdr_done, ok_r, known & ~malformed))
 
         # Never read past the stream's end (a packet shorter than its UDP length).
-        stream_end = pos + _keep_count(self.i.p.keep, nl)
+        stream_end = pos + keep_count(self.i.p.keep, nl)
         cut_end = Mux(self.i.p.last & (stream_end < pay_end), stream_end, pay_end)
         lo, n, reaches = lane_region(m, pos, hlen, cut_end, nl, "pl")
         feed = ok & ~pay_done
@@ -226,11 +226,7 @@ class RoceTxBuilder(wiring.Component):
         m = Module()
         w, nl = self._width, self._width // 8
         m.submodules.packer = packer = OctetPacker(w, RoceTxMeta)
-        m.d.comb += [
-            self.o.valid.eq(packer.o.valid), packer.o.ready.eq(self.o.ready),
-            self.o.p.data.eq(packer.o.p.data), self.o.p.keep.eq(packer.o.p.keep),
-            self.o.p.last.eq(packer.o.p.last), self.o.p.meta.eq(packer.o.p.side),
-        ]
+        wiring.connect(m, packer.o, wiring.flipped(self.o))
         rec = self.hdr.p
         placement = _ext_placement()
         pad = Signal(2)
@@ -261,6 +257,15 @@ class RoceTxBuilder(wiring.Component):
         hidx = Signal(range(n_hbeats + 1))
         pad_sent = Signal(3)
         no_payload = rec.payload_len == 0
+
+        def packet_done():
+            # The packet's last octet went to the packer: the record is used up and counted.
+            m.d.comb += self.hdr.ready.eq(1)
+            m.d.sync += self.cnt_packets.eq(self.cnt_packets + 1)
+            with m.If(~known):
+                m.d.sync += self.cnt_bad_opcode.eq(self.cnt_bad_opcode + 1)
+            m.next = "Idle"
+
         with m.FSM(name="build"):
             with m.State("Idle"):
                 m.d.sync += [hidx.eq(0), pad_sent.eq(0)]
@@ -282,29 +287,14 @@ class RoceTxBuilder(wiring.Component):
                     m.d.sync += hidx.eq(hidx + 1)
                     with m.If(chunk_end):
                         with m.If(no_payload):
-                            m.d.comb += self.hdr.ready.eq(1)
-                            m.d.sync += self.cnt_packets.eq(self.cnt_packets + 1)
-                            with m.If(~known):
-                                m.d.sync += self.cnt_bad_opcode.eq(self.cnt_bad_opcode + 1)
-                            m.next = "Idle"
+                            packet_done()
                         with m.Else():
                             m.next = "Payload"
             with m.State("Payload"):
-                m.d.comb += [
-                    packer.i.valid.eq(self.payload.valid),
-                    packer.i.p.data.eq(self.payload.p.data),
-                    packer.i.p.lo.eq(0),
-                    packer.i.p.n.eq(_keep_count(self.payload.p.keep, nl)),
-                    packer.i.p.last.eq(self.payload.p.last & (pad == 0)),
-                    self.payload.ready.eq(packer.i.ready),
-                ]
+                packer.forward(m, self.payload, last=self.payload.p.last & (pad == 0))
                 with m.If(self.payload.valid & self.payload.ready & self.payload.p.last):
                     with m.If(pad == 0):
-                        m.d.comb += self.hdr.ready.eq(1)
-                        m.d.sync += self.cnt_packets.eq(self.cnt_packets + 1)
-                        with m.If(~known):
-                            m.d.sync += self.cnt_bad_opcode.eq(self.cnt_bad_opcode + 1)
-                        m.next = "Idle"
+                        packet_done()
                     with m.Else():
                         m.next = "Pad"
             with m.State("Pad"):
@@ -316,9 +306,5 @@ class RoceTxBuilder(wiring.Component):
                 with m.If(packer.i.ready):
                     m.d.sync += pad_sent.eq(pad_sent + k)
                     with m.If(left <= nl):
-                        m.d.comb += self.hdr.ready.eq(1)
-                        m.d.sync += self.cnt_packets.eq(self.cnt_packets + 1)
-                        with m.If(~known):
-                            m.d.sync += self.cnt_bad_opcode.eq(self.cnt_bad_opcode + 1)
-                        m.next = "Idle"
+                        packet_done()
         return m

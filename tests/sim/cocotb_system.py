@@ -31,23 +31,21 @@ of an ALLOC_STORE), in clock cycles; written to ``figures_system.json``.
 """
 
 import json
-import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Lock, ReadOnly, RisingEdge
+from cocotb.triggers import ClockCycles, Lock
 from cocotb.utils import get_sim_time, get_time_from_sim_steps
-from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
+from cocotbext.eth import GmiiFrame
 
 from host import codec
 from hw.headers import Features, Opcode, ReqFlags, Status
-from sim.hdl import get_params
-from sim.system import (DIRECT, PERIOD_NS, STEP, SystemBench as _Bench, direct_step, mixed as
-                        _mixed, mixed_checks, model_config, one_sided)
+from sim.hdl import cocotb_host_access, cocotb_start_gmii, get_params
+from sim.system import (DIRECT, PERIOD_NS, STEP, SystemBench as _Bench, mixed as _mixed,
+                        mixed_checks, model_config, one_sided)
 from sim.workload import build
 
 FIGS = {}
@@ -71,41 +69,14 @@ class SystemBench(_Bench):
         await ClockCycles(self.dut.clk, cycles)
 
     async def _start(self):
-        d = self.dut
-        cocotb.start_soon(Clock(d.clk, PERIOD_NS, unit="ns").start())
-        for s in (d.host__re, d.host__we, d.host__addr, d.host__space, d.host__wdata,
-                  d.rx_dv, d.rx_er, d.rxd):
-            s.value = 0
-        self.src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
-        self.sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
-        for x in (self.src, self.sink):
-            x.log.setLevel(logging.WARNING)
-        d.rst.value = 1
-        await ClockCycles(d.clk, 5)
-        d.rst.value = 0
-        await ClockCycles(d.clk, 2)
+        self.src, self.sink = await cocotb_start_gmii(self.dut, PERIOD_NS)
 
     async def access(self, space, addr, we, wdata):
         async with self.bus_lock:      # the driver's loop and the test share the host bus
             return await self._access(space, addr, we, wdata)
 
     async def _access(self, space, addr, we, wdata):
-        d = self.dut
-        d.host__space.value = getattr(space, "value", space)
-        d.host__addr.value = addr
-        d.host__wdata.value = wdata
-        d.host__we.value = we
-        d.host__re.value = 1 - we
-        for _ in range(1000):
-            await ReadOnly()
-            if d.host__ack.value:
-                r, e = int(d.host__rdata.value), int(d.host__err.value)
-                await RisingEdge(d.clk)
-                d.host__we.value = 0
-                d.host__re.value = 0
-                return r, e
-            await RisingEdge(d.clk)
-        raise AssertionError("host bus: no ack")
+        return await cocotb_host_access(self.dut, space, addr, we, wdata)
 
     def receive_frame(self, frame, t):          # link -> DUT
         def done(f, raw=frame):

@@ -6,7 +6,8 @@ import pytest
 from scapy.layers.l2 import ARP, Ether
 
 from hw.net.arp import ArpResponder
-from sim.scapy_roce import StreamDriver, frame_beats, run_sim, seeded, split_packets
+from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.scapy_roce import seeded
 
 OWN_MAC_S, OWN_IP_S = "52:54:00:00:00:01", "10.0.0.1"
 OWN_MAC, OWN_IP = 0x525400000001, 0x0A000001
@@ -55,20 +56,19 @@ def test_capture_request_reply():
 def _run(width, cases, idle, stall):
     rng = seeded(width + int(idle * 10))
     dut = ArpResponder(width)
-    drv = StreamDriver(rng, idle, stall)
     out, cnt = [], {}
 
     async def main(ctx):
         ctx.set(dut.own_mac, OWN_MAC)
         ctx.set(dut.own_ip, OWN_IP)
-        await drv.put(ctx, dut.i, [{"data": d, "keep": k, "last": la}
-                                   for _, f in cases for d, k, la in frame_beats(f, width)])
+        beats = [beat for _, f in cases for beat in packet_to_beats(f, width)]
+        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
         await ctx.tick().repeat(150)
         cnt["answered"] = ctx.get(dut.cnt_answered)
         cnt["ignored"] = ctx.get(dut.cnt_ignored)
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [sink])
     return [p for p, _ in split_packets(out, width)], cnt

@@ -4,13 +4,11 @@
 
 import pytest
 from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-from scapy.packet import Raw
 
-from hw.net.icrc import IcrcCheck, IcrcInsert, crc32_step_py, ICRC_PREFIX_STATE
-from sim.scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, icrc_of, pcap_roce_frames,
-                        random_ext_fields, roce_frame, roce_rx_beats, rx_meta_of, run_sim,
-                        seeded, split_packets, zlib_icrc)
+from hw.net.icrc import IcrcCheck, IcrcInsert, ICRC_PREFIX_STATE
+from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.scapy_roce import (OPCODE_EXTS, icrc_of, pcap_roce_frames, random_ext_fields,
+                            roce_frame, roce_rx_beats, rx_meta_of, seeded, zlib_icrc)
 
 SPEEDS = [(0.0, 0.0), (0.3, 0.3)]
 OWN_IP_S = "10.0.0.1"
@@ -29,17 +27,16 @@ def _check_run(width, items, idle, stall, depth=None):
     """Feed (beats) lists to IcrcCheck; return (output packets, counters)."""
     rng = seeded(width + int(idle * 10) + len(items))
     dut = IcrcCheck(width, depth=depth or (2048 if width == 8 else 256))
-    drv = StreamDriver(rng, idle, stall)
     out, cnt = [], {}
 
     async def main(ctx):
-        await drv.put(ctx, dut.i, [b for beats in items for b in beats])
+        await stream_put(ctx, dut.i, [b for beats in items for b in beats], idle=idle, rng=rng)
         await ctx.tick().repeat(300 if width == 64 else 1500)
         for c in ("ok", "bad", "overflow"):
             cnt[c] = ctx.get(getattr(dut, f"cnt_{c}"))
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [sink])
     return split_packets(out, width), cnt
@@ -131,7 +128,7 @@ def test_icrc_check_every_last_beat_length(width):
 def test_icrc_check_random_and_overflow(width):
     """Random scapy-built packets of every opcode; one larger than the buffer is dropped."""
     rng = seeded(77 + width)
-    depth = 128 if width == 8 else 16           # 127 or 120 usable octets of buffer
+    depth = 128 if width == 8 else 16           # 128 octets of buffer either way
     items, expect = [], []
     for k in range(12):
         op = rng.choice(sorted(OPCODE_EXTS))
@@ -155,7 +152,6 @@ def test_icrc_insert(width, idle, stall):
     """Appended ICRC equals scapy's for the frame EthIpTx will send around the packet."""
     rng = seeded(300 + width + int(idle * 10))
     dut = IcrcInsert(width)
-    drv = StreamDriver(rng, idle, stall)
     jobs = []
     for _ in range(10):
         op = rng.choice(sorted(OPCODE_EXTS))
@@ -175,13 +171,13 @@ def test_icrc_insert(width, idle, stall):
 
     async def main(ctx):
         ctx.set(dut.own_ip, OWN_IP)
-        beats = [{"data": d, "keep": k, "last": la, "meta": meta}
-                 for body, meta, _ in jobs for d, k, la in frame_beats(body, width)]
-        await drv.put(ctx, dut.i, beats)
+        beats = [dict(beat, meta=meta)
+                 for body, meta, _ in jobs for beat in packet_to_beats(body, width)]
+        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
         await ctx.tick().repeat(200)
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [sink])
     got = split_packets(out, width)

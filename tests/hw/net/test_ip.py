@@ -8,8 +8,8 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from hw.net.ip import EthIpRx, EthIpTx
-from sim.scapy_roce import (BTH, OPCODE_EXTS, StreamDriver, frame_beats, random_ext_fields,
-                        roce_frame, run_sim, seeded, split_packets)
+from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.scapy_roce import OPCODE_EXTS, random_ext_fields, roce_frame, seeded
 
 OWN_MAC, OWN_MAC_S = 0x525400000001, "52:54:00:00:00:01"
 OWN_IP, OWN_IP_S = 0x0A000001, "10.0.0.1"
@@ -137,24 +137,22 @@ def test_eth_ip_rx(width, idle, stall):
     rng = seeded(width * 7 + int(idle * 10))
     frames = make_frames(rng, 60 if width == 64 else 40)
     dut = EthIpRx(width)
-    drv = StreamDriver(rng, idle, stall)
     roce_out, arp_out, counters = [], [], {}
 
     async def main(ctx):
         ctx.set(dut.own_mac, OWN_MAC)
         ctx.set(dut.own_ip, OWN_IP)
-        beats = [{"data": d, "keep": k, "last": la}
-                 for _, f in frames for d, k, la in frame_beats(f, width)]
-        await drv.put(ctx, dut.i, beats)
+        beats = [beat for _, f in frames for beat in packet_to_beats(f, width)]
+        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
         await ctx.tick().repeat(200)
         for c in dut.COUNTERS:
             counters[c] = ctx.get(getattr(dut, f"cnt_{c}"))
 
     async def sink_roce(ctx):
-        await drv.collect(ctx, dut.roce, roce_out)
+        await stream_collect(ctx, dut.roce, roce_out, backpressure=stall, rng=rng)
 
     async def sink_arp(ctx):
-        await drv.collect(ctx, dut.arp, arp_out)
+        await stream_collect(ctx, dut.arp, arp_out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [sink_roce, sink_arp])
 
@@ -199,7 +197,6 @@ def test_eth_ip_rx(width, idle, stall):
 def test_eth_ip_tx(width, idle, stall):
     rng = seeded(100 + width + int(idle * 10))
     dut = EthIpTx(width)
-    drv = StreamDriver(rng, idle, stall)
     jobs = []
     for k in range(14):
         if rng.random() < 0.3:
@@ -219,22 +216,21 @@ def test_eth_ip_tx(width, idle, stall):
         beats = []
         for kind, b, meta in jobs:
             if kind == "roce":
-                beats += [{"data": d, "keep": k, "last": la, "meta": meta}
-                          for d, k, la in frame_beats(b, width)]
-        await drv.put(ctx, dut.roce, beats)
+                beats += [dict(beat, meta=meta) for beat in packet_to_beats(b, width)]
+        await stream_put(ctx, dut.roce, beats, idle=idle, rng=rng)
 
     async def main(ctx):
         ctx.set(dut.own_mac, OWN_MAC)
         ctx.set(dut.own_ip, OWN_IP)
-        beats = [{"data": d, "keep": k, "last": la}
-                 for kind, f, _ in jobs if kind == "arp" for d, k, la in frame_beats(f, width)]
-        await drv.put(ctx, dut.arp, beats)
+        beats = [beat
+                 for kind, f, _ in jobs if kind == "arp" for beat in packet_to_beats(f, width)]
+        await stream_put(ctx, dut.arp, beats, idle=idle, rng=rng)
         await ctx.tick().repeat(1500 if width == 8 else 400)
         assert ctx.get(dut.cnt_arp) == sum(1 for j in jobs if j[0] == "arp")
         assert ctx.get(dut.cnt_roce) == sum(1 for j in jobs if j[0] == "roce")
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [feed_roce, sink])
     frames = [p for p, _ in split_packets(out, width)]

@@ -12,12 +12,14 @@ import zlib
 
 import pytest
 from amaranth import ClockDomain, Elaboratable, Fragment, Module
+from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer, StreamUpsizer
-from sim.hdl import packet_get, packet_put, packet_to_beats, stream_put
+from sim.hdl import (beats_to_packet, packet_get, packet_put, packet_to_beats, run_until_done,
+                     stream_get, stream_put)
 
 CLK = 8e-9
 
@@ -30,24 +32,8 @@ def run(dut, *benches, background=(), max_cycles=50_000):
     top.domains.sync = ClockDomain()
     sim = Simulator(top)
     sim.add_clock(CLK)
-    done = []
-
-    def finishing(bench):
-        async def wrapped(ctx):
-            await bench(ctx)
-            done.append(bench)
-        return wrapped
-
-    for b in benches:
-        sim.add_testbench(finishing(b))
-    for b in background:
-        sim.add_testbench(b, background=True)
-    step = 1000
-    for k in range(1, max_cycles // step + 1):
-        sim.run_until(k * step * CLK)
-        if len(done) == len(benches):
-            return
-    raise AssertionError(f"benches still waiting after {max_cycles} cycles")
+    run_until_done(sim, benches, background=background, limit=max_cycles * CLK,
+                   step=1000 * CLK)
 
 
 def wire_frame(payload):
@@ -164,10 +150,12 @@ def test_packet_fifo_commit_discard(bp, registered_ready):
 
 
 @pytest.mark.parametrize("registered_ready", [False, True])
-def test_packet_fifo_hides_uncommitted_and_fills(registered_ready):
-    """Nothing uncommitted is visible; ready falls exactly at depth; discard frees the space
-    (with ``registered_ready`` one cycle later)."""
-    dut = PacketFifo(8, 16, registered_ready=registered_ready)
+@pytest.mark.parametrize("depth", [16, 12])
+def test_packet_fifo_hides_uncommitted_and_fills(registered_ready, depth):
+    """Nothing uncommitted is visible; ready falls exactly at depth (a power of two or not);
+    ``level`` counts every beat held; discard frees the space (with ``registered_ready`` one
+    cycle later)."""
+    dut = PacketFifo(8, depth, registered_ready=registered_ready)
 
     async def bench(ctx):
         ctx.set(dut.r.ready, 0)
@@ -179,11 +167,13 @@ def test_packet_fifo_hides_uncommitted_and_fills(registered_ready):
             await ctx.tick()
             written += ready
             assert not ctx.get(dut.r.valid)
-        assert written == 16 and not ctx.get(dut.w.ready)
+            assert ctx.get(dut.level) == written
+        assert written == depth and not ctx.get(dut.w.ready)
         ctx.set(dut.w.valid, 0)
         ctx.set(dut.w_discard, 1)
         await ctx.tick()
         ctx.set(dut.w_discard, 0)
+        assert ctx.get(dut.level) == 0
         if registered_ready:
             assert not ctx.get(dut.w.ready)         # the flop still holds "full"
             await ctx.tick()
@@ -194,9 +184,64 @@ def test_packet_fifo_hides_uncommitted_and_fills(registered_ready):
         ctx.set(dut.w_commit, 1)
         await ctx.tick()
         ctx.set(dut.w_commit, 0)
+        assert ctx.get(dut.level) == 2
         assert await packet_get(ctx, dut.r, 8) == b"\xaa\xbb"
+        assert ctx.get(dut.level) == 0
 
     run(dut, bench)
+
+
+@pytest.mark.parametrize("depth", [16, 12])
+@pytest.mark.parametrize("bp", [0.0, 0.5])
+def test_packet_fifo_side_data_and_oversize(depth, bp):
+    """With ``side`` and ``drop_oversize`` (the ICRC check's buffer): a packet commits or
+    discards on its last beat, its side data comes out with every beat of it, and a packet
+    longer than ``depth`` is taken in full, dropped and counted, while the shorter ones around
+    it pass (a full memory holding committed packets stalls the writer instead)."""
+    rng = random.Random(depth + int(bp * 10))
+    side = data.StructLayout({"n": 8, "tag": 5})
+    dut = PacketFifo(8, depth, side=side, max_packets=4, drop_oversize=True)
+    pkts = [rng.randbytes(rng.choice([1, 2, depth - 1, depth, depth + 1, 2 * depth + 3,
+                                      rng.randint(1, depth)])) for _ in range(40)]
+    good = [rng.random() < 0.7 for _ in pkts]
+    expect = [(n, p) for n, (p, g) in enumerate(zip(pkts, good)) if g and len(p) <= depth]
+    got = []
+
+    async def writer(ctx):
+        for n, (p, g) in enumerate(zip(pkts, good)):
+            for b in packet_to_beats(p, 8):
+                ctx.set(dut.w.payload, {**b, "side": {"n": n, "tag": n % 32}})
+                ctx.set(dut.w.valid, 1)
+                while True:
+                    # commit/discard go with the handshake of the last beat
+                    taken = ctx.get(dut.w.ready)
+                    ctx.set(dut.w_commit, taken and b["last"] and g)
+                    ctx.set(dut.w_discard, taken and b["last"] and not g)
+                    await ctx.tick()
+                    if taken:
+                        break
+        ctx.set(dut.w.valid, 0)
+        ctx.set(dut.w_commit, 0)
+        ctx.set(dut.w_discard, 0)
+
+    async def reader(ctx):
+        for _ in expect:
+            beats, sides = [], set()
+            while True:
+                p = await stream_get(ctx, dut.r, backpressure=bp, rng=rng)
+                beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+                sides.add((p.side.n, p.side.tag))
+                if p.last:
+                    break
+            (n, tag), = sides
+            assert tag == n % 32
+            got.append((n, beats_to_packet(beats, 8)))
+        await ctx.tick().repeat(20)
+        assert not ctx.get(dut.r.valid)
+        assert ctx.get(dut.cnt_overflow) == sum(len(p) > depth for p in pkts)
+
+    run(dut, writer, reader)
+    assert got == expect
 
 
 # ---------------------------------------------------------------------------------------------

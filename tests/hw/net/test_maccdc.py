@@ -10,11 +10,11 @@ back-to-back frames (the core clock must keep up with the line).
 import random
 import zlib
 
-from amaranth import ClockDomain, DomainRenamer, Module
+from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
-from sim.hdl import packet_get, packet_put
+from sim.hdl import packet_get, packet_put, run_until_done
 
 GMII_PERIOD = 8e-9
 CORE_PERIOD = 48e-9          # 625 MHz / 30, boards.cores.CORE_FREQ
@@ -37,21 +37,6 @@ def make(width=64):
     sim.add_clock(CORE_PERIOD, domain="sync")
     sim.add_clock(GMII_PERIOD, domain="gmii")
     return dut, sim
-
-
-def finish(sim, benches, limit_s):
-    done = []
-
-    def wrap(b):
-        async def w(ctx):
-            await b(ctx)
-            done.append(b)
-        return w
-
-    for b in benches:
-        sim.add_testbench(wrap(b))
-    sim.run_until(limit_s)
-    assert len(done) == len(benches), "benches still waiting"
 
 
 async def drive(ctx, dut, octets, ifg=12):
@@ -85,7 +70,7 @@ def test_rx_frames_cross_and_bad_ones_are_counted():
         assert ctx.get(dut.counters[CNT["rx_fcs_errors"]]) == 1
         assert ctx.get(dut.counters[CNT["rx_overflows"]]) == 0
 
-    finish(sim, [gmii, core], 1e-3)
+    run_until_done(sim, [gmii, core], limit=1e-3)
     assert got == pkts
 
 
@@ -117,7 +102,7 @@ def test_tx_frames_cross_with_fcs():
         assert ctx.get(dut.counters[CNT["tx_frames"]]) == len(pkts)
         assert ctx.get(dut.counters[CNT["tx_underruns"]]) == 0
 
-    finish(sim, [core, gmii, count], 2e-3)
+    run_until_done(sim, [core, gmii, count], limit=2e-3)
     assert wire == [wire_frame(p) for p in pkts]
 
 
@@ -144,5 +129,6 @@ def test_core_clock_keeps_up_with_line_rate():
     # FCS before the first octet leaves: one frame time at 8 bits per GMII cycle), plus a few
     # core cycles of crossing latency. A core side slower than the line would fall behind by
     # a growing amount over the back-to-back frames and miss this bound.
-    finish(sim, [gmii, core], (octets + len(pkts[-1]) + 16) * GMII_PERIOD + 40 * CORE_PERIOD)
+    run_until_done(sim, [gmii, core],
+                   limit=(octets + len(pkts[-1]) + 16) * GMII_PERIOD + 40 * CORE_PERIOD)
     assert got == pkts

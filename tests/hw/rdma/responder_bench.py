@@ -14,7 +14,6 @@ import random
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
-from amaranth.sim import Simulator
 
 from hw.headers import (AETH, BTH, EXT_HEADERS, AtomicAckETH, BthOpcode, EthernetHeader,
                         IPv4Header, UDPHeader, pack, size_of, unpack)
@@ -24,7 +23,7 @@ from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE, MrTable, QpTable
 from hw.rdma.responder import COUNTERS, Responder
 from hw.rdma.roce_hdr import EXT_FIELDS, RoceRxParser
 from sim import hostbus
-from sim.hdl import packet_to_beats, stream_put
+from sim.hdl import packet_to_beats, run_sim, stream_put
 from roce.rc import RoceEndpoint
 from roce.frames import build_roce, ip_int, mac_bytes
 
@@ -246,8 +245,6 @@ class Env:
 
 def run(env, scenario, vcd=None):
     """Simulate ``scenario(ctx, env)`` with the tx/notify collectors in the background."""
-    sim = Simulator(env.dut)
-    sim.add_clock(1e-8)
     r = env.dut.resp
 
     async def clock(ctx):
@@ -286,12 +283,4 @@ def run(env, scenario, vcd=None):
     async def main(ctx):
         await scenario(ctx, env)
 
-    sim.add_process(clock)
-    sim.add_testbench(tx_collector, background=True)
-    sim.add_testbench(notify_collector, background=True)
-    sim.add_testbench(main)
-    if vcd:
-        with sim.write_vcd(vcd):
-            sim.run()
-    else:
-        sim.run()
+    run_sim(env.dut, main, [tx_collector, notify_collector], processes=[clock], vcd=vcd)

@@ -19,8 +19,8 @@ from hw.lib.stream import FrameMux
 from hw.rdma.rawq import QpFilter, Q_RAW_RX, Q_RAW_TX, RawQueues
 from sim.hostbus import bus_access as access
 from sim.paths import DATA_DIR
-from sim.scapy_roce import (StreamDriver, frame_beats, pcap_roce_frames, roce_frame,
-                              roce_rx_beats, split_packets)
+from sim.hdl import packet_put, packet_to_beats, split_packets, stream_collect, stream_put
+from sim.scapy_roce import pcap_roce_frames, roce_frame, roce_rx_beats
 
 MAC, IPV4 = 0x525400000001, 0x0A000001       # the rping capture's first guest
 RPING = DATA_DIR / "rxe-two-guests-pingpong-rping.pcap"
@@ -84,15 +84,9 @@ async def push_frame(ctx, bus, frame):
 
 
 async def tap_frame(ctx, tap, frame, width, rng=None):
-    """Beats on the tap as the MAC delivers them (random gaps between beats)."""
-    for d, k, la in frame_beats(frame, width):
-        while rng and rng.random() < 0.3:
-            ctx.set(tap.valid, 0)
-            await ctx.tick()
-        ctx.set(tap.valid, 1)
-        ctx.set(tap.payload, {"data": d, "keep": k, "last": la})
-        await ctx.tick()
-    ctx.set(tap.valid, 0)
+    """Beats on the tap as the MAC delivers them (random gaps between beats, with ``rng``);
+    the tap is always ready."""
+    await packet_put(ctx, tap, frame, width, idle=0.3 if rng else 0.0, rng=rng)
     await ctx.tick().repeat(4)          # inter-frame gap; the length FIFO's read latency
 
 
@@ -187,10 +181,9 @@ def test_tx_queue_frames_leave_intact(width):
         # length 0 and above the queue size: refused at the length word
         assert (await access(ctx, dut.bus, Space.QUEUE, Q_RAW_TX, 1, 0))[1] == 1
         assert (await access(ctx, dut.bus, Space.QUEUE, Q_RAW_TX, 1, 513))[1] == 1
-    sink = StreamDriver(rng, stall=0.3)
 
     async def collect(ctx):
-        await sink.collect(ctx, dut.tx, out)
+        await stream_collect(ctx, dut.tx, out, backpressure=0.3, rng=rng)
     run(dut, bench, [collect])
 
 
@@ -230,11 +223,10 @@ def test_qp_filter(width):
     req = cm_req()
     seq = [rc[0], req, rc[1], rc[2], req, req, rc[3], rc[4], rc[5], req, rc[6]]
     out = []
-    src, sink = StreamDriver(rng, idle=0.3), StreamDriver(rng, stall=0.3)
 
     async def bench(ctx):
         beats = [b for f in seq for b in roce_rx_beats(f, width)]
-        await src.put(ctx, dut.i, beats)
+        await stream_put(ctx, dut.i, beats, idle=0.3, rng=rng)
         for _ in range(300):
             await ctx.tick()
         pk = split_packets(out, width)
@@ -245,7 +237,7 @@ def test_qp_filter(width):
         assert ctx.get(dut.cnt_dropped) == 4
 
     async def collect(ctx):
-        await sink.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=0.3, rng=rng)
     run(dut, bench, [collect])
 
 
@@ -264,14 +256,13 @@ def test_frame_mux_whole_frames(width):
     out = []
 
     def beats(fs):
-        return [{"data": d, "keep": k, "last": la} for f in fs for d, k, la in
-                frame_beats(f, width)]
+        return [beat for f in fs for beat in packet_to_beats(f, width)]
 
     async def put_a(ctx):
-        await StreamDriver(random.Random(1), idle=0.2).put(ctx, dut.i[0], beats(a))
+        await stream_put(ctx, dut.i[0], beats(a), idle=0.2, rng=random.Random(1))
 
     async def put_b(ctx):
-        await StreamDriver(random.Random(2), idle=0.2).put(ctx, dut.i[1], beats(b))
+        await stream_put(ctx, dut.i[1], beats(b), idle=0.2, rng=random.Random(2))
 
     async def bench(ctx):
         for _ in range(2500):
@@ -281,5 +272,5 @@ def test_frame_mux_whole_frames(width):
         assert [g for g in got if g in a] == a and [g for g in got if g in b] == b
 
     async def collect(ctx):
-        await StreamDriver(rng, stall=0.2).collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=0.2, rng=rng)
     run(dut, bench, [put_a, put_b, collect])

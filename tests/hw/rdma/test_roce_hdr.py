@@ -12,9 +12,9 @@ from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.rdma.roce_hdr import RoceRxHeader, RoceRxParser, RoceTxBuilder, RoceTxHeader
 from hw.lib.stream import PacketStream
-from sim.scapy_roce import (EXT_NAME, OPCODE_EXTS, StreamDriver, dissect_roce, frame_beats,
-                        icrc_of, pcap_roce_frames, random_ext_fields, roce_frame, roce_rx_beats,
-                        rx_meta_of, run_sim, seeded, split_packets)
+from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.scapy_roce import (EXT_NAME, OPCODE_EXTS, dissect_roce, icrc_of, pcap_roce_frames,
+                            random_ext_fields, roce_frame, roce_rx_beats, rx_meta_of, seeded)
 
 SPEEDS = [(0.0, 0.0), (0.3, 0.3)]
 #: scapy BTH field name -> gateware record field name.
@@ -63,20 +63,19 @@ def _check_record(rec, raw):
 def _parse(width, items, idle, stall):
     rng = seeded(width + len(items))
     dut = RoceRxParser(width)
-    drv = StreamDriver(rng, idle, stall)
     hdrs, pays, cnt = [], [], {}
 
     async def main(ctx):
-        await drv.put(ctx, dut.i, [b for beats in items for b in beats])
+        await stream_put(ctx, dut.i, [b for beats in items for b in beats], idle=idle, rng=rng)
         await ctx.tick().repeat(100)
         for c in ("packets", "bad_opcode", "malformed"):
             cnt[c] = ctx.get(getattr(dut, f"cnt_{c}"))
 
     async def sink_h(ctx):
-        await drv.collect(ctx, dut.hdr, hdrs)
+        await stream_collect(ctx, dut.hdr, hdrs, backpressure=stall, rng=rng)
 
     async def sink_p(ctx):
-        await drv.collect(ctx, dut.payload, pays)
+        await stream_collect(ctx, dut.payload, pays, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [sink_h, sink_p])
     return hdrs, [p for p, _ in split_packets(pays, width)], cnt
@@ -98,8 +97,7 @@ def test_rx_parser(width, idle, stall):
     meta = dict(rx_meta_of(f), udp_length=8 + 12 + 4 + 4)
     body = f[42:42 + 20]
     body = bytes([0x0A]) + body[1:]
-    items.append([{"data": d, "keep": k, "last": la, "meta": meta}
-                  for d, k, la in frame_beats(body, width)])
+    items.append([dict(beat, meta=meta) for beat in packet_to_beats(body, width)])
     # Malformed: headers-only opcodes (ACKNOWLEDGE, READ request) followed by payload octets:
     # flagged, their payload not forwarded (nothing downstream would drain it).
     extra = [bytes(roce_frame(op, bytes(range(64)))) for op in (0x11, 0x0C)]
@@ -151,22 +149,20 @@ def test_tx_builder(width, idle, stall):
     rng = seeded(500 + width + int(idle * 10))
     jobs = _tx_jobs(rng, 14)
     dut = RoceTxBuilder(width)
-    drv = StreamDriver(rng, idle, stall)
     out, cnt = [], {}
 
     async def feed_payload(ctx):
-        beats = [{"data": d, "keep": k, "last": la}
-                 for _, _, _, p in jobs if p for d, k, la in frame_beats(p, width)]
-        await drv.put(ctx, dut.payload, beats)
+        beats = [beat for _, _, _, p in jobs if p for beat in packet_to_beats(p, width)]
+        await stream_put(ctx, dut.payload, beats, idle=idle, rng=rng)
 
     async def main(ctx):
-        await drv.put(ctx, dut.hdr, [rec for _, _, rec, _ in jobs])
+        await stream_put(ctx, dut.hdr, [rec for _, _, rec, _ in jobs], idle=idle, rng=rng)
         await ctx.tick().repeat(300)
         cnt["packets"] = ctx.get(dut.cnt_packets)
         cnt["bad"] = ctx.get(dut.cnt_bad_opcode)
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [feed_payload, sink])
     got = split_packets(out, width)
@@ -219,22 +215,21 @@ def test_tx_chain_scapy(width):
     rng = seeded(900 + width)
     jobs = [j for j in _tx_jobs(rng, 10) if j[0] in OPCODE_EXTS]
     dut = _TxChain(width)
-    drv = StreamDriver(rng, 0.2, 0.2)
+    idle, stall = 0.2, 0.2
     out = []
 
     async def feed_payload(ctx):
-        beats = [{"data": d, "keep": k, "last": la}
-                 for _, _, _, p in jobs if p for d, k, la in frame_beats(p, width)]
-        await drv.put(ctx, dut.payload, beats)
+        beats = [beat for _, _, _, p in jobs if p for beat in packet_to_beats(p, width)]
+        await stream_put(ctx, dut.payload, beats, idle=idle, rng=rng)
 
     async def main(ctx):
         ctx.set(dut.own_ip, 0x0A000001)
         ctx.set(dut.own_mac, 0x525400000001)
-        await drv.put(ctx, dut.hdr, [rec for _, _, rec, _ in jobs])
+        await stream_put(ctx, dut.hdr, [rec for _, _, rec, _ in jobs], idle=idle, rng=rng)
         await ctx.tick().repeat(600 if width == 8 else 200)
 
     async def sink(ctx):
-        await drv.collect(ctx, dut.o, out)
+        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
 
     run_sim(dut, main, [feed_payload, sink])
     got = [p for p, _ in split_packets(out, width)]
@@ -285,7 +280,7 @@ def test_rx_chain_pcap(width):
         mine = [f for f in frames if int.from_bytes(f[30:34], "big") == own_ip]
         rng = seeded(own_ip + width)
         dut = _RxChain(width)
-        drv = StreamDriver(rng, 0.2, 0.2)
+        idle, stall = 0.2, 0.2
         hdrs, pays, res = [], [], {}
         feed = []
         for f in mine:
@@ -298,16 +293,16 @@ def test_rx_chain_pcap(width):
         async def main(ctx):
             ctx.set(dut.own_ip, own_ip)
             ctx.set(dut.own_mac, own_mac)
-            await drv.put(ctx, dut.i, [{"data": d, "keep": k, "last": la}
-                                       for f in feed for d, k, la in frame_beats(f, width)])
+            beats = [beat for f in feed for beat in packet_to_beats(f, width)]
+            await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
             await ctx.tick().repeat(1500 if width == 8 else 300)
             res["bad"] = ctx.get(dut.icrc_bad)
 
         async def sink_h(ctx):
-            await drv.collect(ctx, dut.hdr, hdrs)
+            await stream_collect(ctx, dut.hdr, hdrs, backpressure=stall, rng=rng)
 
         async def sink_p(ctx):
-            await drv.collect(ctx, dut.payload, pays)
+            await stream_collect(ctx, dut.payload, pays, backpressure=stall, rng=rng)
 
         run_sim(dut, main, [sink_h, sink_p])
         assert res["bad"] == len(mine)

@@ -15,7 +15,6 @@ test directory.
 """
 
 import json
-import logging
 import random
 import sys
 from pathlib import Path
@@ -24,17 +23,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
+from cocotb.triggers import ClockCycles
 from cocotb.utils import get_sim_time
-from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
+from cocotbext.eth import GmiiFrame
 from scapy.layers.l2 import ARP, Ether
 
 from hw.iface import QpState, REG_TRANSPORT, WcStatus as HwWc, WrOp as HwOp
 from hw.rdma.responder import COUNTERS as RESP_COUNTERS
 from hw.target.target import TOP_COUNTERS
 from sim.channel import LossyLink
-from sim.hdl import get_params
+from sim.hdl import cocotb_host_access, cocotb_start_gmii, get_params
 from roce.rc import RoceEndpoint, WcStatus
 from sim.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
 from tests.hw.target.target_host import TargetHost
@@ -88,37 +86,10 @@ class Bench:
         return int(get_sim_time(unit="ns")) // PERIOD_NS
 
     async def start(self):
-        d = self.dut
-        cocotb.start_soon(Clock(d.clk, PERIOD_NS, unit="ns").start())
-        for s in (d.host__re, d.host__we, d.host__addr, d.host__space, d.host__wdata,
-                  d.rx_dv, d.rx_er, d.rxd):
-            s.value = 0
-        self.src = GmiiSource(d.rxd, d.rx_er, d.rx_dv, d.clk, d.rst)
-        self.sink = GmiiSink(d.txd, d.tx_er, d.tx_en, d.clk, d.rst)
-        for x in (self.src, self.sink):
-            x.log.setLevel(logging.WARNING)     # one INFO line per frame otherwise
-        d.rst.value = 1
-        await ClockCycles(d.clk, 5)
-        d.rst.value = 0
-        await ClockCycles(d.clk, 2)
+        self.src, self.sink = await cocotb_start_gmii(self.dut, PERIOD_NS)
 
     async def access(self, space, addr, we, wdata):
-        d = self.dut
-        d.host__space.value = getattr(space, "value", space)
-        d.host__addr.value = addr
-        d.host__wdata.value = wdata
-        d.host__we.value = we
-        d.host__re.value = 1 - we
-        for _ in range(1000):
-            await ReadOnly()
-            if d.host__ack.value:
-                r, e = int(d.host__rdata.value), int(d.host__err.value)
-                await RisingEdge(d.clk)
-                d.host__we.value = 0
-                d.host__re.value = 0
-                return r, e
-            await RisingEdge(d.clk)
-        raise AssertionError("host bus: no ack")
+        return await cocotb_host_access(self.dut, space, addr, we, wdata)
 
     async def program(self, *, rq_psn=0x10, sq_psn=0x200, timeout=12, retry=7):
         h = self.host
