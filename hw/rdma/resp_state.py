@@ -1,0 +1,196 @@
+# Ref: roce-layouts.md §6.2 (ePSN from the QP's RQ PSN), §6.6 (duplicate READ/atomic: the
+#      replay cache, rxe ``find_resource``); hw/iface.py (QpConfig, RecvRepost).
+"""Per-QP state of the RC responder, kept in memories between packets.
+
+:class:`QpContextStore` owns the QP contexts (:data:`~hw.rdma.resp_common.QpCtx`: ePSN, MSN,
+message state, receive-buffer and WRITE cursors), their reset when the host rewrites a QP, and
+the receive-buffer credits. :class:`ReplayCache` owns the READ/atomic replay cache and the
+resolution of a duplicate READ/atomic request against it (replay, cached answer or drop).
+
+Both are memories (LUT RAM on the ECP5: one write port, asynchronous reads) rather than
+n_qp x (185 + K x 242) flip-flops behind n_qp-to-1 multiplexers: as registers they were the most
+congested logic of the ECPIX-5 build. Both read at ``qi``, the QP of the packet in hand, in the
+same cycle (combinational read ports).
+"""
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.iface import QP_INDEX_BITS, QpConfig, RecvRepost
+from hw.rdma.resp_common import CacheEntry, QpCtx, SeqCtx
+
+__all__ = ["QpContextStore", "ReplayCache", "CacheCtl"]
+
+
+class QpContextStore(wiring.Component):
+    """QP contexts and receive-buffer credits.
+
+    A load (the host rewrote the QP) resets the context (all zero but ePSN = the QP's RQ PSN and
+    ``nak_armed``) through the memory's one write port: it waits for a cycle without a commit;
+    ``busy`` is high while QP ``qi``'s reset waits. The credits of a QP are reloaded with its
+    ``recv_count``, count up on a repost and down on a consume.
+
+    Ports
+    -----
+    cfg : In(QpConfig).array(n_qp), load : In(n_qp)
+    repost : In(stream of RecvRepost)     always ready
+    qi : In(QP_INDEX_BITS)                the QP that ``ctx``, ``busy``, ``credits`` show
+    ctx : Out(QpCtx), busy : Out(1), credits : Out(9)
+    consume : In(1)                       QP ``qi`` takes one receive buffer
+    commit : In(1), wdata : In(QpCtx)     write QP ``qi``'s context
+    """
+
+    def __init__(self, n_qp):
+        self.n_qp = n_qp
+        super().__init__({
+            "cfg": In(QpConfig).array(n_qp), "load": In(n_qp),
+            "repost": In(stream.Signature(RecvRepost)),
+            "qi": In(QP_INDEX_BITS),
+            "ctx": Out(QpCtx), "busy": Out(1), "credits": Out(9),
+            "consume": In(1),
+            "commit": In(1), "wdata": In(QpCtx),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nq, qi = self.n_qp, self.qi
+        m.submodules.mem = mem = memory.Memory(shape=QpCtx, depth=nq, init=[])
+        credits = [Signal(9, name=f"credits{i}") for i in range(nq)]
+        reload = Signal(nq)
+
+        m.d.comb += self.repost.ready.eq(1)
+        for i in range(nq):
+            rp = self.repost.valid & (self.repost.p.qp == i)
+            cn = self.consume & (qi == i)
+            with m.If(self.load[i]):
+                m.d.sync += credits[i].eq(self.cfg[i].recv_count)
+            with m.Else():
+                m.d.sync += credits[i].eq(credits[i] + rp - cn)
+
+        wp = mem.write_port()
+        reload_i = Signal(range(nq))
+        for i in reversed(range(nq)):
+            with m.If(reload[i]):
+                m.d.comb += reload_i.eq(i)
+        init_epsn = Signal(24)
+        with m.Switch(reload_i):
+            for i in range(nq):
+                with m.Case(i):
+                    m.d.comb += init_epsn.eq(self.cfg[i].rq_psn)
+        # Built as one value (a partly assigned comb Signal leaves the other bits undriven in
+        # Icarus/Verilator).
+        init_ctx = QpCtx.const({"seq": {"nak_armed": 1}}).as_value() | \
+            (init_epsn << (QpCtx["seq"].offset + SeqCtx["epsn"].offset))
+        done_reload = Signal(nq)
+        with m.If(self.commit):
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(qi), wp.data.eq(self.wdata)]
+        with m.Elif(reload != 0):
+            m.d.comb += [wp.en.eq(1), wp.addr.eq(reload_i), wp.data.eq(init_ctx),
+                         done_reload.eq(1 << reload_i)]
+        m.d.sync += reload.eq((reload & ~done_reload) | self.load)
+
+        rp = mem.read_port(domain="comb")
+        m.d.comb += [rp.addr.eq(qi), self.ctx.eq(rp.data), self.busy.eq(reload.bit_select(qi, 1))]
+        with m.Switch(qi):
+            for i in range(nq):
+                with m.Case(i):
+                    m.d.comb += self.credits.eq(credits[i])
+        return m
+
+
+#: Replay-cache control, seen from the sequencer.
+CacheCtl = wiring.Signature({
+    "we": Out(1), "wdata": Out(CacheEntry),     # write entry ``ptr`` of QP ``qi``
+    "start": Out(1),                            # resolve the duplicate request in hand
+    # Strobes, one of them once per search:
+    "drop": In(1),                              # not in the cache, or not consistent with it
+    "atomic": In(1), "orig": In(64),            # an atomic: answer with this original value
+    "replay": In(1),                            # a READ: answer it again from its own PSN
+})
+
+
+class ReplayCache(wiring.Component):
+    """READ/atomic replay cache, ``depth`` entries per QP, and the duplicate resolution.
+
+    Entry valid bits are registers (a load clears a QP's entries at once). A search looks at
+    one entry per cycle, lowest index first, so the first match is the answer: an atomic entry
+    matches an atomic at its PSN, a READ entry a READ whose PSN is in ``psn .. psn + npsn - 1``.
+    The next cycle checks the match: an atomic is answered with the cached original value; a
+    READ is replayed only with the original's R_Key and with VA and length consistent with the
+    original at that PSN (rxe ``duplicate_request``); anything else is dropped.
+
+    Ports
+    -----
+    load : In(n_qp)
+    qi : In(QP_INDEX_BITS), ptr : In(4)      the QP and its entry to write
+    psn : In(24), read : In(1), atomic : In(1)   the duplicate request
+    rkey : In(32), va : In(64), length : In(32), pmtu_log2 : In(4)   its RETH, the QP's PMTU
+    ctl : In(CacheCtl)
+    """
+
+    def __init__(self, n_qp, depth):
+        self.n_qp, self.depth = n_qp, depth
+        super().__init__({
+            "load": In(n_qp), "qi": In(QP_INDEX_BITS), "ptr": In(4),
+            "psn": In(24), "read": In(1), "atomic": In(1),
+            "rkey": In(32), "va": In(64), "length": In(32), "pmtu_log2": In(4),
+            "ctl": In(CacheCtl),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nq, K, qi, ctl = self.n_qp, self.depth, self.qi, self.ctl
+        kb = max(1, (K - 1).bit_length())
+        m.submodules.mem = mem = memory.Memory(shape=CacheEntry, depth=nq << kb, init=[])
+        cvalid = [Signal(K, name=f"cvalid{i}") for i in range(nq)]
+        for i in range(nq):
+            with m.If(self.load[i]):
+                m.d.sync += cvalid[i].eq(0)
+            with m.Elif(ctl.we & (qi == i)):
+                m.d.sync += cvalid[i].eq(cvalid[i] | (1 << self.ptr))
+
+        wp = mem.write_port()
+        m.d.comb += [wp.en.eq(ctl.we), wp.addr.eq(Cat(self.ptr[:kb], qi)), wp.data.eq(ctl.wdata)]
+
+        cur_cvalid = Signal(K)
+        with m.Switch(qi):
+            for i in range(nq):
+                with m.Case(i):
+                    m.d.comb += cur_cvalid.eq(cvalid[i])
+        k = Signal(kb)                      # entry being compared
+        rp = mem.read_port(domain="comb")
+        c = Signal(CacheEntry)
+        m.d.comb += [rp.addr.eq(Cat(k, qi)), c.eq(rp.data), c.valid.eq(cur_cvalid.bit_select(k, 1))]
+        dk = Signal(24)
+        m.d.comb += dk.eq(self.psn - c.psn)
+        found = c.valid & Mux(c.atomic, self.atomic & (dk == 0), self.read & (dk < c.npsn))
+
+        dup = Signal(CacheEntry)            # the matching entry
+        dup_k = Signal(24)                  # PSN - its PSN
+        off = Signal(64)                    # octets of the READ before this PSN
+        m.d.comb += [off.eq(dup_k << self.pmtu_log2), ctl.orig.eq(dup.va)]
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(ctl.start):
+                    m.d.sync += k.eq(0)
+                    m.next = "SEARCH"
+            with m.State("SEARCH"):
+                with m.If(found):
+                    m.d.sync += [dup.eq(c), dup_k.eq(dk)]
+                    m.next = "CHECK"
+                with m.Elif(k == K - 1):
+                    m.d.comb += ctl.drop.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += k.eq(k + 1)
+            with m.State("CHECK"):
+                with m.If(dup.atomic):
+                    m.d.comb += ctl.atomic.eq(1)
+                with m.Elif((self.rkey == dup.rkey) & (self.va == dup.va + off) &
+                            (self.length == dup.length - off)):
+                    m.d.comb += ctl.replay.eq(1)
+                with m.Else():
+                    m.d.comb += ctl.drop.eq(1)
+                m.next = "IDLE"
+        return m
