@@ -399,15 +399,6 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
 
     build_dir = SIM_BUILD / "-".join(p for p in (top, _slug(params), sim) if p)
     build_dir.mkdir(parents=True, exist_ok=True)
-    src = build_dir / f"{top}.v"
-    # Verilator: Amaranth's Verilog trips lint warnings (CASEINCOMPLETE, WIDTHTRUNC).
-    # Icarus: cocotb passes -g2012, where `reg x = 0` initialisers raise no time-0 event, so
-    # Amaranth's comb `always @*` blocks stay X until an input changes; Verilog-2005 semantics
-    # (a later -g wins) make them run at time 0.
-    build_args = ["-Wno-fatal"] if sim == "verilator" else ["-g2005"]
-    digest = hashlib.sha256((text + repr((waves, build_args))).encode()).hexdigest()
-    stamp = build_dir / "source.sha256"
-
     env = dict(verilator_env()) if sim == "verilator" else {}
     env[PARAMS_ENV] = json.dumps(params)
     for k, v in params.items():
@@ -418,48 +409,69 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
         # One build per directory at a time (pytest-xdist workers may share parameters).
         fcntl.flock(lock, fcntl.LOCK_EX)
         runner = get_runner(sim)
-        exe = build_dir / (top if sim == "verilator" else "sim.vvp")
-        fresh = stamp.exists() and stamp.read_text() == digest and exe.exists()
-        if not fresh:
-            src.write_text(text)
-            if sim == "verilator":
-                _runtime_cache(build_dir, waves, restore=True)
-            runner.build(sources=[src], hdl_toplevel=top, build_dir=build_dir, always=True,
-                         build_args=build_args, timescale=("1ns", "1ps"), waves=waves)
-            if sim == "verilator":
-                _runtime_cache(build_dir, waves, restore=False)
-            stamp.write_text(digest)
-        else:
-            runner.build_dir = build_dir
-            runner.hdl_toplevel = top
-        results = build_dir / "results.xml"
-        if results.exists():
-            results.unlink()
-        try:
-            runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
-                        build_dir=build_dir,
-                        test_dir=build_dir, testcase=testcase, results_xml=str(results),
-                        waves=waves, seed=seed, timescale=("1ns", "1ps"))
-        except SystemExit as exc:
-            # The runner calls sys.exit() under pytest; report the failing tests instead.
-            failed, total = _failed_tests(results)
-            raise AssertionError(f"cocotb {test_module} on {top}: simulator exit {exc.code}; "
-                                 f"failed: {failed} of {total}") from None
-        # Still under the lock: the next run in this directory (another xdist worker) deletes
-        # results.xml and rewrites the figure files. Keep this run's in a directory of its own.
-        failed, total = _failed_tests(results)
-        runs = build_dir.parent / "cocotb_runs"
-        runs.mkdir(exist_ok=True)
-        out = Path(tempfile.mkdtemp(prefix=f"{top}-{testcase or test_module}-", dir=runs))
-        for f in [results, *build_dir.glob("*.json")]:
-            if f.exists():
-                shutil.copy2(f, out / f.name)
+        _cocotb_build(runner, sim, top, text, build_dir, waves)
+        failed, total, out = _cocotb_test(runner, top, test_module, build_dir, testcase, waves,
+                                          seed)
     if failed is None or total == 0:
-        raise AssertionError(f"cocotb {test_module} on {top}: no results ({results})")
+        raise AssertionError(f"cocotb {test_module} on {top}: no results "
+                             f"({build_dir / 'results.xml'})")
     if failed:
         raise AssertionError(f"cocotb {test_module} on {top}: {len(failed)} of {total} failed: "
                              + "; ".join(failed))
     return out
+
+
+def _cocotb_build(runner, sim, top, text, build_dir, waves):
+    """Build the simulator of ``text`` in ``build_dir`` unless the same source was built there
+    last (called under the directory's lock)."""
+    src = build_dir / f"{top}.v"
+    # Verilator: Amaranth's Verilog trips lint warnings (CASEINCOMPLETE, WIDTHTRUNC).
+    # Icarus: cocotb passes -g2012, where `reg x = 0` initialisers raise no time-0 event, so
+    # Amaranth's comb `always @*` blocks stay X until an input changes; Verilog-2005 semantics
+    # (a later -g wins) make them run at time 0.
+    build_args = ["-Wno-fatal"] if sim == "verilator" else ["-g2005"]
+    digest = hashlib.sha256((text + repr((waves, build_args))).encode()).hexdigest()
+    stamp = build_dir / "source.sha256"
+    exe = build_dir / (top if sim == "verilator" else "sim.vvp")
+    if stamp.exists() and stamp.read_text() == digest and exe.exists():
+        runner.build_dir = build_dir
+        runner.hdl_toplevel = top
+        return
+    src.write_text(text)
+    if sim == "verilator":
+        _runtime_cache(build_dir, waves, restore=True)
+    runner.build(sources=[src], hdl_toplevel=top, build_dir=build_dir, always=True,
+                 build_args=build_args, timescale=("1ns", "1ps"), waves=waves)
+    if sim == "verilator":
+        _runtime_cache(build_dir, waves, restore=False)
+    stamp.write_text(digest)
+
+
+def _cocotb_test(runner, top, test_module, build_dir, testcase, waves, seed):
+    """Run the cocotb tests (under the build directory's lock); returns (failed, total, the
+    directory holding a copy of this run's results)."""
+    results = build_dir / "results.xml"
+    if results.exists():
+        results.unlink()
+    try:
+        runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                    build_dir=build_dir, test_dir=build_dir, testcase=testcase,
+                    results_xml=str(results), waves=waves, seed=seed, timescale=("1ns", "1ps"))
+    except SystemExit as exc:
+        # The runner calls sys.exit() under pytest; report the failing tests instead.
+        failed, total = _failed_tests(results)
+        raise AssertionError(f"cocotb {test_module} on {top}: simulator exit {exc.code}; "
+                             f"failed: {failed} of {total}") from None
+    # Still under the lock: the next run in this directory (another xdist worker) deletes
+    # results.xml and rewrites the figure files. Keep this run's in a directory of its own.
+    failed, total = _failed_tests(results)
+    runs = build_dir.parent / "cocotb_runs"
+    runs.mkdir(exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f"{top}-{testcase or test_module}-", dir=runs))
+    for f in [results, *build_dir.glob("*.json")]:
+        if f.exists():
+            shutil.copy2(f, out / f.name)
+    return failed, total, out
 
 
 # --------------------------------------------------------------------------------------------
