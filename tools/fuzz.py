@@ -67,7 +67,6 @@ import random
 import sys
 import time
 import traceback
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -76,7 +75,7 @@ if _ROOT not in sys.path:                 # tests/ helpers (scapy ICRC, request 
     sys.path.insert(0, _ROOT)
 
 from hw.headers import (AtomicETH, BTH, BthOpcode, CommonHeader, DataDescriptor,
-                        CompletionDescriptor, IPv4Header, Opcode, RETH, UDPHeader, pack, unpack)
+                        CompletionDescriptor, Opcode, RETH, pack, unpack)
 
 __all__ = ["CLASSES", "Mutator", "Fuzzer", "ip_checksum", "fix_ip", "fix_icrc", "icrc_ok",
            "set_field", "kbtp_mutate", "expected_status", "load_corpus", "save_corpus",
@@ -332,117 +331,144 @@ class Mutator:
 
     def mutate(self, cls, seed):
         """A mutated frame of class ``cls`` from ``seed`` (already readdressed)."""
-        r = self.rng
         f = bytearray(seed)
-        icrc_fix = r.random() < 0.8
-        if cls == "bitflip":
-            for _ in range(r.choice((1, 1, 2, 4, 8))):
-                i = r.randrange(len(f))
-                f[i] ^= 1 << r.randrange(8)
-            icrc_fix = r.random() < 0.3
-        elif cls == "truncate":
-            del f[r.randrange(_ETH, len(f)):]
-            icrc_fix = r.random() < 0.5
-            if r.random() < 0.5:
-                self._ip_len(f)
-        elif cls == "extend":
-            f += bytes(r.getrandbits(8) for _ in range(r.choice((1, 2, 4, 8, 64, 300))))
-            icrc_fix = r.random() < 0.5
-            if r.random() < 0.6:
-                self._ip_len(f)
-        elif cls == "bth":
-            name = r.choice(("opcode", "opcode", "opcode", "se", "migreq", "padcnt", "padcnt",
-                             "tver", "tver", "pkey", "dest_qp", "ackreq", "resv7", "resv6",
-                             "psn", "psn", "fecn", "becn"))
-            v = r.getrandbits(24)
-            if name == "opcode":
-                v = r.choice([o.value for o in BthOpcode] + [0x18, 0x20, 0x3F, 0x40, 0xFF,
-                                                             r.getrandbits(8)])
-                if r.random() < 0.5:
-                    # an opcode needs its extended headers: make room, fields random
-                    old, new = _ext_len(f[_BTH]), _ext_len(v)
-                    f[_EXT:_EXT + old] = bytes(r.getrandbits(8) for _ in range(new))
-                    self._ip_len(f)
-            elif name == "dest_qp":
-                v = r.choice(self.victim_qpns + [0, 1, 2, 0xFFFFFF, T_QPN[-1] + 1, v])
-            elif name == "psn":
-                q = dest_qpn(bytes(f))
-                base = self.epsn.get(q, 0)
-                v = (base + r.choice((0, 1, -1, 2, -2, 1 << 23, (1 << 23) + 1, v))) & 0xFFFFFF
-            elif name == "pkey":
-                v = r.choice((0, 0x7FFF, 0xFFFF, v & 0xFFFF))
-            set_field(f, _BTH, BTH, name, v)
-        elif cls in ("reth", "atomic"):
-            op = r.choice((0x06, 0x0A, 0x0B, 0x0C) if cls == "reth" else (0x13, 0x14))
-            if f[_BTH] != op:
-                old = _ext_len(f[_BTH])
-                f[_BTH] = op
-                f[_EXT:_EXT + old] = bytes(_ext_len(op))
-            st = RETH if cls == "reth" else AtomicETH
-            names = [n for n in ("va", "rkey", "dma_length", "swap_add", "compare")
-                     if _has(st, n)]
-            for name in r.sample(names, r.choice((1, 2, len(names)))):
-                v = r.choice((0, 1, 8, 0x1000, (1 << 32) - 1, (1 << 64) - 1, 1 << 63,
-                              r.getrandbits(64), r.choice((0x100, 0x200, 0x300, 0x10000))))
-                if name == "dma_length":
-                    v = r.choice((0, 1, 4, 64, 1024, 1025, 4096, 1 << 31, r.getrandbits(32)))
-                set_field(f, _EXT, st, name, v)
-            if op in (0x0C, 0x13, 0x14):       # requests without payload
-                del f[_EXT + _ext_len(op):]
-                f += bytes(4)
-            self._ip_len(f)
-        elif cls == "kbtp_hdr":
-            op = f[_BTH]
-            at = _EXT + _ext_len(op)
-            end = max(at, len(f) - 4 - (f[_BTH + 1] >> 4 & 3))
-            msg = kbtp_mutate(r, bytes(f[at:end]))
-            pad = (-len(msg)) % 4
-            f = bytearray(f[:at] + msg + bytes(pad + 4))
-            set_field(f, _BTH, BTH, "padcnt", pad)
-            self._ip_len(f)
-        elif cls == "addr":
-            k = r.randrange(11)
-            if k == 0:
-                f[0:6] = r.choice((b"\xff" * 6, _mac(CLEAN[0]), bytes(6),
-                                   bytes(r.getrandbits(8) for _ in range(6))))
-            elif k == 1:
-                f[12:14] = r.choice((b"\x86\xdd", b"\x08\x06", b"\x81\x00", b"\x00\x00"))
-            elif k == 2:
-                f[_IP] = r.choice((0x46, 0x44, 0x65, 0x4F))
-            elif k == 3:
-                f[_IP + 16:_IP + 20] = r.choice((_ip(CLEAN[1]), b"\xff" * 4, bytes(4)))
-            elif k == 4:
-                f[_IP + 9] = r.choice((6, 1, 0x11 ^ 1))
-            elif k == 5:
-                f[_IP + 6:_IP + 8] = r.choice((b"\x20\x00", b"\x00\x10", b"\x3f\xff"))
-            elif k == 6:
-                f[_UDP + 2:_UDP + 4] = r.choice((b"\x12\xb8", b"\x00\x35", b"\x12\xb6"))
-            elif k == 7:
-                f[_UDP + 4:_UDP + 6] = r.getrandbits(16).to_bytes(2, "big")
-            elif k == 8:
-                f[_IP + 2:_IP + 4] = r.getrandbits(16).to_bytes(2, "big")
-            elif k == 9:
-                f[_IP + 8] = r.choice((0, 1))       # TTL
-            else:
-                f[_IP + 12:_IP + 16] = bytes(r.getrandbits(8) for _ in range(4))  # source IP
-            if k not in (2,) and r.random() < 0.8:
-                f[:] = fix_ip(bytes(f))
-        elif cls == "random":
-            n = r.choice((1, 13, 41, 59, 60, 64, 100, 600, 1500, 1 + r.randrange(1600)))
-            body = bytes(r.getrandbits(8) for _ in range(n))
-            if r.random() < 0.5:
-                f = bytearray(f[:_BTH + r.choice((0, 4, 12))] + body)
-                self._ip_len(f)
-                f[:] = fix_ip(bytes(f))
-            else:
-                f = bytearray(body)
-                icrc_fix = False
-        elif cls == "pcap":
-            icrc_fix = True
+        icrc_fix = self.rng.random() < 0.8
+        if cls in ("reth", "atomic"):
+            f, icrc_fix = self._mut_ext(f, icrc_fix, cls)
+        else:       # the classes sent unmutated (e.g. fcs_bad, icrc_bad) have no method
+            f, icrc_fix = getattr(self, f"_mut_{cls}", lambda f, fix: (f, fix))(f, icrc_fix)
         if icrc_fix and is_roce(bytes(f)):
             f = bytearray(fix_icrc(bytes(f)))
-        out = self.no_hello(self.guard(bytes(f)))
-        return out
+        return self.no_hello(self.guard(bytes(f)))
+
+    def _mut_bitflip(self, f, icrc_fix):
+        r = self.rng
+        for _ in range(r.choice((1, 1, 2, 4, 8))):
+            i = r.randrange(len(f))
+            f[i] ^= 1 << r.randrange(8)
+        icrc_fix = r.random() < 0.3
+        return f, icrc_fix
+
+    def _mut_truncate(self, f, icrc_fix):
+        r = self.rng
+        del f[r.randrange(_ETH, len(f)):]
+        icrc_fix = r.random() < 0.5
+        if r.random() < 0.5:
+            self._ip_len(f)
+        return f, icrc_fix
+
+    def _mut_extend(self, f, icrc_fix):
+        r = self.rng
+        f += bytes(r.getrandbits(8) for _ in range(r.choice((1, 2, 4, 8, 64, 300))))
+        icrc_fix = r.random() < 0.5
+        if r.random() < 0.6:
+            self._ip_len(f)
+        return f, icrc_fix
+
+    def _mut_bth(self, f, icrc_fix):
+        r = self.rng
+        name = r.choice(("opcode", "opcode", "opcode", "se", "migreq", "padcnt", "padcnt",
+                         "tver", "tver", "pkey", "dest_qp", "ackreq", "resv7", "resv6",
+                         "psn", "psn", "fecn", "becn"))
+        v = r.getrandbits(24)
+        if name == "opcode":
+            v = r.choice([o.value for o in BthOpcode] + [0x18, 0x20, 0x3F, 0x40, 0xFF,
+                                                         r.getrandbits(8)])
+            if r.random() < 0.5:
+                # an opcode needs its extended headers: make room, fields random
+                old, new = _ext_len(f[_BTH]), _ext_len(v)
+                f[_EXT:_EXT + old] = bytes(r.getrandbits(8) for _ in range(new))
+                self._ip_len(f)
+        elif name == "dest_qp":
+            v = r.choice(self.victim_qpns + [0, 1, 2, 0xFFFFFF, T_QPN[-1] + 1, v])
+        elif name == "psn":
+            q = dest_qpn(bytes(f))
+            base = self.epsn.get(q, 0)
+            v = (base + r.choice((0, 1, -1, 2, -2, 1 << 23, (1 << 23) + 1, v))) & 0xFFFFFF
+        elif name == "pkey":
+            v = r.choice((0, 0x7FFF, 0xFFFF, v & 0xFFFF))
+        set_field(f, _BTH, BTH, name, v)
+        return f, icrc_fix
+
+    def _mut_ext(self, f, icrc_fix, cls):
+        r = self.rng
+        op = r.choice((0x06, 0x0A, 0x0B, 0x0C) if cls == "reth" else (0x13, 0x14))
+        if f[_BTH] != op:
+            old = _ext_len(f[_BTH])
+            f[_BTH] = op
+            f[_EXT:_EXT + old] = bytes(_ext_len(op))
+        st = RETH if cls == "reth" else AtomicETH
+        names = [n for n in ("va", "rkey", "dma_length", "swap_add", "compare")
+                 if _has(st, n)]
+        for name in r.sample(names, r.choice((1, 2, len(names)))):
+            v = r.choice((0, 1, 8, 0x1000, (1 << 32) - 1, (1 << 64) - 1, 1 << 63,
+                          r.getrandbits(64), r.choice((0x100, 0x200, 0x300, 0x10000))))
+            if name == "dma_length":
+                v = r.choice((0, 1, 4, 64, 1024, 1025, 4096, 1 << 31, r.getrandbits(32)))
+            set_field(f, _EXT, st, name, v)
+        if op in (0x0C, 0x13, 0x14):       # requests without payload
+            del f[_EXT + _ext_len(op):]
+            f += bytes(4)
+        self._ip_len(f)
+        return f, icrc_fix
+
+    def _mut_kbtp_hdr(self, f, icrc_fix):
+        r = self.rng
+        op = f[_BTH]
+        at = _EXT + _ext_len(op)
+        end = max(at, len(f) - 4 - (f[_BTH + 1] >> 4 & 3))
+        msg = kbtp_mutate(r, bytes(f[at:end]))
+        pad = (-len(msg)) % 4
+        f = bytearray(f[:at] + msg + bytes(pad + 4))
+        set_field(f, _BTH, BTH, "padcnt", pad)
+        self._ip_len(f)
+        return f, icrc_fix
+
+    def _mut_addr(self, f, icrc_fix):
+        r = self.rng
+        k = r.randrange(11)
+        if k == 0:
+            f[0:6] = r.choice((b"\xff" * 6, _mac(CLEAN[0]), bytes(6),
+                               bytes(r.getrandbits(8) for _ in range(6))))
+        elif k == 1:
+            f[12:14] = r.choice((b"\x86\xdd", b"\x08\x06", b"\x81\x00", b"\x00\x00"))
+        elif k == 2:
+            f[_IP] = r.choice((0x46, 0x44, 0x65, 0x4F))
+        elif k == 3:
+            f[_IP + 16:_IP + 20] = r.choice((_ip(CLEAN[1]), b"\xff" * 4, bytes(4)))
+        elif k == 4:
+            f[_IP + 9] = r.choice((6, 1, 0x11 ^ 1))
+        elif k == 5:
+            f[_IP + 6:_IP + 8] = r.choice((b"\x20\x00", b"\x00\x10", b"\x3f\xff"))
+        elif k == 6:
+            f[_UDP + 2:_UDP + 4] = r.choice((b"\x12\xb8", b"\x00\x35", b"\x12\xb6"))
+        elif k == 7:
+            f[_UDP + 4:_UDP + 6] = r.getrandbits(16).to_bytes(2, "big")
+        elif k == 8:
+            f[_IP + 2:_IP + 4] = r.getrandbits(16).to_bytes(2, "big")
+        elif k == 9:
+            f[_IP + 8] = r.choice((0, 1))       # TTL
+        else:
+            f[_IP + 12:_IP + 16] = bytes(r.getrandbits(8) for _ in range(4))  # source IP
+        if k not in (2,) and r.random() < 0.8:
+            f[:] = fix_ip(bytes(f))
+        return f, icrc_fix
+
+    def _mut_random(self, f, icrc_fix):
+        r = self.rng
+        n = r.choice((1, 13, 41, 59, 60, 64, 100, 600, 1500, 1 + r.randrange(1600)))
+        body = bytes(r.getrandbits(8) for _ in range(n))
+        if r.random() < 0.5:
+            f = bytearray(f[:_BTH + r.choice((0, 4, 12))] + body)
+            self._ip_len(f)
+            f[:] = fix_ip(bytes(f))
+        else:
+            f = bytearray(body)
+            icrc_fix = False
+        return f, icrc_fix
+
+    def _mut_pcap(self, f, icrc_fix):
+        return f, True
 
     @staticmethod
     def _ip_len(f):
@@ -1130,7 +1156,6 @@ class Fuzzer:
         self.first_counters = self.counters()
         self._frames_at_snap = self.frames_to_target
         self.snap_counters = self.first_counters
-        b = 0
         self.interrupted = False
         try:
             self._loop(frames, batch, kbtp_share, exact_every, t0)
@@ -1323,7 +1348,6 @@ def main(argv=None):
         except Failure as e:                    # host-driver / peer errors: report, exit 1
             error = e
         s = fz.summary()
-        fails = fz.findings
         if a.corpus_out:
             save_corpus(a.corpus_out, fz.findings + fz.corpus)
             Path(a.corpus_out).with_suffix(".hang.json").write_text(
