@@ -183,7 +183,8 @@ REG_QP = 0x1000         # QP i at REG_QP + 0x100 * i
 REG_MR = 0x2000         # MR j at REG_MR + 0x40 * j
 REG_TRANSPORT = 0x3000  # responder/requester counters, QP error events
 REG_KBTP = 0x4000       # KBTP engine configuration and counters
-__all__ += ["REG_TOP", "REG_QP", "REG_MR", "REG_TRANSPORT", "REG_KBTP"]
+REG_UDPLINK = 0x5000    # UDP host link: host address, enable, counters (hw/target/udplink.py)
+__all__ += ["REG_TOP", "REG_QP", "REG_MR", "REG_TRANSPORT", "REG_KBTP", "REG_UDPLINK"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,13 @@ Response, board to host::
   Register/memory accesses stop at the first ``err`` with ``BUS_ERROR`` and the count done.
 - ``STATUS`` answers 4 words: frames executed, CRC errors, frame errors, bus errors.
 
+Engine and transports
+---------------------
+:class:`HostLinkEngine` is the protocol (octets in, bus accesses, octets out); it is the only
+command decoder and CRC check. Transports feed it: :class:`HostLinkUart` (the UART above, which
+adds the framing errors) and :class:`hw.target.udplink.UdpHostLink` (the same frames, many per
+UDP datagram, over the target's Ethernet port; its wire format is documented there).
+
 Bus (:class:`HostBusSignature`, master = this bridge)
 ----------------------------------------------------
 ``addr`` (32), ``space`` (:class:`Space`), ``wdata`` (32), ``we``, ``re`` from the master;
@@ -46,6 +53,9 @@ is sampled with ``ack`` on reads. The master drops the request the cycle after `
 answer within ``bus_timeout`` cycles ends the request with status ``TIMEOUT``.
 """
 
+from contextlib import contextmanager
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, enum, fifo, wiring
 from amaranth.lib.crc import catalog
@@ -56,7 +66,8 @@ from hw.iface import HostBusSignature, Space
 
 __all__ = [
     "SOF_REQUEST", "SOF_RESPONSE", "Cmd", "LinkStatus",
-    "UartRx", "UartTx", "HostLinkUart", "HostBusDemoTarget", "DEMO_ID",
+    "UartRx", "UartTx", "HostLinkEngine", "HostLinkUart", "HostBusDemoTarget", "DEMO_ID",
+    "cmd_known", "count_ok", "carries_data", "response_words_max",
 ]
 
 SOF_REQUEST = 0xA5
@@ -194,8 +205,323 @@ class UartTx(wiring.Component):
         return m
 
 
+def cmd_known(cmd):
+    """``cmd`` (an 8-bit value) is one of :class:`Cmd`."""
+    return ((cmd == Cmd.READ_REG) | (cmd == Cmd.WRITE_REG) | (cmd == Cmd.READ_MEM)
+            | (cmd == Cmd.WRITE_MEM) | (cmd == Cmd.POP) | (cmd == Cmd.PUSH)
+            | (cmd == Cmd.STATUS))
+
+
+def count_ok(count, max_words):
+    """``count`` is a word count the engine accepts (1..``max_words``)."""
+    return (count != 0) & (count <= max_words)
+
+
+def carries_data(cmd, count, max_words):
+    """The request frame ``cmd``/``count`` carries ``4 * count`` data octets (a known write
+    command other than ``STATUS`` with an accepted count); otherwise it carries none. This is
+    what decides where a frame ends: the engine and every transport that parses frames ahead
+    of it (the UDP endpoint) use this one definition."""
+    return cmd[0] & cmd_known(cmd) & (cmd != Cmd.STATUS) & count_ok(count, max_words)
+
+
+def response_words_max(cmd, count, max_words):
+    """The most data words the response to ``cmd``/``count`` can carry: 4 for ``STATUS``,
+    ``count`` for an accepted read, 0 otherwise (the response is ``5 + 4 * words`` octets)."""
+    reads = ~cmd[0] & cmd_known(cmd) & count_ok(count, max_words)
+    return Mux(cmd == Cmd.STATUS, 4, Mux(reads, count, 0))
+
+
+class HostLinkEngine(wiring.Component):
+    """The frame engine: request octets in, bus accesses, response octets out.
+
+    Everything of the protocol (module docstring) that is not the transport: start octet,
+    command decode, CRC-8 check, the payload buffer, the bus master and the response. The
+    transports are :class:`HostLinkUart` (octets from a UART) and
+    :class:`hw.target.udplink.UdpHostLink` (octets from validated UDP datagrams).
+
+    One frame at a time: the engine takes request octets while it receives a frame
+    (``rx_ready``), then executes it and sends the response, then waits for the next start
+    octet (``idle``). Octets offered while it is not ready are not taken (the UART drops them).
+
+    Parameters
+    ----------
+    max_words : int
+        Largest ``count`` accepted (words buffered per frame, one memory).
+    bus_timeout : int
+        Cycles to wait for ``ack`` before answering ``TIMEOUT``.
+
+    Ports
+    -----
+    rx_data : In(8), rx_valid : In(1), rx_ready : Out(1)
+        Request octets. An octet is taken in a cycle with ``rx_valid`` and ``rx_ready``.
+    rx_abort : In(1)
+        Abandon a half-received frame (the transport's framing error or timeout); ignored
+        outside a frame.
+    in_frame : Out(1)
+        A frame is half received (start octet seen, CRC octet not yet).
+    idle : Out(1)
+        Waiting for a start octet: every earlier frame has been answered completely.
+    tx_data : Out(8), tx_valid : Out(1), tx_ready : In(1), tx_last : Out(1)
+        Response octets; ``tx_last`` marks a response's CRC octet.
+    bus : Out(HostBusSignature)  master
+    frames_ok, crc_errors, bus_errors : Out(32)  counters
+    frame_errors : In(32)
+        The transport's framing-error count, reported by ``STATUS``.
+    """
+
+    rx_data: In(8)
+    rx_valid: In(1)
+    rx_ready: Out(1)
+    rx_abort: In(1)
+    in_frame: Out(1)
+    idle: Out(1)
+    tx_data: Out(8)
+    tx_valid: Out(1)
+    tx_ready: In(1)
+    tx_last: Out(1)
+    bus: Out(HostBusSignature())
+    frames_ok: Out(32)
+    crc_errors: Out(32)
+    bus_errors: Out(32)
+    frame_errors: In(32)
+
+    def __init__(self, *, max_words=64, bus_timeout=4096):
+        if not 1 <= max_words <= 255:
+            raise ValueError(f"max_words {max_words} is not in 1..255")
+        self.max_words = max_words
+        self.bus_timeout = bus_timeout
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.rx_crc = rx_crc = catalog.CRC8_SMBUS(data_width=8).create()
+        m.submodules.tx_crc = tx_crc = catalog.CRC8_SMBUS(data_width=8).create()
+
+        # Payload buffer: filled from the request (writes) or from the bus (reads), then drained
+        # to the bus (writes) or the response (reads). A write is only executed once its CRC has
+        # been checked, hence the buffer.
+        m.submodules.buf = buf = Memory(shape=32, depth=self.max_words, init=[])
+        s = SimpleNamespace(
+            rx_crc=rx_crc, tx_crc=tx_crc, wr=buf.write_port(),
+            cmd=Signal(8), addr=Signal(32), count=Signal(8), status=Signal(LinkStatus),
+            done=Signal(8),         # words executed / returned
+            octet=Signal(2),        # octet index inside a 32-bit word (MSB first)
+            word=Signal(32), idx=Signal(8),
+            bus_timer=Signal(range(self.bus_timeout + 1)),
+            status_regs=Signal(range(4)), resp_err=Signal(), resp_data=Signal(32),
+            tx_word=Signal(32))     # the response word being sent (registered buffer output)
+        s.rd = buf.read_port(transparent_for=(s.wr,))
+        s.is_write = s.cmd[0]
+        s.space_nibble = s.cmd[4:8]
+
+        m.d.comb += [
+            rx_crc.data.eq(self.rx_data),
+            self.bus.addr.eq(s.addr),
+            self.bus.space.eq(Mux(s.space_nibble == 1, Space.REG,
+                                  Mux(s.space_nibble == 2, Space.MEM, Space.QUEUE))),
+            self.bus.wdata.eq(s.rd.data),
+        ]
+        with m.FSM(name="link") as fsm:
+            self._receive(m, s)
+            self._execute(m, s)
+            self._respond(m, s)
+        receiving = [fsm.ongoing(n) for n in ("COMMAND", "ADDRESS", "COUNT", "PAYLOAD", "CHECK")]
+        m.d.comb += [
+            self.idle.eq(fsm.ongoing("START_OF_FRAME")),
+            self.in_frame.eq(Cat(*receiving).any()),
+            self.rx_ready.eq(self.idle | self.in_frame),
+        ]
+        return m
+
+    def _receive(self, m, s):
+        """States START_OF_FRAME .. CHECK: take a request frame, check it."""
+        rx_crc, byte_in, data = s.rx_crc, self.rx_valid, self.rx_data
+        with m.State("START_OF_FRAME"):
+            with m.If(byte_in & (data == SOF_REQUEST)):
+                m.d.comb += rx_crc.start.eq(1)
+                m.next = "COMMAND"
+
+        # The transport abandons a frame in any receive state (counted there).
+        @contextmanager
+        def take(crc=True):
+            with m.If(self.rx_abort):
+                m.next = "START_OF_FRAME"
+            with m.If(byte_in & ~self.rx_abort):
+                if crc:
+                    m.d.comb += rx_crc.valid.eq(1)
+                yield
+
+        def shift_in(word):
+            # The octet into a 32-bit word, MSB first; returns the word with it.
+            m.d.sync += [word.eq(Cat(data, word[:24])), s.octet.eq(s.octet + 1)]
+            return Cat(data, word[:24])
+
+        with m.State("COMMAND"):
+            with take():
+                m.d.sync += [s.cmd.eq(data), s.octet.eq(0)]
+                m.next = "ADDRESS"
+        with m.State("ADDRESS"):
+            with take():
+                shift_in(s.addr)
+                with m.If(s.octet == 3):
+                    m.next = "COUNT"
+        with m.State("COUNT"):
+            with take():
+                m.d.sync += [s.count.eq(data), s.idx.eq(0), s.octet.eq(0)]
+                m.next = "COUNT_DECODE"
+        with m.State("COUNT_DECODE"):
+            # One cycle to look at cmd and count together before choosing the next octet.
+            with m.If(carries_data(s.cmd, s.count, self.max_words)):
+                m.next = "PAYLOAD"
+            with m.Else():
+                m.next = "CHECK"
+        with m.State("PAYLOAD"):
+            with take():
+                word = shift_in(s.word)
+                with m.If(s.octet == 3):
+                    m.d.comb += [s.wr.addr.eq(s.idx), s.wr.data.eq(word), s.wr.en.eq(1)]
+                    m.d.sync += s.idx.eq(s.idx + 1)
+                    with m.If(s.idx + 1 == s.count):
+                        m.next = "CHECK"
+        with m.State("CHECK"):
+            with take(crc=False):
+                m.d.sync += [s.idx.eq(0), s.done.eq(0), s.bus_timer.eq(0), s.status_regs.eq(0)]
+                with m.If(data != rx_crc.crc):
+                    m.d.sync += [s.status.eq(LinkStatus.BAD_CRC),
+                                 self.crc_errors.eq(self.crc_errors + 1)]
+                    m.next = "RESPONSE"
+                with m.Elif(~cmd_known(s.cmd)):
+                    m.d.sync += s.status.eq(LinkStatus.BAD_CMD)
+                    m.next = "RESPONSE"
+                with m.Elif(s.cmd == Cmd.STATUS):
+                    m.d.sync += [s.status.eq(LinkStatus.OK),
+                                 self.frames_ok.eq(self.frames_ok + 1)]
+                    m.next = "STATUS_WORDS"
+                with m.Elif(~count_ok(s.count, self.max_words)):
+                    m.d.sync += s.status.eq(LinkStatus.BAD_COUNT)
+                    m.next = "RESPONSE"
+                with m.Elif((s.addr[:2] != 0) & (s.space_nibble != 3)):
+                    m.d.sync += s.status.eq(LinkStatus.BAD_ALIGN)
+                    m.next = "RESPONSE"
+                with m.Else():
+                    m.d.sync += [s.status.eq(LinkStatus.OK),
+                                 self.frames_ok.eq(self.frames_ok + 1)]
+                    m.next = "BUS_PREFETCH"
+
+    def _execute(self, m, s):
+        """States STATUS_WORDS, BUS_*: run the checked frame."""
+        wr, rd, bus = s.wr, s.rd, self.bus
+        with m.State("STATUS_WORDS"):
+            m.d.comb += [wr.addr.eq(s.status_regs), wr.en.eq(1),
+                         wr.data.eq(Mux(s.status_regs == 0, self.frames_ok,
+                                    Mux(s.status_regs == 1, self.crc_errors,
+                                    Mux(s.status_regs == 2, self.frame_errors,
+                                        self.bus_errors))))]
+            m.d.sync += s.status_regs.eq(s.status_regs + 1)
+            with m.If(s.status_regs == 3):
+                m.d.sync += s.done.eq(4)
+                m.next = "RESPONSE"
+
+        with m.State("BUS_PREFETCH"):
+            # The buffer read port has one cycle of latency: present idx, use data next.
+            m.d.comb += rd.addr.eq(s.idx)
+            m.d.sync += s.bus_timer.eq(0)
+            with m.If(s.idx == s.count):
+                m.next = "RESPONSE"
+            with m.Else():
+                m.next = "BUS_ACCESS"
+        with m.State("BUS_ACCESS"):
+            m.d.comb += [rd.addr.eq(s.idx), bus.we.eq(s.is_write), bus.re.eq(~s.is_write)]
+            m.d.sync += s.bus_timer.eq(s.bus_timer + 1)
+            # The answer is registered and acted on in the next state: the target's decode
+            # logic then ends in a flop instead of running on into the buffer's write port.
+            with m.If(bus.ack):
+                m.d.sync += [s.resp_err.eq(bus.err), s.resp_data.eq(bus.rdata)]
+                m.next = "BUS_DONE"
+            with m.Elif(s.bus_timer == self.bus_timeout):
+                m.d.sync += [s.status.eq(LinkStatus.TIMEOUT),
+                             self.bus_errors.eq(self.bus_errors + 1)]
+                m.next = "RESPONSE"
+        with m.State("BUS_DONE"):
+            m.d.comb += rd.addr.eq(s.idx)
+            with m.If(s.resp_err):
+                with m.If(s.cmd == Cmd.POP):
+                    m.next = "RESPONSE"     # queue ran empty: a short, good answer
+                with m.Elif(s.cmd == Cmd.PUSH):
+                    m.d.sync += s.status.eq(LinkStatus.QUEUE_FULL)
+                    m.next = "RESPONSE"
+                with m.Else():
+                    m.d.sync += [s.status.eq(LinkStatus.BUS_ERROR),
+                                 self.bus_errors.eq(self.bus_errors + 1)]
+                    m.next = "RESPONSE"
+            with m.Else():
+                with m.If(~s.is_write):
+                    m.d.comb += [wr.addr.eq(s.idx), wr.data.eq(s.resp_data), wr.en.eq(1)]
+                m.d.sync += [s.idx.eq(s.idx + 1), s.done.eq(s.done + 1)]
+                with m.If(s.space_nibble != 3):
+                    m.d.sync += s.addr.eq(s.addr + 4)
+                m.next = "BUS_PREFETCH"
+
+    def _respond(self, m, s):
+        """States RESPONSE*: send the response frame."""
+        tx_crc = s.tx_crc
+
+        def send(value, next_state, *, crc_start=False, crc=True):
+            m.d.comb += [self.tx_data.eq(value), self.tx_valid.eq(1)]
+            with m.If(self.tx_ready):
+                if crc:
+                    m.d.comb += [tx_crc.data.eq(value), tx_crc.valid.eq(1)]
+                if crc_start:
+                    m.d.comb += tx_crc.start.eq(1)
+                m.next = next_state
+
+        # Reads return data words; STATUS returns its 4 counters.
+        returns_data = (~s.is_write | (s.cmd == Cmd.STATUS)) \
+            & (s.status != LinkStatus.BAD_CRC) & (s.status != LinkStatus.BAD_CMD)
+        with m.State("RESPONSE"):
+            m.d.sync += [s.idx.eq(0), s.octet.eq(0)]
+            send(SOF_RESPONSE, "RESPONSE_COMMAND", crc=False)
+        with m.State("RESPONSE_COMMAND"):
+            send(s.cmd, "RESPONSE_STATUS", crc_start=True)
+        with m.State("RESPONSE_STATUS"):
+            send(s.status, "RESPONSE_COUNT")
+        with m.State("RESPONSE_COUNT"):
+            with m.If(returns_data & (s.done != 0)):
+                send(s.done, "RESPONSE_FETCH")
+            with m.Else():
+                send(s.done, "RESPONSE_CRC")
+        # Each response word goes buffer -> tx_word (a flop) -> transport: the block RAM's read
+        # data (slow clock-to-out) never runs on into the transmitter's shift register.
+        with m.State("RESPONSE_FETCH"):
+            m.d.comb += s.rd.addr.eq(s.idx)
+            m.next = "RESPONSE_LATCH"
+        with m.State("RESPONSE_LATCH"):
+            m.d.sync += s.tx_word.eq(s.rd.data)
+            m.next = "RESPONSE_DATA"
+        with m.State("RESPONSE_DATA"):
+            byte = s.tx_word.word_select((~s.octet)[:2], 8)     # MSB octet first
+            send(byte, "RESPONSE_DATA")
+            with m.If(self.tx_ready):
+                m.d.sync += s.octet.eq(s.octet + 1)
+                with m.If(s.octet == 3):
+                    m.d.sync += s.idx.eq(s.idx + 1)
+                    with m.If(s.idx + 1 == s.done):
+                        m.next = "RESPONSE_CRC"
+                    with m.Else():
+                        m.next = "RESPONSE_FETCH"
+        with m.State("RESPONSE_CRC"):
+            m.d.comb += self.tx_last.eq(1)
+            send(tx_crc.crc, "START_OF_FRAME", crc=False)
+
+
 class HostLinkUart(wiring.Component):
-    """UART bridge from the framed host protocol (module docstring) to :class:`HostBusSignature`.
+    """UART bridge from the framed host protocol (module docstring) to :class:`HostBusSignature`:
+    :class:`UartRx` and :class:`UartTx` around a :class:`HostLinkEngine`.
+
+    The UART transport adds the framing errors: a stop bit read low or a gap longer than
+    ``frame_timeout`` cycles inside a frame abandons it (``frame_errors``). Octets that arrive
+    while the engine executes or answers a frame are lost (the host waits for each answer).
 
     Parameters
     ----------
@@ -242,232 +568,29 @@ class HostLinkUart(wiring.Component):
         m = Module()
         m.submodules.urx = urx = UartRx(self.divisor)
         m.submodules.utx = utx = UartTx(self.divisor)
-        m.d.comb += [urx.rx.eq(self.rx), self.tx.eq(utx.tx)]
-
-        m.submodules.rx_crc = rx_crc = catalog.CRC8_SMBUS(data_width=8).create()
-        m.submodules.tx_crc = tx_crc = catalog.CRC8_SMBUS(data_width=8).create()
-
-        # Payload buffer: filled from the request (writes) or from the bus (reads), then drained
-        # to the bus (writes) or the response (reads). A write is only executed once its CRC has
-        # been checked, hence the buffer.
-        m.submodules.buf = buf = Memory(shape=32, depth=self.max_words, init=[])
-        wr = buf.write_port()
-        rd = buf.read_port(transparent_for=(wr,))
-
-        cmd = Signal(8)
-        addr = Signal(32)
-        count = Signal(8)
-        status = Signal(LinkStatus)
-        done = Signal(8)        # words executed / returned
-        octet = Signal(2)       # octet index inside a 32-bit word (MSB first)
-        word = Signal(32)
-        idx = Signal(8)
-        idle_timer = Signal(range(self.frame_timeout + 1))
-        bus_timer = Signal(range(self.bus_timeout + 1))
-        status_regs = Signal(range(4))
-        resp_err = Signal()
-        resp_data = Signal(32)
-        tx_word = Signal(32)    # the response word being sent (registered buffer output)
-
-        is_write = cmd[0]
-        space_nibble = cmd[4:8]
-        cmd_known = Signal()
-        m.d.comb += cmd_known.eq(
-            (cmd == Cmd.READ_REG) | (cmd == Cmd.WRITE_REG) | (cmd == Cmd.READ_MEM)
-            | (cmd == Cmd.WRITE_MEM) | (cmd == Cmd.POP) | (cmd == Cmd.PUSH)
-            | (cmd == Cmd.STATUS))
-        count_ok = (count != 0) & (count <= self.max_words)
-        carries_data = is_write & cmd_known & (cmd != Cmd.STATUS) & count_ok
-
+        m.submodules.engine = eng = HostLinkEngine(max_words=self.max_words,
+                                                   bus_timeout=self.bus_timeout)
+        wiring.connect(m, eng.bus, wiring.flipped(self.bus))
         m.d.comb += [
-            rx_crc.data.eq(urx.data),
-            self.bus.addr.eq(addr),
-            self.bus.space.eq(Mux(space_nibble == 1, Space.REG,
-                                  Mux(space_nibble == 2, Space.MEM, Space.QUEUE))),
-            self.bus.wdata.eq(rd.data),
+            urx.rx.eq(self.rx), self.tx.eq(utx.tx),
+            eng.rx_data.eq(urx.data), eng.rx_valid.eq(urx.valid),
+            utx.data.eq(eng.tx_data), utx.valid.eq(eng.tx_valid), eng.tx_ready.eq(utx.ready),
+            self.frames_ok.eq(eng.frames_ok), self.crc_errors.eq(eng.crc_errors),
+            self.bus_errors.eq(eng.bus_errors), eng.frame_errors.eq(self.frame_errors),
         ]
 
-        def byte_in():
-            return urx.valid
-
-        with m.FSM(name="link"):
-            with m.State("START_OF_FRAME"):
-                m.d.sync += idle_timer.eq(0)
-                with m.If(byte_in() & (urx.data == SOF_REQUEST)):
-                    m.d.comb += rx_crc.start.eq(1)
-                    m.next = "COMMAND"
-
-            # Inter-octet timeout and UART framing errors abandon a frame in any receive state.
-            abandon = urx.error | (idle_timer == self.frame_timeout)
-
-            def receive_guard():
-                with m.If(abandon):
-                    m.d.sync += self.frame_errors.eq(self.frame_errors + 1)
-                    m.next = "START_OF_FRAME"
-                with m.Elif(byte_in()):
-                    m.d.sync += idle_timer.eq(0)
-                with m.Else():
-                    m.d.sync += idle_timer.eq(idle_timer + 1)
-
-            with m.State("COMMAND"):
-                receive_guard()
-                with m.If(byte_in() & ~abandon):
-                    m.d.comb += rx_crc.valid.eq(1)
-                    m.d.sync += [cmd.eq(urx.data), octet.eq(0)]
-                    m.next = "ADDRESS"
-            with m.State("ADDRESS"):
-                receive_guard()
-                with m.If(byte_in() & ~abandon):
-                    m.d.comb += rx_crc.valid.eq(1)
-                    m.d.sync += [addr.eq(Cat(urx.data, addr[:24])), octet.eq(octet + 1)]
-                    with m.If(octet == 3):
-                        m.next = "COUNT"
-            with m.State("COUNT"):
-                receive_guard()
-                with m.If(byte_in() & ~abandon):
-                    m.d.comb += rx_crc.valid.eq(1)
-                    m.d.sync += [count.eq(urx.data), idx.eq(0), octet.eq(0)]
-                    m.next = "COUNT_DECODE"
-            with m.State("COUNT_DECODE"):
-                # One cycle to look at cmd and count together before choosing the next octet.
-                with m.If(carries_data):
-                    m.next = "PAYLOAD"
-                with m.Else():
-                    m.next = "CHECK"
-            with m.State("PAYLOAD"):
-                receive_guard()
-                with m.If(byte_in() & ~abandon):
-                    m.d.comb += rx_crc.valid.eq(1)
-                    m.d.sync += [word.eq(Cat(urx.data, word[:24])), octet.eq(octet + 1)]
-                    with m.If(octet == 3):
-                        m.d.comb += [wr.addr.eq(idx), wr.data.eq(Cat(urx.data, word[:24])),
-                                     wr.en.eq(1)]
-                        m.d.sync += idx.eq(idx + 1)
-                        with m.If(idx + 1 == count):
-                            m.next = "CHECK"
-            with m.State("CHECK"):
-                receive_guard()
-                with m.If(byte_in() & ~abandon):
-                    m.d.sync += [idx.eq(0), done.eq(0), bus_timer.eq(0), status_regs.eq(0)]
-                    with m.If(urx.data != rx_crc.crc):
-                        m.d.sync += [status.eq(LinkStatus.BAD_CRC),
-                                     self.crc_errors.eq(self.crc_errors + 1)]
-                        m.next = "RESPONSE"
-                    with m.Elif(~cmd_known):
-                        m.d.sync += status.eq(LinkStatus.BAD_CMD)
-                        m.next = "RESPONSE"
-                    with m.Elif(cmd == Cmd.STATUS):
-                        m.d.sync += [status.eq(LinkStatus.OK),
-                                     self.frames_ok.eq(self.frames_ok + 1)]
-                        m.next = "STATUS_WORDS"
-                    with m.Elif(~count_ok):
-                        m.d.sync += status.eq(LinkStatus.BAD_COUNT)
-                        m.next = "RESPONSE"
-                    with m.Elif((addr[:2] != 0) & (space_nibble != 3)):
-                        m.d.sync += status.eq(LinkStatus.BAD_ALIGN)
-                        m.next = "RESPONSE"
-                    with m.Else():
-                        m.d.sync += [status.eq(LinkStatus.OK),
-                                     self.frames_ok.eq(self.frames_ok + 1)]
-                        m.next = "BUS_PREFETCH"
-
-            with m.State("STATUS_WORDS"):
-                m.d.comb += [wr.addr.eq(status_regs), wr.en.eq(1),
-                             wr.data.eq(Mux(status_regs == 0, self.frames_ok,
-                                        Mux(status_regs == 1, self.crc_errors,
-                                        Mux(status_regs == 2, self.frame_errors,
-                                            self.bus_errors))))]
-                m.d.sync += status_regs.eq(status_regs + 1)
-                with m.If(status_regs == 3):
-                    m.d.sync += done.eq(4)
-                    m.next = "RESPONSE"
-
-            with m.State("BUS_PREFETCH"):
-                # The buffer read port has one cycle of latency: present idx, use data next.
-                m.d.comb += rd.addr.eq(idx)
-                m.d.sync += bus_timer.eq(0)
-                with m.If(idx == count):
-                    m.next = "RESPONSE"
-                with m.Else():
-                    m.next = "BUS_ACCESS"
-            with m.State("BUS_ACCESS"):
-                m.d.comb += [rd.addr.eq(idx), self.bus.we.eq(is_write), self.bus.re.eq(~is_write)]
-                m.d.sync += bus_timer.eq(bus_timer + 1)
-                # The answer is registered and acted on in the next state: the target's decode
-                # logic then ends in a flop instead of running on into the buffer's write port.
-                with m.If(self.bus.ack):
-                    m.d.sync += [resp_err.eq(self.bus.err), resp_data.eq(self.bus.rdata)]
-                    m.next = "BUS_DONE"
-                with m.Elif(bus_timer == self.bus_timeout):
-                    m.d.sync += [status.eq(LinkStatus.TIMEOUT),
-                                 self.bus_errors.eq(self.bus_errors + 1)]
-                    m.next = "RESPONSE"
-            with m.State("BUS_DONE"):
-                m.d.comb += rd.addr.eq(idx)
-                with m.If(resp_err):
-                    with m.If(cmd == Cmd.POP):
-                        m.next = "RESPONSE"     # queue ran empty: a short, good answer
-                    with m.Elif(cmd == Cmd.PUSH):
-                        m.d.sync += status.eq(LinkStatus.QUEUE_FULL)
-                        m.next = "RESPONSE"
-                    with m.Else():
-                        m.d.sync += [status.eq(LinkStatus.BUS_ERROR),
-                                     self.bus_errors.eq(self.bus_errors + 1)]
-                        m.next = "RESPONSE"
-                with m.Else():
-                    with m.If(~is_write):
-                        m.d.comb += [wr.addr.eq(idx), wr.data.eq(resp_data), wr.en.eq(1)]
-                    m.d.sync += [idx.eq(idx + 1), done.eq(done + 1)]
-                    with m.If(space_nibble != 3):
-                        m.d.sync += addr.eq(addr + 4)
-                    m.next = "BUS_PREFETCH"
-
-            # ---- response -------------------------------------------------------------------
-            def send(value, next_state, *, crc_start=False, crc=True):
-                m.d.comb += [utx.data.eq(value), utx.valid.eq(1)]
-                with m.If(utx.ready):
-                    if crc:
-                        m.d.comb += [tx_crc.data.eq(value), tx_crc.valid.eq(1)]
-                    if crc_start:
-                        m.d.comb += tx_crc.start.eq(1)
-                    m.next = next_state
-
-            # Reads return data words; STATUS returns its 4 counters.
-            returns_data = (~is_write | (cmd == Cmd.STATUS)) & (status != LinkStatus.BAD_CRC) \
-                & (status != LinkStatus.BAD_CMD)
-            with m.State("RESPONSE"):
-                m.d.sync += [idx.eq(0), octet.eq(0)]
-                send(SOF_RESPONSE, "RESPONSE_COMMAND", crc=False)
-            with m.State("RESPONSE_COMMAND"):
-                send(cmd, "RESPONSE_STATUS", crc_start=True)
-            with m.State("RESPONSE_STATUS"):
-                send(status, "RESPONSE_COUNT")
-            with m.State("RESPONSE_COUNT"):
-                with m.If(returns_data & (done != 0)):
-                    send(done, "RESPONSE_FETCH")
-                with m.Else():
-                    send(done, "RESPONSE_CRC")
-            # Each response word goes buffer -> tx_word (a flop) -> UART: the block RAM's read
-            # data (slow clock-to-out) never runs on into the transmitter's shift register.
-            with m.State("RESPONSE_FETCH"):
-                m.d.comb += rd.addr.eq(idx)
-                m.next = "RESPONSE_LATCH"
-            with m.State("RESPONSE_LATCH"):
-                m.d.sync += tx_word.eq(rd.data)
-                m.next = "RESPONSE_DATA"
-            with m.State("RESPONSE_DATA"):
-                byte = tx_word.word_select((~octet)[:2], 8)     # MSB octet first
-                send(byte, "RESPONSE_DATA")
-                with m.If(utx.ready):
-                    m.d.sync += octet.eq(octet + 1)
-                    with m.If(octet == 3):
-                        m.d.sync += idx.eq(idx + 1)
-                        with m.If(idx + 1 == done):
-                            m.next = "RESPONSE_CRC"
-                        with m.Else():
-                            m.next = "RESPONSE_FETCH"
-            with m.State("RESPONSE_CRC"):
-                send(tx_crc.crc, "START_OF_FRAME", crc=False)
+        # Inter-octet timeout and UART framing errors abandon a frame in any receive state.
+        idle_timer = Signal(range(self.frame_timeout + 1))
+        abandon = urx.error | (idle_timer == self.frame_timeout)
+        m.d.comb += eng.rx_abort.eq(abandon)
+        with m.If(~eng.in_frame):
+            m.d.sync += idle_timer.eq(0)
+        with m.Elif(abandon):
+            m.d.sync += self.frame_errors.eq(self.frame_errors + 1)
+        with m.Elif(urx.valid):
+            m.d.sync += idle_timer.eq(0)
+        with m.Else():
+            m.d.sync += idle_timer.eq(idle_timer + 1)
         return m
 
 

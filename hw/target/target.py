@@ -15,6 +15,9 @@ Data flow::
                                         EthIpTx.o -> FrameMux -> GmiiMac.tx -> GMII tx
                  |                                       ^
                  +-> (tap) RawQueues: QP1 frames -> host  +-- host frames (RawQueues.tx)
+                 +-> (tap) UdpHostLink: UDP 19272  ------+-- its responses
+                                  |
+                 host (UART link) +-> HostBusArbiter -> HostDecoder -> the blocks' registers
 
 Memory: MemArbiter(5) = responder, requester (READ response data), TxPath (payload reads),
 host port, KBTP engine -> MemRam(mem_words).
@@ -38,7 +41,15 @@ REG_TRANSPORT (responder counters, then requester counters at REG_TRANSPORT + 0x
 number of times a QP went to error, e.g. on retry exhaustion); REG_KBTP the engine;
 ``Space.MEM`` target memory; ``Space.QUEUE`` queues 0-3 (:mod:`hw.target.regbank`) and the raw
 frame queues 4 = ``Q_RAW_RX`` (pop) and 5 = ``Q_RAW_TX`` (push) of :mod:`hw.rdma.rawq` (word
-formats there).
+formats there); REG_UDPLINK the UDP host link's configuration and counters.
+
+UDP host link (issue 23, :mod:`hw.target.udplink`; with ``udp_link=True``, off by default and not
+yet in the board builds): the host bus has two masters, the ``host``
+port (the UART link of the board) and :class:`~hw.target.udplink.UdpHostLink`, which takes the
+host-link frames from UDP datagrams to port 19272 (it sees every received frame on a tap, like
+the raw queues, and does its own filtering; EthIpRx drops these frames and counts them under
+``port``) and sends its responses through the transmit mux. It is disabled at reset: the host
+enables it over the UART (REG_UDPLINK ``ctrl``) once it has set the host's MAC, IP and port.
 
 QP1 / CM slow path (:mod:`hw.rdma.rawq`): every received frame is also seen by RawQueues, which
 keeps the UDP/4791 frames to our MAC/IP whose BTH Dest QP is 1 (whole frame, Ethernet header
@@ -54,7 +65,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT,
-                     RecvNotify, RecvRepost, Space, WorkRequest)
+                     REG_UDPLINK, RecvNotify, RecvRepost, Space, WorkRequest)
 from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.kbtp.engine import KbtpEngine
 from hw.lib.stream import PacketStream, RecordMerge
@@ -66,6 +77,7 @@ from hw.lib.stream import FrameMux
 from hw.rdma.rawq import QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
 from hw.target.regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
+from hw.target.udplink import HostBusArbiter, UdpHostLink
 from hw.rdma.requester import RespDemux, Requester
 from hw.rdma.responder import COUNTERS as RESP_COUNTERS
 from hw.rdma.responder import Responder
@@ -151,13 +163,15 @@ class KbtpTarget(wiring.Component):
     ----------
     engine : bool
         KBTP engine in the consumer path (see the module docstring).
+    udp_link : bool
+        The UDP host link beside the ``host`` port (see the module docstring); off by default.
     """
 
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
-                 mac_depth=8192, ram=None):
+                 mac_depth=8192, ram=None, udp_link=False):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -172,6 +186,10 @@ class KbtpTarget(wiring.Component):
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         self.mac = mac
+        #: The UDP host link (hw/target/udplink.py) as a second host-bus master. Off by
+        #: default: the board builds do not carry it yet (issue 23: its place and route and the
+        #: simulated serve over it come next).
+        self.udp_link = udp_link
         if mac:
             ports = {"rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
                      "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1)}
@@ -213,7 +231,10 @@ class KbtpTarget(wiring.Component):
         sm.hq = hq = HostQueues(self.queue_depth)
         sm.rawq = rawq = RawQueues(w, **self.raw)
         sm.qpf = qpf = QpFilter(w)
-        sm.txmux = txmux = FrameMux(w, 2)
+        sm.txmux = txmux = FrameMux(w, 3 if self.udp_link else 2)
+        if self.udp_link:
+            sm.udplink = udplink = UdpHostLink(w, base=REG_UDPLINK)
+            sm.hostarb = hostarb = HostBusArbiter(2)
         windows = [
             [(Space.REG, REG_TOP, 0x1000)],
             [(Space.REG, REG_QP, QP_STRIDE * nq)],
@@ -227,6 +248,8 @@ class KbtpTarget(wiring.Component):
         if self.engine:
             sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP)
             windows.append([(Space.REG, REG_KBTP, 0x1000)])
+        if self.udp_link:
+            windows.append([(Space.REG, REG_UDPLINK, 0x1000)])
         sm.dec = dec = HostDecoder(windows)
 
         # GMII pins.
@@ -236,7 +259,7 @@ class KbtpTarget(wiring.Component):
                          self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
 
         # Own addresses.
-        for blk in (ethrx, arp, ethtx, rawq):
+        for blk in (ethrx, arp, ethtx, rawq) + ((udplink,) if self.udp_link else ()):
             m.d.comb += [blk.own_mac.eq(top.own_mac), blk.own_ip.eq(top.own_ip)]
         m.d.comb += icrcins.own_ip.eq(top.own_ip)
 
@@ -249,6 +272,9 @@ class KbtpTarget(wiring.Component):
         # The raw RX queue sees every beat the MAC hands over (it never stalls).
         m.d.comb += [rawq.tap.valid.eq(mac.rx.valid & mac.rx.ready),
                      rawq.tap.payload.eq(mac.rx.payload)]
+        if self.udp_link:       # so does the UDP host link (its input is always ready)
+            m.d.comb += [udplink.i.valid.eq(mac.rx.valid & mac.rx.ready),
+                         udplink.i.payload.eq(mac.rx.payload)]
         wiring.connect(m, icrc.o, prs.i)
         wiring.connect(m, prs.hdr, dmx.hdr)
         wiring.connect(m, prs.payload, dmx.payload)
@@ -266,6 +292,8 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, icrcins.o, ethtx.roce)
         wiring.connect(m, ethtx.o, txmux.i[0])
         wiring.connect(m, rawq.tx, txmux.i[1])
+        if self.udp_link:
+            wiring.connect(m, udplink.o, txmux.i[2])
         wiring.connect(m, txmux.o, mac.tx)
 
         # QP / MR tables.
@@ -322,10 +350,17 @@ class KbtpTarget(wiring.Component):
             wiring.connect(m, req.wc, hq.wc)
 
         # Host bus.
-        wiring.connect(m, wiring.flipped(self.host), dec.host)
+        if self.udp_link:
+            wiring.connect(m, wiring.flipped(self.host), hostarb.masters[0])
+            wiring.connect(m, udplink.bus, hostarb.masters[1])
+            wiring.connect(m, hostarb.target, dec.host)
+        else:
+            wiring.connect(m, wiring.flipped(self.host), dec.host)
         slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus, rawq.bus]
         if self.engine:
             slaves.append(eng.bus)
+        if self.udp_link:
+            slaves.append(udplink.regs)
         for k, slave in enumerate(slaves):
             wiring.connect(m, dec.slaves[k], slave)
         blocks = {"mac": mac, "ethrx": ethrx, "arp": arp, "icrc": icrc, "prs": prs, "bld": bld,
