@@ -16,7 +16,7 @@ the host link) runs there; otherwise everything is in ``sync``. The full KBTP co
 ``mac-arp`` stay for bring-up of a board (PHY, host link) without the RoCE path.
 """
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 

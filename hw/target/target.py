@@ -76,7 +76,7 @@ from hw.lib.membus import MemArbiter, MemRam
 from hw.lib.stream import FrameMux
 from hw.rdma.rawq import QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
-from hw.target.regbank import (TOP_COUNTER_BASE, HostDecoder, HostMemPort, HostQueues, TopRegs)
+from hw.target.regbank import (HostDecoder, HostMemPort, HostQueues, TopRegs)
 from hw.target.udplink import HostBusArbiter, UdpHostLink
 from hw.rdma.requester import RespDemux, Requester
 from hw.rdma.responder import COUNTERS as RESP_COUNTERS
