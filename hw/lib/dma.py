@@ -169,13 +169,13 @@ class DmaWriter(wiring.Component):
         # to one field becomes an `always @*` block that Verilog simulators never run.
         m.d.comb += [req.p.addr.eq(Cat(Const(0, 3), waddr)), self.mem.rsp.ready.eq(1)]
         with m.FSM():
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 m.d.comb += [self.cmd.ready.eq(1), self.idle.eq(1)]
                 with m.If(self.cmd.valid):
                     m.d.sync += [waddr.eq(self.cmd.p.addr[3:]), pos.eq(self.cmd.p.addr[:3]),
                                  buf.eq(0), strb.eq(0)]
-                    m.next = "Run"
-            with m.State("Run"):
+                    m.next = "RUN"
+            with m.State("RUN"):
                 emit = (total >= 8) | self.i.p.last
                 m.d.comb += [req.valid.eq(self.i.valid & emit), req.p.we.eq(1),
                              req.p.wdata.eq(comb_data[:64]), req.p.wstrb.eq(comb_strb[:8]),
@@ -188,14 +188,14 @@ class DmaWriter(wiring.Component):
                         m.d.sync += [buf.eq(comb_data), strb.eq(comb_strb), pos.eq(total)]
                     with m.If(self.i.p.last):
                         with m.If(total > 8):
-                            m.next = "Flush"
+                            m.next = "FLUSH"
                         with m.Else():
-                            m.next = "Idle"
-            with m.State("Flush"):
+                            m.next = "IDLE"
+            with m.State("FLUSH"):
                 m.d.comb += [req.valid.eq(1), req.p.we.eq(1), req.p.wdata.eq(buf[:64]),
                              req.p.wstrb.eq(strb[:8])]
                 with m.If(req.ready):
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 

@@ -284,7 +284,7 @@ class IcrcInsert(wiring.Component):
         sent = Signal(range(5))
         icrc_octets = lanes(icrc, 4)
         with m.FSM(name="icrc"):
-            with m.State("Packet Data"):
+            with m.State("PACKET_DATA"):
                 packer.forward(m, self.i, last=0, side=meta)
                 with m.If(fire & self.i.p.last):
                     m.d.sync += [icrc.eq(crc32_value(crc.next)), tail_meta.eq(meta),
@@ -303,5 +303,5 @@ class IcrcInsert(wiring.Component):
                 with m.If(packer.i.ready):
                     m.d.sync += sent.eq(sent + min(nl, 4))
                     with m.If(packer.i.p.last):
-                        m.next = "Packet Data"
+                        m.next = "PACKET_DATA"
         return m

@@ -337,19 +337,19 @@ class EthIpTx(wiring.Component):
             packer.forward(m, s)
             with m.If(s.valid & s.ready & s.p.last):
                 m.d.sync += count.eq(count + 1)
-                m.next = "Idle"
+                m.next = "IDLE"
 
         hidx = Signal(range(n_hdr_beats + 1))
         with m.FSM(name="tx"):
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 with m.If(self.arp.valid):
-                    m.next = "ARP Frame"
+                    m.next = "ARP_FRAME"
                 with m.Elif(self.roce.valid):
                     m.d.sync += hidx.eq(0)
-                    m.next = "Frame Header"
-            with m.State("ARP Frame"):
+                    m.next = "FRAME_HEADER"
+            with m.State("ARP_FRAME"):
                 forward_frame(self.arp, self.cnt_arp)
-            with m.State("Frame Header"):
+            with m.State("FRAME_HEADER"):
                 with m.Switch(hidx):
                     for b in range(n_hdr_beats):
                         with m.Case(b):
@@ -361,7 +361,7 @@ class EthIpTx(wiring.Component):
                 with m.If(packer.i.ready):
                     m.d.sync += hidx.eq(hidx + 1)
                     with m.If(hidx == n_hdr_beats - 1):
-                        m.next = "RoCE Packet"
-            with m.State("RoCE Packet"):
+                        m.next = "ROCE_PACKET"
+            with m.State("ROCE_PACKET"):
                 forward_frame(self.roce, self.cnt_roce)
         return m

@@ -105,14 +105,14 @@ class GmiiRx(wiring.Component):
 
         def await_frame():
             with m.If(dv & (rxd == PREAMBLE)):
-                m.next = "Preamble"
+                m.next = "PREAMBLE"
             with m.Elif(dv & (rxd == SFD)):
                 # A PHY may shorten the preamble; the SFD alone starts a frame.
                 m.d.comb += fcs.start.eq(1)
                 m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
-                m.next = "Frame Data"
+                m.next = "FRAME_DATA"
             with m.Elif(dv):
-                m.next = "Drop"
+                m.next = "DROP"
 
         def put_octet(last):
             # delay[4] into the buffer; a frame that finds it full is lost.
@@ -126,20 +126,20 @@ class GmiiRx(wiring.Component):
                 m.d.sync += overflow.eq(1)
 
         with m.FSM(name="rx"):
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 await_frame()
 
-            with m.State("Preamble"):
+            with m.State("PREAMBLE"):
                 with m.If(~dv):
-                    m.next = "Idle"
+                    m.next = "IDLE"
                 with m.Elif(rxd == SFD):
                     m.d.comb += fcs.start.eq(1)
                     m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0)]
-                    m.next = "Frame Data"
+                    m.next = "FRAME_DATA"
                 with m.Elif(rxd != PREAMBLE):
-                    m.next = "Drop"
+                    m.next = "DROP"
 
-            with m.State("Frame Data"):
+            with m.State("FRAME_DATA"):
                 with m.If(dv):
                     m.d.comb += fcs.valid.eq(1)
                     m.d.sync += [delay[0].eq(rxd)] + [delay[i].eq(delay[i - 1])
@@ -155,15 +155,15 @@ class GmiiRx(wiring.Component):
                     # End of frame: delay[4] is the last data octet, delay[0..3] the FCS, and
                     # the CRC register has taken every octet (match_detected valid now and
                     # held: the CRC takes no octet until the next SFD). The verdict is given
-                    # in the next cycle ("Frame End") from registered flags, so the CRC
+                    # in the next cycle ("FRAME_END") from registered flags, so the CRC
                     # compare and the checks do not chain into the FIFO's pointer update
                     # (the 125 MHz critical path on ECPIX-5).
                     with m.If(count >= 5):
                         put_octet(last=1)
                     m.d.sync += short.eq(count < MIN_FRAME)
-                    m.next = "Frame End"
+                    m.next = "FRAME_END"
 
-            with m.State("Frame End"):
+            with m.State("FRAME_END"):
                 with m.If(got_er):
                     m.d.comb += fifo.w_discard.eq(1)
                     m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
@@ -182,13 +182,13 @@ class GmiiRx(wiring.Component):
                 # As in Idle: a PHY that shrinks the gap to one octet may start the next
                 # frame (even with its SFD) right now. The verdict above reads the flags
                 # before the SFD clears them.
-                m.next = "Idle"
+                m.next = "IDLE"
                 await_frame()
 
-            with m.State("Drop"):
+            with m.State("DROP"):
                 # Carrier without a valid preamble/SFD: ignore until it ends.
                 with m.If(~dv):
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 
@@ -228,23 +228,23 @@ class GmiiTx(wiring.Component):
         fcs_bytes = Array(fcs.crc[8 * i:8 * i + 8] for i in range(4))
 
         with m.FSM(name="tx"):
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 with m.If(self.i.valid):
                     m.d.sync += n.eq(0)
-                    m.next = "Preamble"
+                    m.next = "PREAMBLE"
 
-            with m.State("Preamble"):
+            with m.State("PREAMBLE"):
                 m.d.comb += [txd.eq(PREAMBLE), en.eq(1)]
                 m.d.sync += n.eq(n + 1)
                 with m.If(n == 6):
-                    m.next = "Start Delimiter"
+                    m.next = "START_DELIMITER"
 
-            with m.State("Start Delimiter"):
+            with m.State("START_DELIMITER"):
                 m.d.comb += [txd.eq(SFD), en.eq(1), fcs.start.eq(1)]
                 m.d.sync += [length.eq(0), underrun.eq(0)]
-                m.next = "Frame Data"
+                m.next = "FRAME_DATA"
 
-            with m.State("Frame Data"):
+            with m.State("FRAME_DATA"):
                 m.d.comb += [en.eq(1), self.i.ready.eq(1)]
                 with m.If(self.i.valid):
                     m.d.comb += [txd.eq(self.i.payload.data), fcs.data.eq(self.i.payload.data),
@@ -256,13 +256,13 @@ class GmiiTx(wiring.Component):
                             m.d.sync += n.eq(0)
                             m.next = "FCS"
                         with m.Else():
-                            m.next = "Pad"
+                            m.next = "PAD"
                 with m.Else():
                     # Underrun: GMII cannot pause inside a frame; poison it and wait.
                     m.d.comb += er.eq(1)
                     m.d.sync += underrun.eq(1)
 
-            with m.State("Pad"):
+            with m.State("PAD"):
                 m.d.comb += [txd.eq(0), en.eq(1), fcs.data.eq(0), fcs.valid.eq(1)]
                 m.d.sync += length.eq(length + 1)
                 with m.If(length == 59):
@@ -278,13 +278,13 @@ class GmiiTx(wiring.Component):
                     m.d.sync += [n.eq(0), self.frames.eq(self.frames + 1)]
                     with m.If(underrun):
                         m.d.sync += self.underruns.eq(self.underruns + 1)
-                    m.next = "Gap"
+                    m.next = "GAP"
 
-            with m.State("Gap"):
+            with m.State("GAP"):
                 # IFG - 1 octets here plus at least one in Idle: IFG idle octets in all.
                 m.d.sync += n.eq(n + 1)
                 with m.If(n == IFG - 2):
-                    m.next = "Idle"
+                    m.next = "IDLE"
         return m
 
 

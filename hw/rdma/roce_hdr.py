@@ -264,14 +264,14 @@ class RoceTxBuilder(wiring.Component):
             m.d.sync += self.cnt_packets.eq(self.cnt_packets + 1)
             with m.If(~known):
                 m.d.sync += self.cnt_bad_opcode.eq(self.cnt_bad_opcode + 1)
-            m.next = "Idle"
+            m.next = "IDLE"
 
         with m.FSM(name="build"):
-            with m.State("Idle"):
+            with m.State("IDLE"):
                 m.d.sync += [hidx.eq(0), pad_sent.eq(0)]
                 with m.If(self.hdr.valid):
-                    m.next = "Headers"
-            with m.State("Headers"):
+                    m.next = "HEADERS"
+            with m.State("HEADERS"):
                 chunk_end = (hidx + 1) * nl >= hlen
                 with m.Switch(hidx):
                     for b in range(n_hbeats):
@@ -289,15 +289,15 @@ class RoceTxBuilder(wiring.Component):
                         with m.If(no_payload):
                             packet_done()
                         with m.Else():
-                            m.next = "Payload"
-            with m.State("Payload"):
+                            m.next = "PAYLOAD"
+            with m.State("PAYLOAD"):
                 packer.forward(m, self.payload, last=self.payload.p.last & (pad == 0))
                 with m.If(self.payload.valid & self.payload.ready & self.payload.p.last):
                     with m.If(pad == 0):
                         packet_done()
                     with m.Else():
-                        m.next = "Pad"
-            with m.State("Pad"):
+                        m.next = "PAD"
+            with m.State("PAD"):
                 left = pad - pad_sent
                 k = Mux(left > nl, nl, left)
                 m.d.comb += [packer.i.valid.eq(1), packer.i.p.data.eq(0),
