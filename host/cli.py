@@ -261,6 +261,7 @@ def _driver(args):
 
 def _link_args(p):
     """The options that choose and open the host link (``driver``, ``top``)."""
+    from host import udplink
     p.add_argument("--link", choices=("uart", "udp"), default="uart",
                    help="host link: uart (default; --port) or udp (--target-ip, --host-port)")
     p.add_argument("--port", help="uart: serial device or pyserial URL, e.g. /dev/ttyUSB1")
@@ -269,12 +270,12 @@ def _link_args(p):
     p.add_argument("--host-ip", help="udp: local address to bind (default: any)")
     p.add_argument("--host-port", type=_int_arg,
                    help="udp: local UDP port, the one the target is configured to accept")
-    p.add_argument("--target-port", type=_int_arg, default=0x4B48,
-                   help="udp: the target's host-link UDP port (default 19272)")
-    p.add_argument("--timeout", type=float, default=0.05,
-                   help="udp: seconds before a request is retransmitted (default 0.05)")
-    p.add_argument("--retries", type=_int_arg, default=8,
-                   help="udp: retransmissions before giving up (default 8)")
+    p.add_argument("--target-port", type=_int_arg, default=udplink.HOSTLINK_UDP_PORT,
+                   help="udp: the target's host-link UDP port (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=udplink.TIMEOUT,
+                   help="udp: seconds before a request is retransmitted (default %(default)s)")
+    p.add_argument("--retries", type=_int_arg, default=udplink.RETRIES,
+                   help="udp: retransmissions before giving up (default %(default)s)")
 
 
 _build_codec_parser = build_parser

@@ -23,8 +23,7 @@ API
     ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
     engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
     driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP),
-    ``max_messages`` (messages :meth:`poll_all` takes in one pass), ``burst`` (FREE bursts in
-    :meth:`poll_all`; False: one FREE at a time).
+    ``max_messages`` (messages :meth:`poll_all` takes in one pass).
 ``await init()``
     Write the table (all entries invalid), the shared ring and the DIRECT_ALLOC partition rings
     (draft initialization rules), the Head/Tail counters and a zero pool as one bulk image
@@ -246,11 +245,9 @@ class KbtpDriver:
     """KBTP slow path over a :class:`host.port.TargetPort` (see the module docstring)."""
 
     def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
-                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000, max_messages=16,
-                 burst=True):
+                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000, max_messages=16):
         self.port = port
         self.max_messages = max_messages
-        self.burst = burst
         self._backlog = deque()     # (RecvNotify, raw message or None) popped, not handled
         self.cfg = cfg
         self.lay = cfg.layout()
@@ -674,30 +671,31 @@ class KbtpDriver:
         for k, i in unread:
             self._backlog[k] = (self._backlog[k][0], got[i])
         while self._backlog and len(out) < limit:
-            run = self._free_run(limit - len(out))
-            out += await self._handle([self._backlog.popleft() for _ in range(run or 1)], now)
+            frees = self._free_run(limit - len(out))
+            out += await self._handle([self._backlog.popleft() for _ in range(len(frees) or 1)],
+                                      now, frees)
         return out
 
     def _free_run(self, limit):
-        """How many messages at the front of the backlog form a FREE burst (0: none, 2 or
-        more: FREEs of live sessions, distinct handles, decodable)."""
-        if not self.burst:
-            return 0
-        handles = set()
+        """The decoded FREEs at the front of the backlog that form a burst: 2 or more FREEs of
+        live sessions, distinct handles (none: an empty list)."""
+        frees = []
         for n, raw in self._backlog:
             c = self._conns.get(n["qp"])
-            if (len(handles) == limit or c is None or c.closed or c.session is None
+            if (len(frees) == limit or c is None or c.closed or c.session is None
                     or policy.is_hello(raw)):
                 break
             msg, _ = policy.screen(self.cfg, raw, c.session)
-            if msg is None or msg.OPCODE is not Opcode.FREE or msg.handle in handles:
+            if (msg is None or msg.OPCODE is not Opcode.FREE
+                    or msg.handle in {f.handle for f in frees}):
                 break
-            handles.add(msg.handle)
-        return len(handles) if len(handles) > 1 else 0
+            frees.append(msg)
+        return frees if len(frees) > 1 else []
 
-    async def _handle(self, batch, now):
-        """Handle ``[(notify, raw or None), ...]``: one message, or a run of FREEs
-        (:meth:`_free_run`); then hand the receive buffers back. The list of Handled."""
+    async def _handle(self, batch, now, frees=()):
+        """Handle ``[(notify, raw or None), ...]``: one message, or a run of FREEs (``frees``,
+        decoded by :meth:`_free_run`); then hand the receive buffers back. The list of
+        Handled."""
         items = []
         for n, raw in batch:
             if raw is None:
@@ -708,8 +706,8 @@ class KbtpDriver:
             items.append((live, raw, Handled(n["qp"], policy.op_name(raw), None)))
         try:
             if len(items) > 1:
-                await self._free_many([(c, policy.screen(self.cfg, raw, c.session)[0], res)
-                                       for c, raw, res in items])
+                await self._free_many([(c, msg, res)
+                                       for (c, _, res), msg in zip(items, frees)])
             elif items[0][0] is not None:
                 await self._dispatch(*items[0], now)
         except Exception:

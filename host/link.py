@@ -128,8 +128,11 @@ def check_request(req, max_words):
     _check_word("address", req.addr)
     if req.addr % 4 and cmd.value >> 4 in (1, 2):        # registers, memory (not queues)
         raise ValueError(f"{cmd.name}: address {req.addr:#x} is not a multiple of 4")
-    if not isinstance(req.count, int) or not 1 <= req.count <= max_words:
-        raise ValueError(f"{cmd.name}: count {req.count!r} is not in 1..{max_words} "
+    # STATUS answers its 4 words whatever the link's max_words: the bridge takes it before it
+    # checks the count.
+    top = 255 if cmd is Cmd.STATUS else max_words
+    if not isinstance(req.count, int) or not 1 <= req.count <= top:
+        raise ValueError(f"{cmd.name}: count {req.count!r} is not in 1..{top} "
                          f"(the link's max_words)")
     want = 4 * req.count if _writes(cmd) else 0
     if len(req.data) != want:

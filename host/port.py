@@ -13,7 +13,7 @@ written against one coroutine::
 Backends
 --------
 * a cocotb bench passes a coroutine that drives the DUT's host-bus pins (tests/hw/target/cocotb_target.py);
-* :func:`link_access` (also named :func:`uart_access`, :func:`udp_access`) adapts a host link,
+* :func:`link_access` adapts a host link,
   :class:`host.link.UartLink` (serial) or :class:`host.udplink.UdpLink` (the target's Ethernet
   port), to the same coroutine, so the driver runs unchanged on hardware;
 * a test may pass any coroutine (a fake over a bytearray).
@@ -49,9 +49,8 @@ from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
 from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TOP_COUNTER_BASE, TOP_REGS,
                             record_words)
 
-__all__ = ["TargetPort", "TargetHost", "PortReads", "HostError", "pack_record", "unpack_record",
-           "record_words", "ip_value", "mac_value", "link_access", "uart_access", "udp_access",
-           "LinkAccess", "UartAccess"]
+__all__ = ["TargetPort", "PortReads", "HostError", "pack_record", "unpack_record",
+           "record_words", "ip_value", "mac_value", "link_access", "LinkAccess"]
 
 
 class HostError(Exception):
@@ -152,13 +151,13 @@ class TargetPort:
         self._depth += 1
         try:
             yield self
-        except BaseException:
+        except BaseException as exc:
             self._depth -= 1
             if not self._depth:
                 try:
                     await self.flush()
-                except Exception:       # noqa: BLE001 - the first error is the one to report
-                    pass
+                except Exception as flush_error:    # noqa: BLE001 - the first error is raised
+                    exc.add_note(f"the batch's flush failed too: {flush_error!r}")
             raise
         self._depth -= 1
         if not self._depth:
@@ -464,10 +463,6 @@ class PortReads:
         return out
 
 
-#: The historical name (tests/hw/target/target_host.py, the cocotb bench).
-TargetHost = TargetPort
-
-
 # --------------------------------------------------------------------------------------------
 # Link backends (UART, UDP)
 # --------------------------------------------------------------------------------------------
@@ -581,7 +576,7 @@ class LinkAccess:
         """The HostError of ``op``, ``done`` of whose words went through before ``e``."""
         kind, *a = op
         if kind in ("write", "read"):
-            return HostError(kind, a[0], a[1], a[2] if kind == "write" else None)
+            return HostError(kind, a[0], a[1], a[2] if kind == "write" else None, why=str(e))
         if kind == "mem_write":
             return HostError("write", Space.MEM, a[0] + 4 * done,
                              why=f"bulk write of {len(a[1])} octets: {e}")
@@ -626,10 +621,6 @@ class LinkAccess:
         return self._one(("pop", q, n))
 
 
-#: The historical name.
-UartAccess = LinkAccess
-
-
 def link_access(link):
     """Adapt a synchronous host link (:class:`host.link.UartLink`,
     :class:`host.udplink.UdpLink`) to the port's async access callable, with bulk
@@ -637,7 +628,3 @@ def link_access(link):
     (batches: :meth:`TargetPort.batch`). Link timeouts and framing errors propagate as
     :class:`host.link.LinkError`; refused accesses answer ``err``."""
     return LinkAccess(link)
-
-
-#: The UART and UDP links take the same adapter.
-uart_access = udp_access = link_access

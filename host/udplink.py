@@ -68,20 +68,18 @@ import time
 from host.link import (FrameLink, LinkError, LinkTimeout, check_request, encode_request,
                        parse_response, request_size, response_size)
 from hw.target.hostlink import SOF_RESPONSE
+# The datagram format is the gateware's (hw/target/udplink.py): one definition of each number.
+from hw.target.udplink import (HEADER, HOSTLINK_UDP_PORT, MAGIC as _MAGIC, MAX_PAYLOAD,
+                               T_REQUEST, T_RESPONSE, T_SYNC, T_SYNC_RESPONSE, VERSION)
 
 __all__ = ["UdpLink", "SocketTransport", "CallableTransport", "HOSTLINK_UDP_PORT", "MAGIC",
            "VERSION", "MAX_PAYLOAD", "HEADER", "T_REQUEST", "T_RESPONSE", "T_SYNC",
-           "T_SYNC_RESPONSE", "pack_header", "unpack_header"]
+           "T_SYNC_RESPONSE", "TIMEOUT", "RETRIES", "pack_header", "unpack_header"]
 
-#: UDP destination port of the target's host-link endpoint ("KH").
-HOSTLINK_UDP_PORT = 0x4B48
-MAGIC = b"KH"
-VERSION = 1
-#: Octets of the datagram header (magic, version, type, seq).
-HEADER = 8
-#: Largest UDP payload either way (1500-octet MTU - 20 IPv4 - 8 UDP).
-MAX_PAYLOAD = 1472
-T_REQUEST, T_RESPONSE, T_SYNC, T_SYNC_RESPONSE = 0, 1, 2, 3
+#: The header's magic, "KH" (the gateware's is the same two octets as a number).
+MAGIC = _MAGIC.to_bytes(2, "big")
+#: Seconds before a request is sent again, and how many times, by default.
+TIMEOUT, RETRIES = 0.05, 8
 _TYPES = {T_REQUEST: "request", T_RESPONSE: "response", T_SYNC: "sync request",
           T_SYNC_RESPONSE: "sync response"}
 M32 = (1 << 32) - 1
@@ -174,7 +172,7 @@ class UdpLink(FrameLink):
     ``stale`` (well-formed datagrams of another seq or type), ``bad`` (malformed).
     """
 
-    def __init__(self, transport, *, timeout=0.05, retries=8, max_words=64,
+    def __init__(self, transport, *, timeout=TIMEOUT, retries=RETRIES, max_words=64,
                  max_payload=MAX_PAYLOAD, seed=None, clock=time.monotonic):
         if isinstance(transport, tuple):
             transport = CallableTransport(*transport)
@@ -186,7 +184,7 @@ class UdpLink(FrameLink):
             raise ValueError(f"timeout {timeout!r} is not a positive number of seconds")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries {retries!r} is not a non-negative int")
-        worst = HEADER + max(8 + 4 * max_words, 5 + 4 * max_words)
+        worst = HEADER + 8 + 4 * max_words     # a request of max_words (its response: 5 + 4 *)
         if not isinstance(max_payload, int) or worst > max_payload:
             raise ValueError(f"max_payload {max_payload!r} cannot carry one frame of max_words "
                              f"{max_words} ({worst} octets with the header)")

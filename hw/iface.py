@@ -32,7 +32,7 @@ __all__ = [
     "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS",
     "MemReq", "MemRsp", "MemBusSignature",
     "WrOp", "WcStatus", "RecvNotify", "RecvRepost", "WorkRequest", "WorkCompletion",
-    "Space", "HostBusSignature",
+    "Space", "HostBusSignature", "counter_ports",
 ]
 
 #: Byte address width of target memory.
@@ -42,6 +42,11 @@ MEM_DATA_BITS = 64
 #: Width of a queue pair number on the wire, and of a local QP table index.
 QPN_BITS = 24
 QP_INDEX_BITS = 4
+
+
+def counter_ports(names):
+    """Signature members ``cnt_<name>: Out(32)``, one per event counter in ``names``."""
+    return {f"cnt_{c}": Out(32) for c in names}
 
 
 # --------------------------------------------------------------------------------------------

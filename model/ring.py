@@ -463,6 +463,18 @@ class _Machine:
         return event
 
 
+def _claim_step(ring, st, then):
+    """The two phases every allocation starts with (target or initiator): ``start`` FetchAdds
+    Head for a ticket; ``read`` reads the ticket's slot (one 16-octet read) and goes on to the
+    phase ``then`` with the Block Offset it read."""
+    if st[0] == "start":
+        t, o = ring.fetch_add_counter("head")
+        return ("read", t, o), ("fetch_head", t, o)
+    _, t, o = st
+    seq, bo = ring.read_slot(o)
+    return (then, t, o, bo), ("read", t, o, seq, bo)
+
+
 class Allocator(_Machine):
     """Target-executed allocation chain: FetchAdd Head; read slot (until its Sequence is the ticket
     and it is not empty); mark it consumed.
@@ -483,13 +495,8 @@ class Allocator(_Machine):
     @staticmethod
     def advance(ring, st):
         ph = st[0]
-        if ph == "start":
-            t, o = ring.fetch_add_counter("head")
-            return ("read", t, o), ("fetch_head", t, o)
-        if ph == "read":
-            _, t, o = st
-            seq, bo = ring.read_slot(o)          # one 16-octet read
-            return ("consume", t, o, bo), ("read", t, o, seq, bo)
+        if ph in ("start", "read"):
+            return _claim_step(ring, st, "consume")
         if ph == "consume":
             _, t, o, b = st
             ring.write_block_offset(o, SLOT_EMPTY)
@@ -523,13 +530,8 @@ class DirectAllocator(_Machine):
     @staticmethod
     def advance(ring, st):
         ph = st[0]
-        if ph == "start":
-            t, o = ring.fetch_add_counter("head")
-            return ("read", t, o), ("fetch_head", t, o)
-        if ph == "read":
-            _, t, o = st
-            seq, bo = ring.read_slot(o)
-            return ("confirm", t, o, bo), ("read", t, o, seq, bo)
+        if ph in ("start", "read"):
+            return _claim_step(ring, st, "confirm")
         if ph == "confirm":
             _, t, o, b = st
             seq, bo = ring.read_slot(o)

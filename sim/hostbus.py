@@ -7,7 +7,7 @@
 ``Simulator.add_testbench``) and returns ``(rdata, err)``. It waits at most ``limit`` cycles for
 ``ack`` and raises otherwise: ``limit=1`` asserts that the block answers in the cycle of the
 request (a register window decoded combinationally). The cocotb benches and the Verilated
-harness drive the same signals through their own simulators (tests/hw/target/target_host.py,
+harness drive the same signals through their own simulators (sim/hdl.py cocotb_host_access,
 sim/vltarget.py).
 """
 

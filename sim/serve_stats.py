@@ -36,7 +36,7 @@ from host.codec import KbtpError
 from hw.headers import BthOpcode, Features
 from roce.frames import FrameError, parse_frame
 
-__all__ = ["BoardTimer", "MAX_RECORDS", "write_stats", "read_stats", "STATS_VERSION"]
+__all__ = ["BoardTimer", "MAX_RECORDS", "write_stats", "STATS_VERSION"]
 
 MAX_RECORDS = 10000
 STATS_VERSION = 1
@@ -251,11 +251,3 @@ def write_stats(path, data):
         json.dump(_jsonable(dict(data, version=STATS_VERSION, written=time.time())), f)
     os.replace(tmp, path)
 
-
-def read_stats(path):
-    """The JSON of a stats file (``None`` when it does not exist yet)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None

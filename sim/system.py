@@ -39,17 +39,39 @@ from sim.channel import LossyLink
 from model.target import SendMsg, TargetConfig, TargetModel, WriteImm
 from roce.rc import RoceEndpoint
 
-__all__ = ["SystemBench", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
+__all__ = ["same_events", "SystemBench", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
            "direct_step", "one_sided", "block_census", "DIRECT", "PERIOD_NS", "T_MAC", "T_IP",
            "P_MAC", "P_IP", "T_QPN0", "P_QPN0", "PMTU", "PMTU_CODE", "STEP"]
 
 PERIOD_NS = 8
+
 T_MAC, T_IP = "02:4b:42:54:50:01", "10.0.0.2"
 P_MAC, P_IP = "02:00:00:00:00:02", "10.0.0.1"
 T_QPN0, P_QPN0 = 0x11, 0x20
 PMTU, PMTU_CODE = 1024, 3
 STEP = 32
 DIRECT = Features.DIRECT_LOAD.value | Features.DIRECT_ALLOC.value
+
+
+def same_events(exp, obs, pmem=None):
+    """Whether the observed events ``obs`` of one connection are the model's ``exp``: the same
+    kinds in the same order, SENDs to the octet, records (``IMM``) by their Immediate and, given
+    the initiator's memory ``pmem``, by the octets written there (read back from it)."""
+    if len(exp) != len(obs):
+        return False
+    for e, o in zip(exp, obs):
+        if e[0] != o[0]:
+            return False
+        if e[0] == "SEND" and e != o:
+            return False
+        if e[0] == "IMM":
+            _, imm, stag, to, data = e
+            if o[1] != imm:
+                return False
+            if pmem is not None and (stag not in pmem.bufs
+                                     or pmem.contents(stag)[:len(data)] != data):
+                return False
+    return True
 
 
 def model_config(**over):
@@ -354,25 +376,6 @@ class SystemBench:
     def observed(self, batch):
         return {q: list(self.events[q]) for q, _ in batch}
 
-    @staticmethod
-    def _same(exp, obs, pmem):
-        """Model events vs observed ones (records: the written octets are read back from the
-        initiator's buffer)."""
-        if len(exp) != len(obs):
-            return False
-        for e, o in zip(exp, obs):
-            if e[0] != o[0]:
-                return False
-            if e[0] == "SEND" and e != o:
-                return False
-            if e[0] == "IMM":
-                _, imm, stag, to, data = e
-                if o[1] != imm or stag not in pmem.bufs:
-                    return False
-                if pmem.contents(stag)[:len(data)] != data:
-                    return False
-        return True
-
     async def hang_report(self, batch):
         from hw.iface import REG_KBTP
         from hw.kbtp.engine import reg as ENG
@@ -406,7 +409,7 @@ class SystemBench:
         for order in itertools.permutations(range(len(batch))):
             m = copy.deepcopy(self.model)
             exp = self.expected(m, order, batch)
-            if not all(self._same(exp[q], obs[q], self.pmem) for q, _ in batch):
+            if not all(same_events(exp[q], obs[q], self.pmem) for q, _ in batch):
                 first = first or exp
                 continue
             fits.append((order, m))

@@ -155,7 +155,7 @@ class DmaWriter(wiring.Component):
         buf = Signal(128)
         strb = Signal(16)
         n = Signal(range(nl + 1))
-        m.d.comb += n.eq(keep_count(self.i.p.keep, nl))
+        m.d.comb += n.eq(keep_count(self.i.p.keep))
         comb_data = Signal(128)
         comb_strb = Signal(16)
         total = Signal(5)
@@ -235,7 +235,7 @@ class WordWriter(wiring.Component):
         o = self.o
         pos = a[0:3]
         n = Signal(range(nl + 1))
-        m.d.comb += n.eq(keep_count(self.i.p.keep, nl))
+        m.d.comb += n.eq(keep_count(self.i.p.keep))
         sh_data = Signal(128)
         sh_mask = Signal(16)
         m.d.comb += [sh_data.eq(self.i.p.data << (pos * 8)),

@@ -159,7 +159,7 @@ class OctetPacker(wiring.Component):
             self.i.valid.eq(s.valid),
             self.i.p.data.eq(s.p.data),
             self.i.p.lo.eq(0),
-            self.i.p.n.eq(keep_count(s.p.keep, self._lanes)),
+            self.i.p.n.eq(keep_count(s.p.keep)),
             self.i.p.last.eq(s.p.last if last is None else last),
             s.ready.eq(self.i.ready),
         ]

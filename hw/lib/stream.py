@@ -32,11 +32,10 @@ def PacketStream(width):
     return stream.Signature(packet_layout(width))
 
 
-def keep_count(keep, n_lanes=None):
+def keep_count(keep):
     """Number of valid lanes of a ``keep`` mask (contiguous from lane 0, as on every beat), as a
-    value of ``range(n_lanes + 1)``; ``n_lanes`` defaults to the width of ``keep``."""
-    n_lanes = len(keep) if n_lanes is None else n_lanes
-    return sum((keep[j] for j in range(n_lanes)), Const(0, range(n_lanes + 1)))
+    value of ``range(len(keep) + 1)``."""
+    return sum((keep[j] for j in range(len(keep))), Const(0, range(len(keep) + 1)))
 
 
 class RecordMerge(wiring.Component):

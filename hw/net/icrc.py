@@ -144,7 +144,7 @@ class _BeatCrc:
         octs = lanes(masked, nl)
         self.next = Signal(32)
         n = Signal(range(nl + 1))
-        m.d.comb += n.eq(keep_count(keep, nl))
+        m.d.comb += n.eq(keep_count(keep))
         # A full beat goes through the nl-octet matrix. A partial one (the last beat of a
         # packet: k < nl valid octets, contiguous from lane 0) goes through a chain of the
         # nl/2-, nl/4-, ..., 1-octet matrices, one per set bit of k, largest first, each over
@@ -218,7 +218,6 @@ class IcrcCheck(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        nl = self._width // 8
         m.submodules.fifo = pf = PacketFifo(self._width, self._depth, side=RoceRxMeta,
                                             max_packets=self._max_packets, drop_oversize=True)
         wiring.connect(m, pf.r, wiring.flipped(self.o))
@@ -231,7 +230,7 @@ class IcrcCheck(wiring.Component):
             udp_src_port=meta.udp_src_port, udp_length=meta.udp_length)
         fire, pos = crc.fire, crc.pos
         # Octets of the packet so far, this beat included (pos saturates past 64 KiB).
-        length_ok = (pos + keep_count(self.i.p.keep, nl)) == (meta.udp_length - 8)
+        length_ok = (pos + keep_count(self.i.p.keep)) == (meta.udp_length - 8)
         crc_ok = crc.next == _RESIDUE_REG
         good = crc_ok & length_ok
         wiring.connect(m, wiring.flipped(self.i), pf.w)

@@ -15,6 +15,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.headers import (EthernetHeader, IPv4Header, UDPHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4,
                         ROCE_UDP_PORT)
+from hw.iface import counter_ports
 from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, octets_be
 from hw.lib.stream import PacketStream, keep_count, packet_layout
 
@@ -30,9 +31,10 @@ BROADCAST_MAC = (1 << 48) - 1
 
 
 def ones_sum(words):
-    """16-bit one's-complement sum (end-around carry) of a list of 16-bit values."""
+    """16-bit one's-complement sum (end-around carry) of a list of values: 16-bit words, or
+    partial sums of them (the UDP link passes 28-bit ones)."""
     total = sum(words[1:], words[0])
-    # 10 words of 16 bits fit in 20 bits: two folds are enough.
+    # Two folds are enough for any total below 2**32: the first leaves at most 0x1FFFE.
     fold = total[:16] + total[16:]
     return (fold[:16] + fold[16:])[:16]
 
@@ -122,9 +124,8 @@ class EthIpRx(wiring.Component):
             "arp": Out(PacketStream(width)),
             "own_mac": In(48),
             "own_ip": In(32),
+            **counter_ports(self.COUNTERS),
         }
-        for c in self.COUNTERS:
-            members[f"cnt_{c}"] = Out(32)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -190,7 +191,7 @@ class EthIpRx(wiring.Component):
         now_end = Signal(17)
         m.d.comb += now_end.eq(Mux(mode == PASS, roce_end, n_hdr + udp.length - 8))
         # A frame shorter than its UDP length ends where its last beat's keep says.
-        frame_end = pos + keep_count(self.i.p.keep, nl)
+        frame_end = pos + keep_count(self.i.p.keep)
         cut_end = Mux(self.i.p.last & (frame_end < now_end), frame_end, now_end)
         lo, n, reaches = lane_region(m, pos, n_hdr, cut_end, nl, "rr")
         pass_now = (mode == PASS) | ((mode == HDR) & decision_beat & reason[idx["roce"]])

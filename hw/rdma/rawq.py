@@ -119,7 +119,7 @@ class RawQueues(wiring.Component):
         fire = t.valid
         cap = HeaderCapture(_NEED, w, "rawh").add(m, pos, t.p.data, fire)
         v = cap.value
-        end = pos + keep_count(t.p.keep, nl)
+        end = pos + keep_count(t.p.keep)
         match = Signal()
         m.d.comb += match.eq(
             (end >= _NEED)

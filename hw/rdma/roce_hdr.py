@@ -143,7 +143,7 @@ class RoceRxParser(wiring.Component):
         m.d.comb += ok.eq(Mux(hdr_done, ok_r, known & ~malformed))
 
         # Never read past the stream's end (a packet shorter than its UDP length).
-        stream_end = pos + keep_count(self.i.p.keep, nl)
+        stream_end = pos + keep_count(self.i.p.keep)
         cut_end = Mux(self.i.p.last & (stream_end < pay_end), stream_end, pay_end)
         lo, n, reaches = lane_region(m, pos, hlen, cut_end, nl, "pl")
         feed = ok & ~pay_done

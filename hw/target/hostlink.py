@@ -97,7 +97,18 @@ class LinkStatus(enum.Enum, shape=8):
     BAD_ALIGN = 7
 
 
-class UartRx(wiring.Component):
+class _UartHalf(wiring.Component):
+    """What the receiver and the transmitter share: the bit period, ``divisor`` clock
+    cycles (>= 4), checked here."""
+
+    def __init__(self, divisor):
+        if divisor < 4:
+            raise ValueError(f"UART divisor {divisor} is below 4 cycles per bit")
+        self.divisor = divisor
+        super().__init__()
+
+
+class UartRx(_UartHalf):
     """8N1 UART receiver, LSB first.
 
     Parameters
@@ -116,12 +127,6 @@ class UartRx(wiring.Component):
     data: Out(8)
     valid: Out(1)
     error: Out(1)
-
-    def __init__(self, divisor):
-        if divisor < 4:
-            raise ValueError(f"UART divisor {divisor} is below 4 cycles per bit")
-        self.divisor = divisor
-        super().__init__()
 
     def elaborate(self, platform):
         m = Module()
@@ -166,7 +171,7 @@ class UartRx(wiring.Component):
         return m
 
 
-class UartTx(wiring.Component):
+class UartTx(_UartHalf):
     """8N1 UART transmitter, LSB first.
 
     Ports
@@ -179,12 +184,6 @@ class UartTx(wiring.Component):
     data: In(8)
     valid: In(1)
     ready: Out(1)
-
-    def __init__(self, divisor):
-        if divisor < 4:
-            raise ValueError(f"UART divisor {divisor} is below 4 cycles per bit")
-        self.divisor = divisor
-        super().__init__()
 
     def elaborate(self, platform):
         m = Module()
@@ -300,8 +299,9 @@ class HostLinkEngine(wiring.Component):
 
         # Payload buffer: filled from the request (writes) or from the bus (reads), then drained
         # to the bus (writes) or the response (reads). A write is only executed once its CRC has
-        # been checked, hence the buffer.
-        m.submodules.buf = buf = Memory(shape=32, depth=self.max_words, init=[])
+        # been checked, hence the buffer. STATUS puts its 4 counters here too, whatever
+        # max_words.
+        m.submodules.buf = buf = Memory(shape=32, depth=max(self.max_words, 4), init=[])
         s = SimpleNamespace(
             rx_crc=rx_crc, tx_crc=tx_crc, wr=buf.write_port(),
             cmd=Signal(8), addr=Signal(32), count=Signal(8), status=Signal(LinkStatus),

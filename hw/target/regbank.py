@@ -202,15 +202,19 @@ class HostQueues(wiring.Component):
                           "wc": In(stream.Signature(WorkCompletion)),
                           "repost": Out(stream.Signature(RecvRepost))})
 
-    def _pop(self, m, q, port, layout):
-        b = self.bus
+    def _queue(self, m, q, layout):
+        """Queue ``q``'s FIFO of ``layout`` records, its word count and word index."""
         n = record_words(layout)
         size = data.Layout.cast(layout).size
         f = fifo.SyncFIFOBuffered(width=size, depth=self.depth)
         m.submodules[f"q{q}"] = f
+        return n, size, f, Signal(range(n), name=f"q{q}_idx")
+
+    def _pop(self, m, q, port, layout):
+        b = self.bus
+        n, size, f, idx = self._queue(m, q, layout)
         m.d.comb += [f.w_data.eq(port.payload.as_value()), f.w_en.eq(port.valid),
                      port.ready.eq(f.w_rdy)]
-        idx = Signal(range(n), name=f"q{q}_idx")
         padded = Cat(f.r_data, Const(0, 32 * n - size))
         with m.If((b.space == Space.QUEUE) & (b.addr == q) & b.re):
             m.d.comb += [b.ack.eq(1), b.err.eq(~f.r_rdy),
@@ -226,12 +230,8 @@ class HostQueues(wiring.Component):
 
     def _push(self, m, q, port, layout):
         b = self.bus
-        n = record_words(layout)
-        size = data.Layout.cast(layout).size
-        f = fifo.SyncFIFOBuffered(width=size, depth=self.depth)
-        m.submodules[f"q{q}"] = f
+        n, size, f, idx = self._queue(m, q, layout)
         m.d.comb += [port.payload.eq(f.r_data), port.valid.eq(f.r_rdy), f.r_en.eq(port.ready)]
-        idx = Signal(range(n), name=f"q{q}_idx")
         acc = Signal(32 * n, name=f"q{q}_acc")
         # Words arrive least significant first: shift right, the newest word on top.
         m.d.comb += f.w_data.eq(Cat(acc[32:], b.wdata)[:size])

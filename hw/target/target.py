@@ -233,7 +233,7 @@ class KbtpTarget(wiring.Component):
         sm.qpf = qpf = QpFilter(w)
         sm.txmux = txmux = FrameMux(w, 3 if self.udp_link else 2)
         if self.udp_link:
-            sm.udplink = udplink = UdpHostLink(w, base=REG_UDPLINK)
+            sm.udplink = udplink = UdpHostLink(w)
             sm.hostarb = hostarb = HostBusArbiter(2)
         windows = [
             [(Space.REG, REG_TOP, 0x1000)],

@@ -77,7 +77,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader
-from hw.iface import REG_UDPLINK, HostBusSignature
+from hw.iface import REG_UDPLINK, HostBusSignature, counter_ports
 from hw.lib.fifo import PacketFifo
 from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, lanes, octets_be
 from hw.lib.stream import PacketStream, keep_count, packet_layout
@@ -182,9 +182,7 @@ class UdpLinkRx(wiring.Component):
         self._max_packets = max_packets
         members = {"i": In(PacketStream(width)), "o": Out(stream.Signature(stored_layout(width))),
                    "own_mac": In(48), "own_ip": In(32), "host_mac": In(48), "host_ip": In(32),
-                   "host_port": In(16), "enable": In(1)}
-        for c in self.COUNTERS:
-            members[f"cnt_{c}"] = Out(32)
+                   "host_port": In(16), "enable": In(1), **counter_ports(self.COUNTERS)}
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -404,8 +402,8 @@ class UdpLinkTx(wiring.Component):
     """Send one response datagram per ``start``: Ethernet / IPv4 / UDP / KH header built from
     the inputs (held steady while ``busy``), then ``body_len`` octets from the response RAM
     (``rd_*``, one beat of ``width`` bits per address, dense from lane 0), or for a sync
-    response the 4 octets of ``value``. Two cycles compute the checksums (the UDP checksum from
-    ``body_sum``, the body's one's-complement partial sum), one loads the header register.
+    response the 4 octets of ``value``. One cycle computes the checksums (the UDP checksum from
+    ``body_sum``, the body's one's-complement partial sum), the next loads the header register.
 
     Ports
     -----
@@ -556,9 +554,7 @@ class UdpHostLink(wiring.Component):
                    "bus": Out(HostBusSignature()), "regs": In(HostBusSignature()),
                    "own_mac": In(48), "own_ip": In(32),
                    "host_mac": Out(48), "host_ip": Out(32), "host_port": Out(16),
-                   "enable": Out(1), "expected": Out(32)}
-        for c in UDPLINK_COUNTERS:
-            members[f"cnt_{c}"] = Out(32)
+                   "enable": Out(1), "expected": Out(32), **counter_ports(UDPLINK_COUNTERS)}
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -630,7 +626,8 @@ class UdpHostLink(wiring.Component):
                     with m.Elif(side.seq == self.expected):
                         m.d.sync += [ridx.eq(0), rsum.eq(0)]
                         m.next = "HEADER"
-                    with m.Elif(kept.valid & (side.seq == self.expected - 1)):
+                    # Modulo 2**32: after seq 0xFFFFFFFF ran, ``expected`` is 0.
+                    with m.Elif(kept.valid & (side.seq == (self.expected - 1)[:32])):
                         count("duplicate")
                         m.d.sync += job.then_send.eq(1)
                         m.next = "DRAIN"
@@ -669,8 +666,7 @@ class UdpHostLink(wiring.Component):
                 with m.If(eng.idle):
                     count("executed")
                     m.d.sync += [self.expected.eq(self.expected + 1), kept.valid.eq(1),
-                                 kept.seq.eq(job.seq), kept.len.eq(ridx), kept.sum.eq(rsum),
-                                 job.sync.eq(0)]
+                                 kept.seq.eq(job.seq), kept.len.eq(ridx), kept.sum.eq(rsum)]
                     m.next = "SEND"
             with m.State("SEND"):
                 m.d.comb += tx.start.eq(1)

@@ -1,11 +1,11 @@
 # Ref: hw/target/hostlink.py (UART wire protocol, bus spaces, demo target map); host/link.py;
-#      host/port.py (uart_access); model/target.py (the oracle of the driver run).
+#      host/port.py (link_access); model/target.py (the oracle of the driver run).
 """The UART backend of the host port.
 
-1. :func:`host.port.uart_access` through the real bridge gateware (HostLinkUart + the demo bus
+1. :func:`host.port.link_access` through the real bridge gateware (HostLinkUart + the demo bus
    target, bit-level UART, tests/hw/target/test_hostlink.py's SimSerial): registers, single and bulk
    memory (the two paths must agree on octet order), queues, refused accesses.
-2. The driver over UartLink + uart_access against a frame-level bridge written here from the
+2. The driver over UartLink + link_access against a frame-level bridge written here from the
    protocol text (CRC from amaranth.lib.crc's catalogue), in front of tests/host/test_driver.py's
    fake target: HELLO / ALLOC_STORE / FREE replies and memory still equal the golden model's.
 """
@@ -19,7 +19,7 @@ from amaranth.lib.crc import catalog
 
 from hw.headers import Status
 from host.link import UartLink
-from host.port import HostError, TargetPort, pack_record, uart_access
+from host.port import HostError, TargetPort, pack_record, link_access
 from hw.target.hostlink import DEMO_ID, SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
 from hw.iface import RecvNotify, Space
 
@@ -34,9 +34,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_uart_access_on_the_bridge_gateware():
+def test_link_access_on_the_bridge_gateware():
     top, serial, link = make_link(max_words=4, mem_words=32)
-    port = TargetPort(uart_access(link))
+    port = TargetPort(link_access(link))
     rng = random.Random(5)
 
     async def go():
@@ -148,7 +148,7 @@ class PyBridge:
 def test_driver_over_uart_matches_model():
     w = World()
     bridge = PyBridge(w.fake)
-    w.drv.port = TargetPort(uart_access(UartLink(bridge, max_words=16)))
+    w.drv.port = TargetPort(link_access(UartLink(bridge, max_words=16)))
     w.slow(0, hello(1))
     w.slow(1, hello(2))
     for k in range(3):

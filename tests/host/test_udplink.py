@@ -96,7 +96,7 @@ def request(seq, *frames):
 def test_api_round_trips_and_errors():
     bus, ep, sim, link = rig()
     assert link.read_reg(0) == 0x4B425450
-    assert link.expected == 101 and ep.counters["syncs"] == 1      # synced on first use
+    assert link.expected == 101 and ep.counters["sync"] == 1      # synced on first use
     link.write_reg(0x08, 0xCAFEF00D)
     assert link.read_reg(0x08) == 0xCAFEF00D
     data = bytes(range(256)) * 3
@@ -170,7 +170,7 @@ def test_lossy_network_is_transparent():
             assert b.run() == [ref[x] for x in sorted(ref)]
     assert link.stats["retransmits"] and link.stats["stale"] and not link.stats["timeouts"]
     c = ep.counters
-    assert c["resent"] and c["bad_checksum"] and sim.stats["reordered"]
+    assert c["duplicate"] and c["bad_csum"] and sim.stats["reordered"]
     # exactly-once: every request datagram the host saw answered ran once
     assert c["executed"] == link.stats["exchanges"]
 
@@ -184,18 +184,18 @@ def test_target_rules_on_injected_datagrams():
     cases = [
         (host_frame(request(5, w)), "bad_seq"),                             # ahead
         (host_frame(request(0xFFFFFFFE, w)), "bad_seq"),                    # expected - 2
-        (host_frame(request(0, w), src_mac="02:00:00:00:00:09"), "bad_source"),
-        (host_frame(request(0, w), src_ip="10.0.0.9"), "bad_source"),
-        (host_frame(request(0, w), sport=HOST["port"] + 1), "bad_source"),
-        (host_frame(request(0, w), checksum=False), "bad_checksum"),
+        (host_frame(request(0, w), src_mac="02:00:00:00:00:09"), "bad_src"),
+        (host_frame(request(0, w), src_ip="10.0.0.9"), "bad_src"),
+        (host_frame(request(0, w), sport=HOST["port"] + 1), "bad_src"),
+        (host_frame(request(0, w), checksum=False), "bad_csum"),
         (host_frame(request(0, w)[:-1]), "malformed"),                      # last frame cut
         (host_frame(b"KH\x02\x00" + bytes(4)), "malformed"),                 # version 2
         (host_frame(pack_header(T_RESPONSE, 0)), "malformed"),
-        (host_frame(request(0, w), dport=HOSTLINK_UDP_PORT + 1), "not_for_us"),
+        (host_frame(request(0, w), dport=HOSTLINK_UDP_PORT + 1), "ignored"),
     ]
     bad = bytearray(host_frame(request(0, w)))
     bad[-3] ^= 0x10                             # a data octet: the UDP checksum catches it
-    cases.append((bytes(bad), "bad_checksum"))
+    cases.append((bytes(bad), "bad_csum"))
     for frame, counter in cases:
         before = dict(e)
         assert ep.receive_frame(frame) == [], counter
@@ -203,7 +203,7 @@ def test_target_rules_on_injected_datagrams():
     assert bus.regs[0x10] == 1 and e["executed"] == 1
     # expected - 1: the cached response again, nothing executed
     again = ep.receive_frame(host_frame(request(0xFFFFFFFF, w)))
-    assert e["resent"] == 1 and bus.regs[0x10] == 1
+    assert e["duplicate"] == 1 and bus.regs[0x10] == 1
     assert parse_udp_frame(again[0])["payload"][:8] == pack_header(T_RESPONSE, 0xFFFFFFFF)
     # a sync request executes nothing and names expected
     (r,) = ep.receive_frame(host_frame(pack_header(T_SYNC, 0x1234)))
@@ -395,7 +395,7 @@ def test_socket_transport(udp_target):
     with pytest.raises(LinkTimeout):
         other.read_reg(0)
     other.close()
-    assert ep.counters["bad_source"] == 2
+    assert ep.counters["bad_src"] == 2
 
 
 def test_cli_driver_over_udp(monkeypatch, capsys):

@@ -2,20 +2,25 @@
 #      (the frames); host/udplink.py (the host side); RFC 768 / 791 (UDP and IPv4 checksums).
 """A Python reference of the target's UDP host-link endpoint, and a lossy network to it.
 
-:class:`UdpHostLinkEndpoint` applies the target's rules (issue 23) to whole Ethernet frames:
+:class:`UdpHostLinkEndpoint` applies the target's rules (hw/target/udplink.py, whose counter
+names it uses) to whole Ethernet frames, a frame counted by the first rule it fails:
 
 * only IPv4/UDP to the target's MAC, IP and port :data:`~host.udplink.HOSTLINK_UDP_PORT` is
-  looked at (anything else: ``not_for_us``); a wrong IPv4 header checksum: ``bad_ip``;
-* only from the configured host MAC, IP and UDP source port (else ``bad_source``), with a
-  present (non-zero) and correct UDP checksum (else ``bad_checksum``);
+  looked at (anything else: ``ignored``);
+* only from the configured host MAC, IP and UDP source port (else ``bad_src``), with a correct
+  IPv4 header checksum and a present (non-zero), correct UDP checksum (else ``bad_csum``);
 * a payload that is not a version-1 host-link request or sync request, or whose frames do not
   parse back to back, or longer than 1472 octets: ``malformed`` (nothing executed);
-* sync request: answered with ``expected``, nothing executed (``syncs``);
+* sync request: answered with ``expected``, nothing executed (``sync``);
 * request, ``seq == expected``: every frame executed in order, one response frame each
   (``BAD_CRC`` / ``BAD_CMD`` / ``BAD_COUNT`` / ``BAD_ALIGN`` for a frame the bridge would
   refuse), the response datagram cached, ``expected`` advanced (``executed``);
-  ``seq == expected - 1``: the cached response again, nothing executed (``resent``); any other
-  seq: dropped (``bad_seq``).
+  ``seq == expected - 1``: the cached response again, nothing executed (``duplicate``); any
+  other seq: dropped (``bad_seq``).
+
+What the gateware has and this reference has not: the enable bit (``disabled``: this endpoint
+is always enabled) and a bounded datagram store (``overrun``); it also counts no
+``tx_datagrams``. The host's behaviour under loss does not depend on either.
 
 Bus accesses go through a :class:`tests.host.test_driver_uart.PyBridge` (the frame-level UART
 bridge of the UART tests, in front of the test driver's fake target), one frame at a time.
@@ -119,8 +124,8 @@ class UdpHostLinkEndpoint:
         self.expected = expected & 0xFFFFFFFF
         self.cache = None               # (seq, response payload)
         self.counters = dict.fromkeys(
-            ("executed", "resent", "syncs", "not_for_us", "bad_ip", "bad_source",
-             "bad_checksum", "malformed", "bad_seq", "frames_ok", "crc_errors", "bus_errors"), 0)
+            ("ignored", "bad_src", "bad_csum", "malformed", "executed", "duplicate", "bad_seq",
+             "sync", "frames_ok", "crc_errors", "bus_errors"), 0)
 
     # ---- frames -----------------------------------------------------------------------------
     def _frames(self, body):
@@ -184,18 +189,15 @@ class UdpHostLinkEndpoint:
         u = parse_udp_frame(frame)
         if u is None or u["dst_mac"] != mac_bytes(self.target["mac"]) \
                 or u["dst_ip"] != ip_int(self.target["ip"]) or u["dport"] != HOSTLINK_UDP_PORT:
-            c["not_for_us"] += 1
-            return []
-        if not u["ip_ok"]:
-            c["bad_ip"] += 1
+            c["ignored"] += 1
             return []
         if (u["src_mac"], u["src_ip"], u["sport"]) != (mac_bytes(self.host["mac"]),
                                                        ip_int(self.host["ip"]),
                                                        self.host["port"]):
-            c["bad_source"] += 1
+            c["bad_src"] += 1
             return []
-        if not u["checksum"] or not u["checksum_ok"]:
-            c["bad_checksum"] += 1
+        if not u["ip_ok"] or not u["checksum"] or not u["checksum_ok"]:
+            c["bad_csum"] += 1
             return []
         p = u["payload"]
         if len(p) < HEADER or len(p) > MAX_PAYLOAD or p[:3] != b"KH\x01" \
@@ -204,11 +206,11 @@ class UdpHostLinkEndpoint:
             return []
         kind, seq = p[3], int.from_bytes(p[4:8], "big")
         if kind == T_SYNC:
-            c["syncs"] += 1
+            c["sync"] += 1
             return [self._reply(pack_header(kind + 1, seq) + self.expected.to_bytes(4, "big"))]
         if seq == (self.expected - 1) & 0xFFFFFFFF and self.cache is not None \
                 and self.cache[0] == seq:
-            c["resent"] += 1
+            c["duplicate"] += 1
             return [self._reply(self.cache[1])]
         if seq != self.expected:
             c["bad_seq"] += 1

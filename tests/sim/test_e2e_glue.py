@@ -9,7 +9,6 @@ source, RDMA WRITE of LOAD data, SEND of the COMPLETION). Also over a lossy link
 gateware-not-ready exit, and the pcap writer (read back with scapy).
 """
 
-import os
 from pathlib import Path
 import random
 import subprocess

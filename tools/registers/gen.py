@@ -13,7 +13,6 @@ Usage (from the repository root)::
     .venv/bin/python tools/registers/gen.py --check    # exit 1 if docs/registers.md has drifted
 """
 
-import argparse
 import pathlib
 import sys
 
@@ -24,6 +23,7 @@ if str(ROOT) not in sys.path:                      # run as a script: python too
 from hw.iface import REG_KBTP, REG_TRANSPORT  # noqa: E402
 from hw.kbtp import regmap  # noqa: E402
 from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS, REQ_STATUS, RESP_COUNTERS  # noqa: E402
+from tools import generated  # noqa: E402
 
 DOC = ROOT / "docs" / "registers.md"
 
@@ -69,22 +69,12 @@ Read-only 32-bit counters of the RC transport (writes are refused), in the order
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 if the file differs from what the tables give")
-    ap.add_argument("--out", type=pathlib.Path, default=DOC)
-    args = ap.parse_args(argv)
-    new = render()
-    old = args.out.read_text() if args.out.exists() else None
-    if args.check:
-        if new != old:
-            print(f"{args.out}: out of date with hw/kbtp/regmap.py (or the transport's counter "
-                  "lists); run `python tools/registers/gen.py`", file=sys.stderr)
-            return 1
-        return 0
-    if new != old:
-        args.out.write_text(new)
-    return 0
+    return generated.main(
+        argv, description=__doc__.splitlines()[0], option="--out", default=DOC,
+        check_help="exit 1 if the file differs from what the tables give",
+        make=lambda path: (path.read_text() if path.exists() else None, render()),
+        stale="out of date with hw/kbtp/regmap.py (or the transport's counter lists); "
+              "run `python tools/registers/gen.py`")
 
 
 if __name__ == "__main__":

@@ -8,36 +8,20 @@ value every read must return is known when it is issued, whatever the arbitratio
 import random
 
 import pytest
-from amaranth.hdl import Module
-from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.lib.membus import MemArbiter, MemRam
-from sim.hdl import stream_get, stream_put
+from hw.lib.membus import MemArbiter
+from sim.hdl import on_ram, stream_get, stream_put
 
 WORDS = 256
 SHARED = range(0, 64)           # read-only words, initialised
-
-
-class Top(wiring.Component):
-    def __init__(self, n, init):
-        self.n = n
-        self.arb = MemArbiter(n, outstanding=4)
-        self.ram = MemRam(WORDS, init=init)
-        super().__init__({})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.arb, m.submodules.ram = self.arb, self.ram
-        wiring.connect(m, self.arb.bus, self.ram.bus)
-        return m
 
 
 @pytest.mark.parametrize("n,idle,bp", [(1, 0.0, 0.0), (3, 0.0, 0.0), (3, 0.3, 0.4), (4, 0.5, 0.0)])
 def test_random_masters(n, idle, bp):
     rng = random.Random(n * 100 + int(idle * 10) + int(bp * 10))
     init = [rng.getrandbits(64) for _ in range(WORDS)]
-    top = Top(n, init)
+    top = on_ram(MemArbiter(n, outstanding=4), "bus", WORDS, init)
     mem = dict(enumerate(init))
     expected = [[] for _ in range(n)]
     done = [0] * n
@@ -49,7 +33,7 @@ def test_random_masters(n, idle, bp):
         return range(64 + i * size, 64 + (i + 1) * size)
 
     async def master(ctx, i):
-        port = top.arb.masters[i]
+        port = top.master.masters[i]
         r = random.Random(i)
         beats = []
         for _ in range(ops):
@@ -68,7 +52,7 @@ def test_random_masters(n, idle, bp):
         issued[i] = True
 
     async def collector(ctx, i):
-        port = top.arb.masters[i]
+        port = top.master.masters[i]
         r = random.Random(1000 + i)
         k = 0
         while True:
@@ -113,12 +97,12 @@ def test_random_masters(n, idle, bp):
 def test_back_to_back_reads_one_word_per_cycle(n):
     """A master streaming reads with its response side always ready gets one word per cycle."""
     init = list(range(WORDS))
-    top = Top(n, init)
+    top = on_ram(MemArbiter(n, outstanding=4), "bus", WORDS, init)
     count = 64
     got, cycles = [], []
 
     async def reader(ctx):
-        port = top.arb.masters[0]
+        port = top.master.masters[0]
         ctx.set(port.rsp.ready, 1)
         issued, t = 0, 0
         while len(got) < count:

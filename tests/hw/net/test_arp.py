@@ -6,7 +6,7 @@ import pytest
 from scapy.layers.l2 import ARP, Ether
 
 from hw.net.arp import ArpResponder
-from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.hdl import packet_to_beats, run_through, split_packets
 from sim.scapy_roce import seeded
 
 OWN_MAC_S, OWN_IP_S = "52:54:00:00:00:01", "10.0.0.1"
@@ -56,22 +56,11 @@ def test_capture_request_reply():
 def _run(width, cases, idle, stall):
     rng = seeded(width + int(idle * 10))
     dut = ArpResponder(width)
-    out, cnt = [], {}
-
-    async def main(ctx):
-        ctx.set(dut.own_mac, OWN_MAC)
-        ctx.set(dut.own_ip, OWN_IP)
-        beats = [beat for _, f in cases for beat in packet_to_beats(f, width)]
-        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
-        await ctx.tick().repeat(150)
-        cnt["answered"] = ctx.get(dut.cnt_answered)
-        cnt["ignored"] = ctx.get(dut.cnt_ignored)
-
-    async def sink(ctx):
-        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
-
-    run_sim(dut, main, [sink])
-    return [p for p, _ in split_packets(out, width)], cnt
+    beats = [beat for _, f in cases for beat in packet_to_beats(f, width)]
+    out, cnt = run_through(dut, beats, {"o": dut.o}, settle=150, idle=idle, stall=stall,
+                           rng=rng, counters=("answered", "ignored"),
+                           setup=[(dut.own_mac, OWN_MAC), (dut.own_ip, OWN_IP)])
+    return [p for p, _ in split_packets(out["o"], width)], cnt
 
 
 @pytest.mark.parametrize("width", [8, 64])

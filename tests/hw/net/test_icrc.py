@@ -6,7 +6,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 
 from hw.net.icrc import IcrcCheck, IcrcInsert, ICRC_PREFIX_STATE
-from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.hdl import packet_to_beats, run_through, split_packets
 from sim.scapy_roce import (OPCODE_EXTS, icrc_of, pcap_roce_frames, random_ext_fields,
                             roce_frame, roce_rx_beats, rx_meta_of, seeded, zlib_icrc)
 
@@ -27,19 +27,10 @@ def _check_run(width, items, idle, stall, depth=None):
     """Feed (beats) lists to IcrcCheck; return (output packets, counters)."""
     rng = seeded(width + int(idle * 10) + len(items))
     dut = IcrcCheck(width, depth=depth or (2048 if width == 8 else 256))
-    out, cnt = [], {}
-
-    async def main(ctx):
-        await stream_put(ctx, dut.i, [b for beats in items for b in beats], idle=idle, rng=rng)
-        await ctx.tick().repeat(300 if width == 64 else 1500)
-        for c in ("ok", "bad", "overflow"):
-            cnt[c] = ctx.get(getattr(dut, f"cnt_{c}"))
-
-    async def sink(ctx):
-        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
-
-    run_sim(dut, main, [sink])
-    return split_packets(out, width), cnt
+    got, cnt = run_through(dut, [b for beats in items for b in beats], {"o": dut.o},
+                           settle=300 if width == 64 else 1500, idle=idle, stall=stall, rng=rng,
+                           counters=("ok", "bad", "overflow"))
+    return split_packets(got["o"], width), cnt
 
 
 @pytest.mark.parametrize("width", [8, 64])
@@ -167,20 +158,11 @@ def test_icrc_insert(width, idle, stall):
                 "udp_src_port": ref[UDP].sport, "length": len(body) + 4,
                 "ip_id": ref[IP].id, "tos": ref[IP].tos}
         jobs.append((body, meta, f))
-    out = []
-
-    async def main(ctx):
-        ctx.set(dut.own_ip, OWN_IP)
-        beats = [dict(beat, meta=meta)
-                 for body, meta, _ in jobs for beat in packet_to_beats(body, width)]
-        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
-        await ctx.tick().repeat(200)
-
-    async def sink(ctx):
-        await stream_collect(ctx, dut.o, out, backpressure=stall, rng=rng)
-
-    run_sim(dut, main, [sink])
-    got = split_packets(out, width)
+    beats = [dict(beat, meta=meta)
+             for body, meta, _ in jobs for beat in packet_to_beats(body, width)]
+    out, _ = run_through(dut, beats, {"o": dut.o}, settle=200, idle=idle, stall=stall, rng=rng,
+                         setup=[(dut.own_ip, OWN_IP)])
+    got = split_packets(out["o"], width)
     assert len(got) == len(jobs)
     for (pkt, first), (body, meta, f) in zip(got, jobs):
         assert pkt[:-4] == body

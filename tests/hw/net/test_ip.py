@@ -8,7 +8,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from hw.net.ip import EthIpRx, EthIpTx
-from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.hdl import packet_to_beats, run_sim, run_through, split_packets, stream_collect, stream_put
 from sim.scapy_roce import OPCODE_EXTS, random_ext_fields, roce_frame, seeded
 
 OWN_MAC, OWN_MAC_S = 0x525400000001, "52:54:00:00:00:01"
@@ -137,24 +137,11 @@ def test_eth_ip_rx(width, idle, stall):
     rng = seeded(width * 7 + int(idle * 10))
     frames = make_frames(rng, 60 if width == 64 else 40)
     dut = EthIpRx(width)
-    roce_out, arp_out, counters = [], [], {}
-
-    async def main(ctx):
-        ctx.set(dut.own_mac, OWN_MAC)
-        ctx.set(dut.own_ip, OWN_IP)
-        beats = [beat for _, f in frames for beat in packet_to_beats(f, width)]
-        await stream_put(ctx, dut.i, beats, idle=idle, rng=rng)
-        await ctx.tick().repeat(200)
-        for c in dut.COUNTERS:
-            counters[c] = ctx.get(getattr(dut, f"cnt_{c}"))
-
-    async def sink_roce(ctx):
-        await stream_collect(ctx, dut.roce, roce_out, backpressure=stall, rng=rng)
-
-    async def sink_arp(ctx):
-        await stream_collect(ctx, dut.arp, arp_out, backpressure=stall, rng=rng)
-
-    run_sim(dut, main, [sink_roce, sink_arp])
+    beats = [beat for _, f in frames for beat in packet_to_beats(f, width)]
+    out, counters = run_through(dut, beats, {"roce": dut.roce, "arp": dut.arp}, settle=200,
+                                idle=idle, stall=stall, rng=rng, counters=dut.COUNTERS,
+                                setup=[(dut.own_mac, OWN_MAC), (dut.own_ip, OWN_IP)])
+    roce_out, arp_out = out["roce"], out["arp"]
 
     expect_roce, expect_arp, expect_cnt = [], [], {c: 0 for c in EthIpRx.COUNTERS}
     for kind, f in frames:

@@ -18,8 +18,8 @@ from amaranth.sim import Simulator
 from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer, StreamUpsizer
-from sim.hdl import (beats_to_packet, packet_get, packet_put, packet_to_beats, run_until_done,
-                     stream_get, stream_put)
+from sim.hdl import (beats_to_packet, gmii_drive, gmii_wire, packet_get, packet_put,
+                     packet_to_beats, run_until_done, stream_get, stream_put)
 
 CLK = 8e-9
 
@@ -34,13 +34,6 @@ def run(dut, *benches, background=(), max_cycles=50_000):
     sim.add_clock(CLK)
     run_until_done(sim, benches, background=background, limit=max_cycles * CLK,
                    step=1000 * CLK)
-
-
-def wire_frame(payload):
-    """Model of a frame on GMII: preamble, SFD, payload padded to 60, FCS (zlib CRC-32)."""
-    body = bytes(payload) + bytes(max(0, 60 - len(payload)))
-    fcs = zlib.crc32(body).to_bytes(4, "little")
-    return bytes([0x55] * 7 + [0xD5]) + body + fcs
 
 
 def random_packets(rng, count, lo, hi):
@@ -283,7 +276,7 @@ def test_gmii_tx_wire_format():
         assert ctx.get(dut.underruns) == 0
 
     run(dut, producer, waiter, background=[monitor])
-    assert frames == [wire_frame(p) for p in pkts]
+    assert frames == [gmii_wire(p) for p in pkts]
     assert min(gaps) == 12   # back to back frames: exactly the minimum gap
 
 
@@ -311,18 +304,6 @@ def test_gmii_tx_underrun_sets_tx_er():
 # GMII receiver
 # ---------------------------------------------------------------------------------------------
 
-async def drive_gmii(ctx, dut, octets, *, er_at=None, ifg=12):
-    for i, o in enumerate(octets):
-        ctx.set(dut.rxd, o)
-        ctx.set(dut.rx_dv, 1)
-        ctx.set(dut.rx_er, int(er_at == i))
-        await ctx.tick()
-    ctx.set(dut.rx_dv, 0)
-    ctx.set(dut.rx_er, 0)
-    ctx.set(dut.rxd, 0)
-    await ctx.tick().repeat(ifg)
-
-
 def test_gmii_rx_good_and_bad_frames():
     rng = random.Random(5)
     dut = GmiiRx(depth=256)
@@ -330,7 +311,7 @@ def test_gmii_rx_good_and_bad_frames():
     got = []
 
     def bad_fcs(p):
-        f = bytearray(wire_frame(p))
+        f = bytearray(gmii_wire(p))
         f[8 + rng.randrange(len(f) - 8)] ^= 1 << rng.randrange(8)   # after preamble/SFD
         return bytes(f)
 
@@ -340,16 +321,16 @@ def test_gmii_rx_good_and_bad_frames():
         return bytes([0x55] * 7 + [0xD5]) + body + zlib.crc32(body).to_bytes(4, "little")
 
     async def bench(ctx):
-        await drive_gmii(ctx, dut, wire_frame(good[0]))
-        await drive_gmii(ctx, dut, bad_fcs(good[1]))                  # fcs error
-        await drive_gmii(ctx, dut, wire_frame(good[1]))
-        await drive_gmii(ctx, dut, runt(59))                          # runt (63 octets)
-        await drive_gmii(ctx, dut, runt(3))                           # runt (7 octets)
-        await drive_gmii(ctx, dut, wire_frame(good[2]), er_at=30)     # rx_er
-        await drive_gmii(ctx, dut, wire_frame(good[2])[6:])           # short preamble: ok
-        await drive_gmii(ctx, dut, bytes([0x55] * 3 + [0x12] + [0] * 70))   # no SFD: ignored
-        await drive_gmii(ctx, dut, wire_frame(good[3]), ifg=1)        # minimal gap still ok
-        await drive_gmii(ctx, dut, wire_frame(good[3])[7:])           # SFD only: ok
+        await gmii_drive(ctx, dut, gmii_wire(good[0]))
+        await gmii_drive(ctx, dut, bad_fcs(good[1]))                  # fcs error
+        await gmii_drive(ctx, dut, gmii_wire(good[1]))
+        await gmii_drive(ctx, dut, runt(59))                          # runt (63 octets)
+        await gmii_drive(ctx, dut, runt(3))                           # runt (7 octets)
+        await gmii_drive(ctx, dut, gmii_wire(good[2]), er_at=30)     # rx_er
+        await gmii_drive(ctx, dut, gmii_wire(good[2])[6:])           # short preamble: ok
+        await gmii_drive(ctx, dut, bytes([0x55] * 3 + [0x12] + [0] * 70))   # no SFD: ignored
+        await gmii_drive(ctx, dut, gmii_wire(good[3]), ifg=1)        # minimal gap still ok
+        await gmii_drive(ctx, dut, gmii_wire(good[3])[7:])           # SFD only: ok
         await ctx.tick().repeat(5)
         assert ctx.get(dut.frames_ok) == 5
         assert ctx.get(dut.fcs_errors) == 1
@@ -374,13 +355,13 @@ def test_gmii_rx_overflow_drops_whole_frames():
 
     async def bench(ctx):
         for p in pkts:
-            await drive_gmii(ctx, dut, wire_frame(p))
-        await drive_gmii(ctx, dut, wire_frame(rng.randbytes(300)))   # longer than the buffer
+            await gmii_drive(ctx, dut, gmii_wire(p))
+        await gmii_drive(ctx, dut, gmii_wire(rng.randbytes(300)))   # longer than the buffer
         # 256 octets hold two 100-octet frames; the 3rd and 4th did not fit.
         assert ctx.get(dut.frames_ok) == 2 and ctx.get(dut.overflows) == 3
         for _ in range(2):
             got.append(await packet_get(ctx, dut.o, 8))
-        await drive_gmii(ctx, dut, wire_frame(pkts[3]))
+        await gmii_drive(ctx, dut, gmii_wire(pkts[3]))
         got.append(await packet_get(ctx, dut.o, 8))
         assert ctx.get(dut.frames_ok) == 3
 

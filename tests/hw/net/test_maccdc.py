@@ -8,22 +8,16 @@ back-to-back frames (the core clock must keep up with the line).
 """
 
 import random
-import zlib
 
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
-from sim.hdl import packet_get, packet_put, run_until_done
+from sim.hdl import gmii_drive, gmii_wire, packet_get, packet_put, run_until_done
 
 GMII_PERIOD = 8e-9
 CORE_PERIOD = 48e-9          # 625 MHz / 30, boards.cores.CORE_FREQ
 CNT = {name: k for k, name in enumerate(MAC_COUNTER_NAMES)}
-
-
-def wire_frame(payload):
-    body = bytes(payload) + bytes(max(0, 60 - len(payload)))
-    return bytes([0x55] * 7 + [0xD5]) + body + zlib.crc32(body).to_bytes(4, "little")
 
 
 def make(width=64):
@@ -39,15 +33,6 @@ def make(width=64):
     return dut, sim
 
 
-async def drive(ctx, dut, octets, ifg=12):
-    for o in octets:
-        ctx.set(dut.rxd, o)
-        ctx.set(dut.rx_dv, 1)
-        await ctx.tick("gmii")
-    ctx.set(dut.rx_dv, 0)
-    await ctx.tick("gmii").repeat(ifg)
-
-
 def test_rx_frames_cross_and_bad_ones_are_counted():
     rng = random.Random(1)
     dut, sim = make()
@@ -56,11 +41,11 @@ def test_rx_frames_cross_and_bad_ones_are_counted():
 
     async def gmii(ctx):
         for k, p in enumerate(pkts):
-            await drive(ctx, dut, wire_frame(p))
+            await gmii_drive(ctx, dut, gmii_wire(p), domain="gmii")
             if k == 2:
-                bad = bytearray(wire_frame(p))
+                bad = bytearray(gmii_wire(p))
                 bad[20] ^= 0x10
-                await drive(ctx, dut, bad)
+                await gmii_drive(ctx, dut, bad, domain="gmii")
 
     async def core(ctx):
         for _ in pkts:
@@ -103,7 +88,7 @@ def test_tx_frames_cross_with_fcs():
         assert ctx.get(dut.counters[CNT["tx_underruns"]]) == 0
 
     run_until_done(sim, [core, gmii, count], limit=2e-3)
-    assert wire == [wire_frame(p) for p in pkts]
+    assert wire == [gmii_wire(p) for p in pkts]
 
 
 def test_core_clock_keeps_up_with_line_rate():
@@ -117,14 +102,14 @@ def test_core_clock_keeps_up_with_line_rate():
 
     async def gmii(ctx):
         for p in pkts:
-            await drive(ctx, dut, wire_frame(p), ifg=12)
+            await gmii_drive(ctx, dut, gmii_wire(p), ifg=12, domain="gmii")
 
     async def core(ctx):
         for _ in pkts:
             got.append(await packet_get(ctx, dut.rx, 64))
         assert ctx.get(dut.counters[CNT["rx_overflows"]]) == 0
 
-    octets = sum(len(wire_frame(p)) + 12 for p in pkts)
+    octets = sum(len(gmii_wire(p)) + 12 for p in pkts)
     # Wire time, plus the MAC's store-and-forward of the last frame (it is checked against its
     # FCS before the first octet leaves: one frame time at 8 bits per GMII cycle), plus a few
     # core cycles of crossing latency. A core side slower than the line would fall behind by

@@ -14,30 +14,17 @@ from hw.lib.membus import MemRam
 from hw.lib.dma import DmaWriter
 from hw.rdma.requester import RespDemux
 from hw.rdma.roce_hdr import RoceRxParser
-from sim.hdl import packet_get, packet_put, stream_get, stream_put
+from sim.hdl import on_ram, packet_get, packet_put, stream_get, stream_put
 from sim.scapy_roce import AETH, RETH, roce_frame, roce_rx_beats
 
 WORDS = 512
-
-
-class WriterTop(wiring.Component):
-    def __init__(self, width, img):
-        self.dw = DmaWriter(width)
-        self.ram = MemRam(WORDS, init=MemRam.words_from_bytes(img))
-        super().__init__({})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.dw, m.submodules.ram = self.dw, self.ram
-        wiring.connect(m, self.dw.mem, self.ram.bus)
-        return m
 
 
 @pytest.mark.parametrize("width,idle", [(8, 0.0), (8, 0.4), (64, 0.0), (64, 0.4), (32, 0.2)])
 def test_dma_writer_random(width, idle):
     rng = random.Random(width * 5 + int(idle * 10))
     img = bytearray(rng.getrandbits(8) for _ in range(WORDS * 8))
-    top = WriterTop(width, bytes(img))
+    top = on_ram(DmaWriter(width), "mem", WORDS, MemRam.words_from_bytes(bytes(img)))
     jobs = [(rng.randrange(0, 3800), bytes(rng.getrandbits(8) for _ in range(
         rng.choice([1, 2, 3, 7, 8, 9, 15, 16, 17, 100])))) for _ in range(30)]
     for a, d in jobs:
@@ -45,9 +32,9 @@ def test_dma_writer_random(width, idle):
 
     async def tb(ctx):
         for a, d in jobs:
-            await stream_put(ctx, top.dw.cmd, [{"addr": a}])
-            await packet_put(ctx, top.dw.i, d, width, idle=idle, rng=rng)
-            while not ctx.get(top.dw.idle):
+            await stream_put(ctx, top.master.cmd, [{"addr": a}])
+            await packet_put(ctx, top.master.i, d, width, idle=idle, rng=rng)
+            while not ctx.get(top.master.idle):
                 await ctx.tick()
         await ctx.tick()
         got = b"".join(ctx.get(top.ram.mem.data[i]).to_bytes(8, "little") for i in range(WORDS))

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from hw.iface import WcStatus, WrOp
+from hw.iface import WrOp
 from hw.rdma.requester import ack_timeout_cycles, rnr_timer_cycles
 from tests.hw.rdma.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, mixed_wrs, wr,
                                   VA0)
@@ -24,6 +24,19 @@ def sent_q(b, q=0):
     return [(op, psn, t) for qp, op, psn, t, _ in b.sent if qp == q]
 
 
+def run_checked(b, wrs):
+    """Run ``wrs`` on the bench, check every outcome against the peer's memory, and return what
+    QP 0 sent: (opcode, PSN, cycle) per packet."""
+    b.run(wrs)
+    check_outcome(b, wrs, b.img)
+    return sent_q(b)
+
+
+def psn_after(k):
+    """The PSN ``k`` packets after QP 0's first."""
+    return (SQ_PSN[0] + k) % (1 << 24)
+
+
 @pytest.mark.parametrize("width", [8, 64])
 def test_nak_seq_goes_back_to_nak_psn(width):
     """Lose packet 1 of a 4-packet WRITE: the peer NAKs (0x60, ePSN = first + 1) at packet 2;
@@ -32,13 +45,10 @@ def test_nak_seq_goes_back_to_nak_psn(width):
     b.peers[0].drop_req = lambda n, bth: n == 1
     wrs = [wr(0, 7, WrOp.WRITE, 3 * 256 + 5, 0x100, va=VA0 + 3),
            wr(0, 8, WrOp.SEND, 40, 0x900)]
-    b.run(wrs)
-    check_outcome(b, wrs, b.img)
-    p0 = SQ_PSN[0]
-    psns = [psn for _, psn, _ in sent_q(b)]
-    first_tx = [(p0 + i) % (1 << 24) for i in range(5)]
+    psns = [psn for _, psn, _ in run_checked(b, wrs)]
+    first_tx = [psn_after(i) for i in range(5)]
     # Original pass (packets 0..3 and the SEND), then the go-back run from p0 + 1.
-    k = psns.index((p0 + 1) % (1 << 24), 2)
+    k = psns.index(psn_after(1), 2)
     assert psns[:k] == first_tx[:k]
     assert psns[k:k + 4] == first_tx[1:5]
     assert b.cnt_seq_naks == 1 and b.cnt_timeouts == 0
@@ -51,12 +61,8 @@ def test_lost_ack_timeout_retransmits_oldest(width):
     b = Bench(width, seed=2, timeout=TO)
     b.peers[0].drop_rsp = lambda n, op, psn: n == 1
     wrs = [wr(0, 1, WrOp.SEND, 100, 0x40), wr(0, 2, WrOp.WRITE, 10, 0x80)]
-    b.run(wrs)
-    check_outcome(b, wrs, b.img)
-    s = sent_q(b)
-    p0 = SQ_PSN[0]
-    p1 = (p0 + 1) % (1 << 24)
-    assert [psn for _, psn, _ in s] == [p0, p1, p1]
+    s = run_checked(b, wrs)
+    assert [psn for _, psn, _ in s] == [psn_after(0), psn_after(1), psn_after(1)]
     to = ack_timeout_cycles(TO, CLK_HZ, SCALE)
     # The timer ran from the ACK of the SEND (progress restarts it), not from the WRITE.
     assert to - 200 <= s[2][2] - s[1][2] <= to + 200
@@ -71,9 +77,7 @@ def test_lost_ack_covered_by_coalesced_ack(width):
     b = Bench(width, seed=2, timeout=TO)
     b.peers[0].drop_rsp = lambda n, op, psn: n == 0
     wrs = [wr(0, 1, WrOp.SEND, 100, 0x40), wr(0, 2, WrOp.WRITE, 10, 0x80)]
-    b.run(wrs)
-    check_outcome(b, wrs, b.img)
-    assert len(sent_q(b)) == 2 and b.cnt_timeouts == 0
+    assert len(run_checked(b, wrs)) == 2 and b.cnt_timeouts == 0
 
 
 @pytest.mark.parametrize("width", [8, 64])
@@ -84,9 +88,7 @@ def test_read_response_lost(width):
     b.peers[0].drop_rsp = lambda n, op, psn: n == 1
     wrs = [wr(0, 5, WrOp.READ, 2 * 256 + 77, 0x4003, va=VA0 + 0x101),
            wr(0, 6, WrOp.SEND, 3, 0x10)]
-    b.run(wrs)
-    check_outcome(b, wrs, b.img)
-    s = sent_q(b)
+    s = run_checked(b, wrs)
     assert [op for op, _, _ in s][:2] == [0x0C, 0x04]
     assert 0x0C in [op for op, _, _ in s[2:]], "READ request resent"
     assert b.cnt_timeouts >= 1 and b.cnt_stale >= 1
@@ -99,12 +101,7 @@ def test_rnr_nak_waits_then_resends(width):
     b = Bench(width, seed=4, timeout=TO)
     b.peers[0].rnr = 2
     wrs = [wr(0, 1, WrOp.WRITE, 8, 0x10), wr(0, 2, WrOp.SEND, 300, 0x200)]
-    b.run(wrs)
-    check_outcome(b, wrs, b.img)
-    s = sent_q(b)
-    p0 = SQ_PSN[0]
-    send_first = (p0 + 1) % (1 << 24)
-    firsts = [t for op, psn, t in s if psn == send_first]
+    firsts = [t for op, psn, t in run_checked(b, wrs) if psn == psn_after(1)]
     assert len(firsts) == 3
     delay = rnr_timer_cycles(14, CLK_HZ, SCALE)
     for a, c in zip(firsts, firsts[1:]):

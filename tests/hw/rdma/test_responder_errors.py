@@ -232,29 +232,25 @@ def test_invalid_requests(width):
         env.to_peer(out, PEER_QPN)
         assert [(c.wr_id, c.status) for c in qp.poll_cq()] == [(bad, WcStatus.REM_INV_REQ_ERR)]
 
-        psn += 50
-        await fresh(ctx, env, psn)
-        await expect_nak([craft(env, O.SEND_MIDDLE.value, psn, payload=bytes(256))], psn,
-                         "middle first")
-        psn += 50
-        await fresh(ctx, env, psn)
-        await expect_nak([craft(env, O.WRITE_LAST.value, psn, payload=bytes(8))], psn,
-                         "write last first")
-        psn += 50
-        await fresh(ctx, env, psn)
-        await expect_nak([craft(env, O.SEND_FIRST.value, psn, payload=bytes(100))], psn,
-                         "short first")
-        psn += 50
-        await fresh(ctx, env, psn)
         reth = pack(RETH, va=0x10000000, rkey=0x1000, dma_length=600)
-        await expect_nak([craft(env, O.WRITE_FIRST.value, psn, reth, bytes(256), ackreq=0),
-                          craft(env, O.WRITE_LAST.value, psn + 1, payload=bytes(100))],
-                         psn + 1, "write length")
-        psn += 50
-        await fresh(ctx, env, psn)
-        await expect_nak([craft(env, O.SEND_FIRST.value, psn, payload=bytes(256)),
-                          craft(env, O.SEND_ONLY.value, psn + 1, payload=bytes(8))],
-                         psn + 1, "only inside a SEND", first_acks=1)
+        cases = [   # name, the frames from PSN p, the NAK's PSN - p, ACKs before the NAK
+            ("middle first", lambda p: [craft(env, O.SEND_MIDDLE.value, p, payload=bytes(256))],
+             0, 0),
+            ("write last first", lambda p: [craft(env, O.WRITE_LAST.value, p, payload=bytes(8))],
+             0, 0),
+            ("short first", lambda p: [craft(env, O.SEND_FIRST.value, p, payload=bytes(100))],
+             0, 0),
+            ("write length", lambda p: [
+                craft(env, O.WRITE_FIRST.value, p, reth, bytes(256), ackreq=0),
+                craft(env, O.WRITE_LAST.value, p + 1, payload=bytes(100))], 1, 0),
+            ("only inside a SEND", lambda p: [
+                craft(env, O.SEND_FIRST.value, p, payload=bytes(256)),
+                craft(env, O.SEND_ONLY.value, p + 1, payload=bytes(8))], 1, 1),
+        ]
+        for name, frames, nak_at, acks in cases:
+            psn += 50
+            await fresh(ctx, env, psn)
+            await expect_nak(frames(psn), psn + nak_at, name, first_acks=acks)
         # SEND of 600 octets into 512-octet buffers: the third packet overflows.
         psn += 50
         await repost_all(ctx, env, 4)

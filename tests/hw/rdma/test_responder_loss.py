@@ -17,6 +17,55 @@ from tests.hw.rdma.responder_bench import run
 LOSS = 0.05                 # test_fetch_add_same_word_lossy: loss and duplication, each way
 
 
+async def pump_lossy(ctx, env, qp, link, loss, dup, rounds):
+    """Carry frames between the peer and the responder for up to ``rounds`` exchanges (or until
+    the peer has nothing left to send or time out), losing each frame with probability ``loss``
+    in both directions and duplicating a request frame with probability ``dup`` (``link``
+    draws). Returns the peer's completions of ``qp`` by work request id, and what the link did."""
+    impaired = {"lost": 0, "duplicated": 0}
+    for _ in range(rounds):
+        frames = env.peer.poll_tx()
+        if not frames:
+            t = env.peer.next_deadline()
+            if t is None:
+                break
+            env.peer.tick(t)
+            continue
+        wire = []
+        for f in frames:
+            if link.random() < loss:
+                impaired["lost"] += 1
+                continue
+            wire.append(f)
+            if link.random() < dup:
+                impaired["duplicated"] += 1
+                wire.append(f)
+        out = await env.exchange(ctx, wire)
+        drop = {j for j in range(len(out)) if link.random() < loss}
+        impaired["lost"] += len(drop)
+        env.to_peer(out, PEER_QPN, drop=drop)
+    return {c.wr_id: c for c in qp.poll_cq()}, impaired
+
+
+def check_done(expect, done):
+    """Every work request completed successfully, READs with their data, atomics with their
+    original value (``expect``: wr_id -> None, ("data", octets) or ("orig", value))."""
+    assert set(done) == set(expect)
+    for wr_id, want in expect.items():
+        c = done[wr_id]
+        assert c.status == WcStatus.SUCCESS, c
+        if want and want[0] == "data":
+            assert c.data == want[1], wr_id
+        if want and want[0] == "orig":
+            assert c.orig == want[1], wr_id
+
+
+def check_recovered(env, impaired):
+    """The link really lost and duplicated frames, and the peer recovered by retransmitting."""
+    assert impaired["lost"] > 0 and impaired["duplicated"] > 0, impaired
+    assert env.peer.counters.retransmissions > 0, env.peer.counters
+
+
 @pytest.mark.parametrize("width,n_ops,loss,dup", [(64, 40, 0.08, 0.05), (8, 16, 0.08, 0.05)])
 def test_lossy_link(width, n_ops, loss, dup):
     env, rng = make_env(width, 256, seed=width * 3 + n_ops, idle=0.2, bp=0.2,
@@ -52,36 +101,8 @@ def test_lossy_link(width, n_ops, loss, dup):
                 add = rng.getrandbits(64)
                 expect[qp.fetch_add(va, 0x1000, add)] = (
                     "orig", orc.atomic(va, 0x1000, lambda v: (v + add) % (1 << 64)))
-        for _ in range(400):
-            frames = env.peer.poll_tx()
-            if not frames:
-                t = env.peer.next_deadline()
-                if t is None:
-                    break
-                env.peer.tick(t)
-                continue
-            wire = []
-            for f in frames:
-                if link.random() < loss:
-                    impaired["lost"] += 1
-                    continue
-                wire.append(f)
-                if link.random() < dup:
-                    impaired["duplicated"] += 1
-                    wire.append(f)
-            out = await env.exchange(ctx, wire)
-            drop = {j for j in range(len(out)) if link.random() < loss}
-            impaired["lost"] += len(drop)
-            env.to_peer(out, PEER_QPN, drop=drop)
-        done = {c.wr_id: c for c in qp.poll_cq()}
-        assert set(done) == set(expect)
-        for wr_id, want in expect.items():
-            c = done[wr_id]
-            assert c.status == WcStatus.SUCCESS, c
-            if want and want[0] == "data":
-                assert c.data == want[1], wr_id
-            if want and want[0] == "orig":
-                assert c.orig == want[1], wr_id
+        done, impaired = await pump_lossy(ctx, env, qp, link, loss, dup, 400)
+        check_done(expect, done)
         assert [n["data"] for n in env.notes] == sends
         mem = env.mem(ctx)
         # Receive buffers hold consumed messages; everything below them is the oracle's.
@@ -90,11 +111,8 @@ def test_lossy_link(width, n_ops, loss, dup):
         print(f"\nwidth {width}: {c}")
         assert c["cnt_nak_invalid"] == c["cnt_nak_access"] == 0
         assert c["cnt_duplicates"] > 0 and c["cnt_seq_naks"] > 0
-        # the link really lost and duplicated frames, and the peer recovered by retransmitting
-        assert impaired["lost"] > 0 and impaired["duplicated"] > 0, impaired
-        assert env.peer.counters.retransmissions > 0, env.peer.counters
+        check_recovered(env, impaired)
 
-    impaired = {"lost": 0, "duplicated": 0}
     run(env, scenario)
 
 
@@ -126,44 +144,12 @@ def test_fetch_add_same_word_lossy(width, seed):
             expect[qp.fetch_add(0x10000100, 0x1000, add)] = (
                 "orig", orc.atomic(0x10000100, 0x1000, lambda v: (v + add) % (1 << 64)))
             expect[qp.read(va, 0x1000, len(w))] = ("data", w)
-        for _ in range(600):
-            frames = env.peer.poll_tx()
-            if not frames:
-                t = env.peer.next_deadline()
-                if t is None:
-                    break
-                env.peer.tick(t)
-                continue
-            wire = []
-            for f in frames:
-                if link.random() < LOSS:
-                    impaired["lost"] += 1
-                    continue
-                wire.append(f)
-                if link.random() < LOSS:
-                    impaired["duplicated"] += 1
-                    wire.append(f)
-            out = await env.exchange(ctx, wire)
-            drop = {j for j in range(len(out)) if link.random() < LOSS}
-            impaired["lost"] += len(drop)
-            env.to_peer(out, PEER_QPN, drop=drop)
-        done = {c.wr_id: c for c in qp.poll_cq()}
-        assert set(done) == set(expect)
-        for wr_id, want in expect.items():
-            c = done[wr_id]
-            assert c.status == WcStatus.SUCCESS, c
-            if want and want[0] == "data":
-                assert c.data == want[1], wr_id
+        done, impaired = await pump_lossy(ctx, env, qp, link, LOSS, LOSS, 600)
+        check_done(expect, done)
         mem = env.mem(ctx)
         a = orc.laddr(0x10000100, 0x1000)
         assert mem[a:a + 8] == bytes(orc.image[a:a + 8]), "FetchAdd word (applied twice?)"
-        for wr_id, want in expect.items():
-            if want and want[0] == "orig":
-                assert done[wr_id].orig == want[1], wr_id
         assert mem[:0x4000] == bytes(orc.image[:0x4000]), first_diff(mem, orc.image)
-        # the link really lost and duplicated frames, and the peer recovered by retransmitting
-        assert impaired["lost"] > 0 and impaired["duplicated"] > 0, impaired
-        assert env.peer.counters.retransmissions > 0, env.peer.counters
+        check_recovered(env, impaired)
 
-    impaired = {"lost": 0, "duplicated": 0}
     run(env, scenario)

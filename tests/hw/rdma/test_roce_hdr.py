@@ -12,7 +12,7 @@ from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.rdma.roce_hdr import RoceRxHeader, RoceRxParser, RoceTxBuilder, RoceTxHeader
 from hw.lib.stream import PacketStream
-from sim.hdl import packet_to_beats, run_sim, split_packets, stream_collect, stream_put
+from sim.hdl import packet_to_beats, run_sim, run_through, split_packets, stream_collect, stream_put
 from sim.scapy_roce import (EXT_NAME, OPCODE_EXTS, dissect_roce, icrc_of, pcap_roce_frames,
                             random_ext_fields, roce_frame, roce_rx_beats, rx_meta_of, seeded)
 
@@ -63,22 +63,10 @@ def _check_record(rec, raw):
 def _parse(width, items, idle, stall):
     rng = seeded(width + len(items))
     dut = RoceRxParser(width)
-    hdrs, pays, cnt = [], [], {}
-
-    async def main(ctx):
-        await stream_put(ctx, dut.i, [b for beats in items for b in beats], idle=idle, rng=rng)
-        await ctx.tick().repeat(100)
-        for c in ("packets", "bad_opcode", "malformed"):
-            cnt[c] = ctx.get(getattr(dut, f"cnt_{c}"))
-
-    async def sink_h(ctx):
-        await stream_collect(ctx, dut.hdr, hdrs, backpressure=stall, rng=rng)
-
-    async def sink_p(ctx):
-        await stream_collect(ctx, dut.payload, pays, backpressure=stall, rng=rng)
-
-    run_sim(dut, main, [sink_h, sink_p])
-    return hdrs, [p for p, _ in split_packets(pays, width)], cnt
+    out, cnt = run_through(dut, [b for beats in items for b in beats],
+                           {"hdr": dut.hdr, "payload": dut.payload}, settle=100, idle=idle,
+                           stall=stall, rng=rng, counters=("packets", "bad_opcode", "malformed"))
+    return out["hdr"], [p for p, _ in split_packets(out["payload"], width)], cnt
 
 
 @pytest.mark.parametrize("width", [8, 64])

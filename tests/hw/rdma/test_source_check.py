@@ -14,14 +14,13 @@
 - the Python RoCE stack (roce/rc.py, modelling rxe) does the same for its own QPs.
 """
 
-import zlib
-
 import pytest
 
 from hw.headers import AETH, RETH, AtomicETH, AethSyndrome as S, BthOpcode as O, pack
 from hw.iface import QpState, REG_MR, REG_QP, REG_TRANSPORT, Space, WcStatus, WrOp
-from hw.rdma.qp import MR_REGS, MR_STRIDE, QP_REGS, QP_STRIDE
+from hw.rdma.qp import MR_REGS, QP_REGS
 from roce.frames import PSN_MASK, build_roce, ip_int, mac_bytes
+from sim.hdl import gmii_drive, gmii_wire
 from tests.hw.rdma.responder_bench import DUT_IP, DUT_MAC, PEER_IP, PEER_MAC, run
 from tests.hw.rdma.test_responder import DUT_QPN, RECV_BASE, make_env
 from tests.hw.rdma.test_responder_errors import craft, fresh, summary
@@ -240,10 +239,6 @@ def test_requester_drops_spoofed_read_response(width):
 
 # ---- whole target: counters at their registers ----------------------------------------------
 
-def _gmii(frame):
-    return b"\x55" * 7 + b"\xd5" + frame + zlib.crc32(frame).to_bytes(4, "little")
-
-
 @pytest.mark.parametrize("width", [8])
 def test_target_counters_over_gmii(width):
     """KbtpTarget in Amaranth's simulator: a spoofed WRITE and a spoofed ACK in over GMII are
@@ -279,12 +274,7 @@ def test_target_counters_over_gmii(width):
             await access(ctx, h, Space.REG, REG_MR + off, 1, (mr[name] >> lo) & ((1 << bits) - 1))
         await access(ctx, h, Space.REG, REG_MR, 1, 0b0111)
         for f in frames:
-            for o in _gmii(f):
-                ctx.set(dut.rx_dv, 1)
-                ctx.set(dut.rxd, o)
-                await ctx.tick()
-            ctx.set(dut.rx_dv, 0)
-            await ctx.tick().repeat(12)
+            await gmii_drive(ctx, dut, gmii_wire(f))
         await ctx.tick().repeat(600)
 
         async def rd(addr):

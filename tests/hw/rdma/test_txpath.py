@@ -17,7 +17,7 @@ from hw.lib.membus import MemRam
 from hw.rdma.roce_hdr import RoceTxBuilder
 from hw.lib.dma import DmaReader
 from hw.rdma.txpath import TxPath
-from sim.hdl import beats_to_packet, packet_get, stream_get, stream_put
+from sim.hdl import beats_to_packet, on_ram, packet_get, stream_get, stream_put
 from sim.scapy_roce import dissect_roce
 
 WORDS = 1024
@@ -28,36 +28,23 @@ def image(seed):
     return bytes(rng.getrandbits(8) for _ in range(WORDS * 8))
 
 
-class ReaderTop(wiring.Component):
-    def __init__(self, width, img):
-        self.dma = DmaReader(width)
-        self.ram = MemRam(WORDS, init=MemRam.words_from_bytes(img))
-        super().__init__({})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.dma, m.submodules.ram = self.dma, self.ram
-        wiring.connect(m, self.dma.mem, self.ram.bus)
-        return m
-
-
 @pytest.mark.parametrize("width,idle,bp", [(8, 0.0, 0.0), (8, 0.3, 0.4), (64, 0.0, 0.0),
                                            (64, 0.3, 0.4), (32, 0.2, 0.2)])
 def test_dma_reader_random(width, idle, bp):
     rng = random.Random(width * 7 + int(bp * 10))
     img = image(width)
-    top = ReaderTop(width, img)
+    top = on_ram(DmaReader(width), "mem", WORDS, MemRam.words_from_bytes(img))
     cmds = [(rng.randrange(0, 4000), rng.choice([1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 200]))
             for _ in range(40)]
     got = []
 
     async def src(ctx):
-        await stream_put(ctx, top.dma.cmd, [{"addr": a, "length": n} for a, n in cmds],
+        await stream_put(ctx, top.master.cmd, [{"addr": a, "length": n} for a, n in cmds],
                          idle=idle, rng=rng)
 
     async def sink(ctx):
         for _ in cmds:
-            got.append(await packet_get(ctx, top.dma.o, width, backpressure=bp, rng=rng))
+            got.append(await packet_get(ctx, top.master.o, width, backpressure=bp, rng=rng))
 
     sim = Simulator(top)
     sim.add_clock(1e-8)
@@ -72,21 +59,21 @@ def test_dma_reader_random(width, idle, bp):
 def test_dma_reader_rate(width):
     """4 KiB from an unaligned address: one beat per cycle once the pipeline is full."""
     img = image(3)
-    top = ReaderTop(width, img)
+    top = on_ram(DmaReader(width), "mem", WORDS, MemRam.words_from_bytes(img))
     times = []
 
     async def tb(ctx):
-        ctx.set(top.dma.o.ready, 1)
-        await stream_put(ctx, top.dma.cmd, [{"addr": 5, "length": 4096}])
+        ctx.set(top.master.o.ready, 1)
+        await stream_put(ctx, top.master.cmd, [{"addr": 5, "length": 4096}])
         t0 = 0
         out = bytearray()
         while True:
             await ctx.tick()
             t0 += 1
-            if ctx.get(top.dma.o.valid):
-                d, k = ctx.get(top.dma.o.p.data), ctx.get(top.dma.o.p.keep)
+            if ctx.get(top.master.o.valid):
+                d, k = ctx.get(top.master.o.p.data), ctx.get(top.master.o.p.keep)
                 out += d.to_bytes(width // 8, "little")[:bin(k).count("1")]
-                if ctx.get(top.dma.o.p.last):
+                if ctx.get(top.master.o.p.last):
                     break
         times.append(t0)
         assert bytes(out) == img[5:5 + 4096]

@@ -7,7 +7,7 @@ The peer is :class:`roce.rc.RoceEndpoint`, an independent Python RC endpoint; fr
 between it and the DUT's GMII (cocotbext-eth GmiiSource / GmiiSink) through a
 :class:`sim.channel.LossyLink`, with the endpoint's clock = simulated time. Every frame the DUT
 sends is checked: FCS (GmiiSink), and for RoCE the ICRC recomputed by scapy; ARP replies are
-dissected by scapy. The host side (tests/hw/target/target_host.py) programs addresses, QPs and MRs, reads
+dissected by scapy. The host side (host/port.py TargetPort) programs addresses, QPs and MRs, reads
 target memory, serves RecvNotify (checks the buffer, reposts it) and pushes WorkRequests.
 
 Figures (cycles per payload octet of 64 KiB WRITE and READ) go to ``figures.json`` in the
@@ -35,7 +35,7 @@ from sim.channel import LossyLink
 from sim.hdl import cocotb_host_access, cocotb_start_gmii, get_params
 from roce.rc import RoceEndpoint, WcStatus
 from sim.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
-from tests.hw.target.target_host import TargetHost
+from host.port import TargetPort
 
 PERIOD_NS = 8
 T_MAC, T_IP = "02:4b:42:54:50:01", "10.0.0.1"
@@ -74,7 +74,7 @@ class Bench:
         self.pmem = bytearray(0x10000)
         self.peer.register(self.pmem, base_va=PEER_VA, rkey=PEER_RKEY)
         self.peer.register(bytearray(16), base_va=0, rkey=INV_RKEY)
-        self.host = TargetHost(self.access)
+        self.host = TargetPort(self.access)
         self.out_frames = []        # every frame the DUT sent (after checks)
         self.received = []          # (addr, length, data) of SENDs seen by the host
         self.wcs = []

@@ -14,12 +14,8 @@ import pytest
 from hw.iface import REG_TOP, Space
 from hw.rdma.rawq import Q_RAW_RX
 from hw.target.regbank import TOP_COUNTER_BASE
+from sim.hdl import gmii_drive, gmii_wire
 from tests.hw.rdma.test_rawq import IPV4, MAC, access, cm_req, pop_frame, push_frame, rc_frame, run
-
-
-def gmii_octets(frame):
-    fcs = zlib.crc32(frame).to_bytes(4, "little")
-    return b"\x55" * 7 + b"\xd5" + frame + fcs
 
 
 @pytest.mark.parametrize("width", [8, 64])
@@ -36,12 +32,7 @@ def test_target_raw_queues_over_gmii(width):
     async def bench(ctx):
         await ctx.tick().repeat(5)
         for f in (req, rc):
-            for o in gmii_octets(f):
-                ctx.set(dut.rx_dv, 1)
-                ctx.set(dut.rxd, o)
-                await ctx.tick()
-            ctx.set(dut.rx_dv, 0)
-            await ctx.tick().repeat(12)
+            await gmii_drive(ctx, dut, gmii_wire(f))
         await ctx.tick().repeat(300)
         assert await pop_frame(ctx, dut.host) == req
         assert (await access(ctx, dut.host, Space.QUEUE, Q_RAW_RX, 0))[1] == 1   # empty now

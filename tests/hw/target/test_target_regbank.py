@@ -20,7 +20,7 @@ from hw.lib.membus import MemRam
 from hw.target.regbank import (Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, TARGET_ID, TOP_COUNTER_BASE,
                             HostDecoder, HostMemPort, HostQueues, TopRegs)
 from sim.hostbus import bus_access as access
-from tests.hw.target.target_host import pack_record, record_words
+from host.port import pack_record, record_words
 
 WORDS = 64
 

@@ -353,6 +353,30 @@ def test_duplicate_resends_kept_response_without_executing(width):
     b.run(body)
 
 
+def test_duplicate_recognised_across_the_sequence_wrap():
+    """The retransmission of seq 0xFFFFFFFF, after it ran and ``expected`` wrapped to 0, gets
+    the kept response (the sequence numbers count modulo 2**32)."""
+    b = Bench(8)
+
+    async def body(ctx):
+        await b.configure(ctx)
+        # 2**32 datagrams would take hours to simulate: start the count just below the wrap.
+        ctx.set(b.link.expected, 0xFFFFFFFF)
+        raw = frame(kh(T_REQUEST, 0xFFFFFFFF, req(Cmd.PUSH, 0, 1, [0xA11CE])))
+        await b.send(ctx, raw)
+        await b.replies(ctx, 1)
+        assert await b.reg(ctx, "expected") == 0
+        await b.send(ctx, raw)
+        await b.replies(ctx, 2)
+        assert b.out[1][1] == b.out[0][1], "the duplicate must get the kept response"
+        c = await b.counters(ctx)
+        assert (c["executed"], c["duplicate"], c["bad_seq"]) == (1, 1, 0)
+        got = await b.exchange(ctx, 0, [req(Cmd.POP, 0, 4)])
+        assert got == [(Cmd.POP, LinkStatus.OK, 1, [0xA11CE])]     # the push ran once
+
+    b.run(body)
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_sync_answers_expected_and_executes_nothing(width):
     b = Bench(width)
