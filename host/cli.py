@@ -212,6 +212,25 @@ def _driver_json(obj):
     return obj
 
 
+async def _udp_link_setup(args, port):
+    """``kbtp driver link``: set the target's UDP endpoint up (given the host's address), or
+    turn it off (``--disable``); print its state."""
+    from host import udplink
+    given = [args.host_mac, args.host_ip, args.host_port]
+    if args.disable:
+        await port.wreg(udplink.REG_UDPLINK + udplink.UDPLINK_REGS["ctrl"], 0)
+    elif any(v is not None and v != "" for v in given):
+        if not all(v is not None and v != "" for v in given):
+            raise _Fail("link: give all of --host-mac, --host-ip and --host-port (or none, to "
+                        "read the endpoint's state)")
+        try:
+            await udplink.setup_target(port, host_mac=args.host_mac, host_ip=args.host_ip,
+                                       host_port=args.host_port)
+        except ValueError as err:
+            raise _Fail(f"link: {err}") from None
+    return json.dumps(await udplink.target_state(port), indent=2)
+
+
 def _driver(args):
     import asyncio
     from host.driver import KbtpDriver
@@ -222,6 +241,8 @@ def _driver(args):
 
     async def go():
         link = open_link()
+        if args.action == "link":
+            return await _udp_link_setup(args, TargetPort(link_access(link)))
         drv = KbtpDriver(TargetPort(link_access(link)), cfg, n_qp=args.n_qp,
                          mem_size=args.mem_size, fast_path=not args.no_fast_path,
                          n_ranges=args.n_ranges, mr_base=args.mr_base, n_mr=args.n_mr)
@@ -254,6 +275,8 @@ def _driver(args):
 
     try:
         return asyncio.run(go())
+    except _Fail:
+        raise
     except Exception as err:        # a link or target failure: one line, exit 2
         print(f"kbtp: error: driver: {type(err).__name__}: {err}", file=sys.stderr)
         raise SystemExit(EXIT_ERROR) from None
@@ -292,8 +315,11 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
                     "init: write table, rings, counters and pool into target memory and program "
                     "the engine; serve: handle slow-path messages (HELLO, FREE, BIND, GOODBYE, "
                     "...) until interrupted, printing one line per message; counters: print the "
-                    "engine's and the driver's figures as JSON.")
-    drv.add_argument("action", choices=("init", "serve", "counters"))
+                    "engine's and the driver's figures as JSON; link: bring-up of the UDP host "
+                    "link over the UART (with --host-mac, --host-ip, --host-port: point the "
+                    "target's endpoint at this host and enable it), then print its registers "
+                    "and counters as JSON.")
+    drv.add_argument("action", choices=("init", "serve", "counters", "link"))
     _link_args(drv)
     drv.add_argument("--config", metavar="JSON",
                      help="model.target.TargetConfig fields as a JSON object "
@@ -314,6 +340,8 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
     drv.add_argument("--attach", type=_int_arg, action="append", metavar="N",
                      help="serve: QP N is already programmed; just accept HELLO on it")
     drv.add_argument("--count", type=_int_arg, help="serve: stop after this many messages")
+    drv.add_argument("--host-mac", help="link: this host's MAC, as the target will see it")
+    drv.add_argument("--disable", action="store_true", help="link: turn the UDP endpoint off")
     drv.set_defaults(run=_driver)
     return parser
 

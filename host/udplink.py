@@ -50,6 +50,10 @@ nothing arrived within ``timeout`` seconds): :class:`SocketTransport` (a board: 
 :class:`CallableTransport` around two functions (a simulator carrying the datagrams; its
 ``recv`` may return None at once, the link then treats the attempt as timed out).
 
+Bring-up (over the UART, before the first datagram): :func:`setup_target` points the target's
+endpoint at this host (MAC, IP, UDP port) and enables it; :func:`target_state` reads its
+registers and counters (``kbtp driver --port DEV link ...``).
+
 Example::
 
     link = UdpLink(SocketTransport("10.0.0.1", host_port=19273))
@@ -70,11 +74,14 @@ from host.link import (FrameLink, LinkError, LinkTimeout, check_request, encode_
 from hw.target.hostlink import SOF_RESPONSE
 # The datagram format is the gateware's (hw/target/udplink.py): one definition of each number.
 from hw.target.udplink import (HEADER, HOSTLINK_UDP_PORT, MAGIC as _MAGIC, MAX_PAYLOAD,
-                               T_REQUEST, T_RESPONSE, T_SYNC, T_SYNC_RESPONSE, VERSION)
+                               REG_UDPLINK, T_REQUEST, T_RESPONSE, T_SYNC, T_SYNC_RESPONSE,
+                               UDPLINK_COUNTER_BASE, UDPLINK_COUNTERS, UDPLINK_ID,
+                               UDPLINK_REGS, VERSION)
 
 __all__ = ["UdpLink", "SocketTransport", "CallableTransport", "HOSTLINK_UDP_PORT", "MAGIC",
            "VERSION", "MAX_PAYLOAD", "HEADER", "T_REQUEST", "T_RESPONSE", "T_SYNC",
-           "T_SYNC_RESPONSE", "TIMEOUT", "RETRIES", "pack_header", "unpack_header"]
+           "T_SYNC_RESPONSE", "TIMEOUT", "RETRIES", "pack_header", "unpack_header",
+           "setup_target", "target_state"]
 
 #: The header's magic, "KH" (the gateware's is the same two octets as a number).
 MAGIC = _MAGIC.to_bytes(2, "big")
@@ -103,6 +110,49 @@ def unpack_header(payload):
     if kind not in _TYPES:
         raise LinkError(f"type {kind} is not a host-link datagram type")
     return kind, seq, payload[HEADER:]
+
+
+async def setup_target(port, *, host_mac, host_ip, host_port, enable=True):
+    """Bring-up of the target's UDP endpoint through ``port`` (a :class:`host.port.TargetPort`,
+    on a board over the UART): check its ID register, write the host's MAC, IP and UDP port,
+    then set ``ctrl`` (enable last, so no datagram is taken from a half-written address).
+    Raises ValueError naming a bad value, :class:`host.port.HostError` if the target has no
+    endpoint (its window answers ``err``)."""
+    from host.port import ip_value, mac_value
+    mac = mac_value(host_mac) if isinstance(host_mac, str) else host_mac
+    ip = ip_value(host_ip) if isinstance(host_ip, str) else host_ip
+    if not isinstance(mac, int) or not 0 <= mac < 1 << 48 or mac >> 40 & 1:
+        raise ValueError(f"host MAC {host_mac!r} is not a unicast 48-bit address")
+    if not isinstance(ip, int) or not 0 < ip < 1 << 32:
+        raise ValueError(f"host IP {host_ip!r} is not an IPv4 address")
+    if not isinstance(host_port, int) or not 0 < host_port < 1 << 16:
+        raise ValueError(f"host UDP port {host_port!r} is not in 1..65535")
+    ident = await port.rreg(REG_UDPLINK + UDPLINK_REGS["id"])
+    if ident != UDPLINK_ID:
+        raise ValueError(f"register {REG_UDPLINK:#x} reads {ident:#010x}, not the UDP host "
+                         f"link's ID {UDPLINK_ID:#010x}")
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["ctrl"], 0)
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["host_mac_hi"], mac >> 32)
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["host_mac_lo"], mac & M32)
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["host_ip"], ip)
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["host_port"], host_port)
+    await port.wreg(REG_UDPLINK + UDPLINK_REGS["ctrl"], int(bool(enable)))
+
+
+async def target_state(port):
+    """The endpoint's registers (``id``, ``ctrl``, ``host_mac``, ``host_ip``, ``host_port``,
+    ``expected``) and counters (:data:`~hw.target.udplink.UDPLINK_COUNTERS`), as a dict."""
+    rs = port.reads()
+    regs = {name: rs.reg(REG_UDPLINK + off) for name, off in UDPLINK_REGS.items()}
+    cnt = {name: rs.reg(REG_UDPLINK + UDPLINK_COUNTER_BASE + 4 * k)
+           for k, name in enumerate(UDPLINK_COUNTERS)}
+    got = await rs.run()
+    out = {name: got[i] for name, i in regs.items()}
+    mac = out.pop("host_mac_hi") << 32 | out.pop("host_mac_lo")
+    out["host_mac"] = ":".join(f"{mac >> 8 * k & 0xFF:02x}" for k in range(5, -1, -1))
+    out["host_ip"] = ".".join(str(out["host_ip"] >> 8 * k & 0xFF) for k in range(3, -1, -1))
+    out["counters"] = {name: got[i] for name, i in cnt.items()}
+    return out
 
 
 class SocketTransport:

@@ -87,7 +87,7 @@ from hw.target.hostlink import (SOF_REQUEST, HostLinkEngine, carries_data,
 
 __all__ = ["UdpHostLink", "UdpLinkRx", "UdpLinkTx", "HostBusArbiter", "HOSTLINK_UDP_PORT",
            "MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "T_REQUEST", "T_RESPONSE", "T_SYNC",
-           "T_SYNC_RESPONSE", "UDPLINK_ID", "UDPLINK_REGS", "UDPLINK_COUNTER_BASE",
+           "T_SYNC_RESPONSE", "UDPLINK_ID", "UDPLINK_REGS", "UDPLINK_REG_DOC", "UDPLINK_COUNTER_BASE",
            "UDPLINK_COUNTERS", "REG_UDPLINK", "stored_layout"]
 
 #: UDP port of the endpoint ("KH").
@@ -104,6 +104,16 @@ T_REQUEST, T_RESPONSE, T_SYNC, T_SYNC_RESPONSE = 0, 1, 2, 3
 UDPLINK_ID = (MAGIC << 16) | VERSION
 UDPLINK_REGS = {"id": 0x00, "ctrl": 0x04, "host_mac_hi": 0x08, "host_mac_lo": 0x0C,
                 "host_ip": 0x10, "host_port": 0x14, "expected": 0x18}
+#: Access and meaning of each register (docs/registers.md is rendered from these).
+UDPLINK_REG_DOC = {
+    "id": ("R", "0x4B480001: \"KH\", version 1"),
+    "ctrl": ("RW", "bit 0: enable (reset 0: every datagram is dropped, `disabled`)"),
+    "host_mac_hi": ("RW", "the host's MAC, bits 47..32 (16 bits)"),
+    "host_mac_lo": ("RW", "the host's MAC, bits 31..0"),
+    "host_ip": ("RW", "the host's IPv4 address"),
+    "host_port": ("RW", "the host's UDP port (16 bits): datagrams only from it, answers to it"),
+    "expected": ("R", "the sequence number the next request must carry"),
+}
 UDPLINK_COUNTER_BASE = 0x40
 #: Counter order from UDPLINK_COUNTER_BASE: the receive checks (:attr:`UdpLinkRx.COUNTERS`),
 #: the executor's outcomes, datagrams sent, and the engine's counters.

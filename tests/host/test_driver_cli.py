@@ -74,3 +74,34 @@ def test_errors_are_one_line(board, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "memory plan needs" in err
+
+
+def test_link_bring_up_over_the_uart(board, capsys):
+    """``kbtp driver link``: over the UART, point the target's UDP endpoint at this host (ID
+    checked first, enable written last), then print its registers and counters."""
+    from hw.target.udplink import REG_UDPLINK, UDPLINK_COUNTER_BASE, UDPLINK_ID, UDPLINK_REGS
+    cfg, fake = board
+    r = {name: REG_UDPLINK + off for name, off in UDPLINK_REGS.items()}
+    fake.regs[r["id"]] = UDPLINK_ID
+    fake.regs[REG_UDPLINK + UDPLINK_COUNTER_BASE + 4 * 2] = 5             # bad_src
+    assert kbtp("link", "--host-mac", "02:00:00:00:00:09", "--host-ip", "10.0.0.9",
+                "--host-port", "40000") == 0
+    st = json.loads(capsys.readouterr().out)
+    assert (fake.rd(r["host_mac_hi"]), fake.rd(r["host_mac_lo"])) == (0x0200, 0x00000009)
+    assert (fake.rd(r["host_ip"]), fake.rd(r["host_port"]), fake.rd(r["ctrl"])) == \
+        (0x0A000009, 40000, 1)
+    assert st["host_mac"] == "02:00:00:00:00:09" and st["host_ip"] == "10.0.0.9"
+    assert st["host_port"] == 40000 and st["ctrl"] == 1 and st["counters"]["bad_src"] == 5
+    assert kbtp("link", "--disable") == 0 and fake.rd(r["ctrl"]) == 0
+    capsys.readouterr()
+    # errors name the offending value, one line, exit 2
+    assert kbtp("link", "--host-mac", "03:00:00:00:00:09", "--host-ip", "10.0.0.9",
+                "--host-port", "40000") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'03:00:00:00:00:09' is not a unicast" in err
+    assert kbtp("link", "--host-ip", "10.0.0.9") == 2
+    assert "all of --host-mac" in capsys.readouterr().err
+    fake.regs[r["id"]] = 0
+    assert kbtp("link", "--host-mac", "02:00:00:00:00:09", "--host-ip", "10.0.0.9",
+                "--host-port", "40000") == 2
+    assert "not the UDP host link's ID 0x4b480001" in capsys.readouterr().err
