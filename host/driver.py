@@ -85,13 +85,12 @@ Limits (v1)
 * Slow-path LOAD / STORE / ALLOC_STORE (fast path off, ADDR_LE sessions, sessions owning a
   DIRECT_ALLOC partition) are executed here with RDMA work requests, one at a time. The shared
   ring's counters are touched by the host only while the fast path is off (with it on, frees go
-  through the engine's FREE_BLOCK, and no session the driver serves allocates from the shared
+  through the engine's free queue, and no session the driver serves allocates from the shared
   ring: ADDR_LE needs ``cfg.addr_le``, which turns the fast path off). A partition session's
   ALLOC_STORE takes its Head ticket by a host read-modify-write, which is not atomic against the
   same initiator's own RDMA FetchAdd on that Head.
-* The engine's FREE_BLOCK takes one command at a time (a CMD write while busy is ignored, and
-  CMD_ARG is read when the command starts), so a FREE burst still spends one link exchange per
-  shared-ring FREE (argument, command and the status read that allows the next one).
+* Shared-ring frees go through the engine's free queue (FREE_PUSH, 32 deep): a FREE burst's
+  pushes travel with its other writes, and the driver waits only while the queue is full.
 * Tickets taken on a partition Head are seen when the driver polls (:meth:`poll`,
   :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13).
 * A reply whose WorkCompletion fails is counted in ``stats[("REPLY_WC", status)]`` only.
@@ -114,7 +113,7 @@ from host import codec, policy
 from host.policy import PartitionState, SessionState, next_generation
 from hw.iface import (REG_KBTP, REG_MR, QpState, RecvNotify, WcStatus, WorkCompletion,
                       WrOp)
-from hw.kbtp.engine import Cmd, FAST_OPS, reg as ENG
+from hw.kbtp.engine import FAST_OPS, reg as ENG
 from hw.rdma.qp import MR_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_WC
 
@@ -458,35 +457,28 @@ class KbtpDriver:
             await self._write_slot_free(ring, o, u, block)
             slot[id(ring), o] = (u, block)
 
-    async def _engine_free(self, block, idle=False):
-        """Shared-ring free through the engine's FREE_BLOCK (it does the Tail FetchAdd and the
-        slot write, deferring it while the slot is unconsumed). Waits for a deferred earlier
-        free first (skipped when ``idle``: CMD was just read idle): one command at a time, as
-        the engine ignores a command while busy and reads CMD_ARG when it starts. Returns the
-        last CMD value read."""
-        if not idle:
-            await self._wait_cmd_idle()
-        await self.port.wreg64(REG_KBTP + ENG["CMD_ARG_LO"], block)
-        await self._ereg(ENG["CMD"], Cmd.FREE_BLOCK)
-        # the command is accepted at once; wait for the Tail FetchAdd (busy without deferred)
-        for _ in range(self.wc_polls):
-            st = await self._erd(ENG["CMD"])
-            if not st & 1 or st & 2:
-                return st
-        raise DriverError("engine FREE_BLOCK stayed busy")
+    async def _engine_free_many(self, blocks, space=None):
+        """Shared-ring frees through the engine's free queue (FREE_PUSH): the engine runs each
+        as a FREE_BLOCK (Tail FetchAdd, slot write, deferred while the slot is unconsumed), in
+        push order, so the pushes need no answer and travel together; the driver waits only
+        while the queue is full. ``space``: the queue's free entries as just read (None: read
+        them first)."""
+        for block in blocks:
+            for _ in range(self.wc_polls):
+                if space:
+                    break
+                space = await self._erd(ENG["FREE_QUEUE"]) >> 16
+            else:
+                raise DriverError("engine free queue stayed full (a deferred free never wrote "
+                                  "its slot)")
+            await self.port.wreg64(REG_KBTP + ENG["FREE_PUSH_LO"], block)
+            space -= 1
 
-    async def _wait_cmd_idle(self):
-        for _ in range(self.wc_polls):
-            if not await self._erd(ENG["CMD"]) & 1:
-                return
-        raise DriverError("engine command register stayed busy (a deferred free never wrote "
-                          "its slot)")
-
-    async def _return_blocks(self, blocks, idle=False):
+    async def _return_blocks(self, blocks, space=None):
         """Clear if needed, then give each block of ``[(domain, block), ...]`` back to its ring
         (after the entry updates): the host-managed rings' in one burst
-        (:meth:`_host_free_many`), then the engine's FREE_BLOCK, one command at a time
-        (``idle``: CMD was just read idle)."""
+        (:meth:`_host_free_many`), then the engine's free queue (:meth:`_engine_free_many`;
+        ``space``: its free entries as just read)."""
         cfg = self.cfg
         host, engine = [], []
         for domain, boff in blocks:
@@ -500,8 +492,7 @@ class KbtpDriver:
             else:
                 host.append((self.shared, boff))
         await self._host_free_many(host)
-        for boff in engine:
-            idle = not await self._engine_free(boff, idle) & 1
+        await self._engine_free_many(engine, space)
 
     # ---------------------------------------------------------------- init / QPs
     @_batched
@@ -978,7 +969,7 @@ class KbtpDriver:
                  for (_, msg, _), a in zip(frees, auth)]
         usage = {c.qp: rs.reg(REG_KBTP + self._qreg(c.qp, "QP_USAGE"))
                  for (c, _, _), a in zip(frees, auth) if a is None and c.session.engine}
-        cmd = rs.reg(REG_KBTP + ENG["CMD"]) if self.fast_ok and usage else None
+        fq = rs.reg(REG_KBTP + ENG["FREE_QUEUE"]) if self.fast_ok and usage else None
         got = await rs.run()
         for wc in got[wcs] if wcs is not None else ():
             self._wcs[wc["wr_id"]] = wc
@@ -996,7 +987,7 @@ class KbtpDriver:
             g = await self._unbind(c.session, msg.handle, e)
             blocks.append((c.session.domain, e["block_offset"]))
             done.append((Status.OK, g, e["block_offset"]))
-        await self._return_blocks(blocks, cmd is not None and not got[cmd] & 1)
+        await self._return_blocks(blocks, None if fq is None else got[fq] >> 16)
         for (c, msg, h), (status, g, boff) in zip(frees, done):
             if status is Status.OK and c.qp in usage:
                 usage[c.qp] = max(0, usage[c.qp] - 1)
@@ -1148,7 +1139,7 @@ class KbtpDriver:
         n = await self._obtain(c, msg, boff, acts)
         if n is None:
             if part is None and self.fast_ok:
-                await self._engine_free(boff)
+                await self._engine_free_many([boff])
             else:
                 await self._host_free(ring, boff)
             return await self._complete(c, op, msg, Status.INTERNAL, acts, g)

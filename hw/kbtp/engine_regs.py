@@ -1,25 +1,41 @@
 # Ref: draft KBTP §Allocation Quotas (USAGE), §Free-Block Ring (host commands); docs/registers.md
-#      (the map, rendered from hw/kbtp/regmap.py); docs/layouts.md; issue 19 items 3 and 4.
+#      (the map, rendered from hw/kbtp/regmap.py); docs/layouts.md; issue 19 items 3 and 4;
+#      issue 23 (the free queue).
 """The KBTP engine's register bank: every register of hw/kbtp/regmap.py and what the host bus
 does to it.
 
 It owns the configuration registers (exported as :data:`~hw.kbtp.regmap.CONFIG`), the RANGE
 registers (looked up by ``range_idx``), the sessions (VALID / RECORD / domain and USAGE in
 flip-flops, the other session words in a LUT RAM read at the request's QP), the COUNT memory with
-its clearing sweep after reset, the host command register, the statistics (STALL_CYCLES,
-LAST_LATENCY, LAST_CYCLES, HOSTQ_COUNT) and the host-bus decode, which is generated from
+its clearing sweep after reset, the host command register and the free queue, the statistics
+(STALL_CYCLES, LAST_LATENCY, LAST_CYCLES, HOSTQ_COUNT) and the host-bus decode, generated from
 :data:`~hw.kbtp.regmap.REGS`: every register of the table must have a storage here (elaborate
 fails otherwise) and every access to a word of the window that no register holds is refused
 (``err``).
+
+Free queue (issue 23: frees at the rate of allocations). A FREE_BLOCK by CMD costs the host a link
+round trip per free (argument, command, then a CMD read until not busy). FREE_PUSH queues Block
+Offsets instead, as many as the queue has space for in one go (one link datagram): the high word's
+write pushes {HI, LO} into a ``SyncFIFO`` of ``free_depth`` entries (LUT RAM on the ECP5;
+``SyncFIFOBuffered`` cost more LUTs for no gain here), or, when the queue is full, is refused with
+``err`` and counted in FREE_REFUSED (nothing else changes; the LO word is kept, so a host may resend
+only the HI word). Whenever no command is pending, no free is deferred and the queue holds a free,
+the bank starts a FREE_BLOCK with the queue's head as its argument, exactly as a host CMD write of
+FREE_BLOCK would (``cmd_valid`` / ``cmd_kind`` / ``cmd_arg``): the ring allocator cannot tell the
+two apart. The head is popped at ``cmd_ack`` (its Tail FetchAdd is written), so queued frees run in
+push order, one after the other, each waiting for the deferred free before it as host commands do.
+CMD reads busy while frees are queued, and a CMD write while busy is ignored as before: the host's
+rule "read CMD until not busy, then write CMD" still holds, and a host command never overtakes
+queued frees (nor is the queue's start arbitrated against it).
 """
 
-from amaranth.hdl import Array, Cat, Const, Module, Signal
-from amaranth.lib import data, memory, wiring
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import ADDR_BITS, HostBusSignature, QP_INDEX_BITS, Space
 from hw.kbtp import regmap
-from hw.kbtp.regmap import CONFIG, ENGINE_ID, REGS, WINDOW
+from hw.kbtp.regmap import CONFIG, ENGINE_ID, FREE_DEPTH, REGS, WINDOW
 from hw.kbtp.ring_alloc import Cmd
 
 __all__ = ["EngineRegs", "SESSION"]
@@ -48,9 +64,9 @@ class EngineRegs(wiring.Component):
     usage_inc, usage_dec : In(1)        add / remove one block of QP ``qp``'s USAGE (a host
                                         write of that USAGE in the same cycle wins)
     range_idx : In, range : Out(9)      RANGE[range_idx]
-    cmd_valid : Out(1), cmd_kind : Out(2), cmd_ack : In(1)
+    cmd_valid : Out(1), cmd_kind : Out(2), cmd_arg : Out(64), cmd_ack : In(1)
         a host command (:class:`~hw.kbtp.ring_alloc.Cmd`) for the ring allocator, held until
-        ``cmd_ack``
+        ``cmd_ack``: a CMD write (argument CMD_ARG) or the free queue's head (a FREE_BLOCK)
     deferred : In(1), cmd_result : In(64), occupancy : In(32)
         the ring allocator's state, shown in CMD, CMD_RESULT and RING_OCCUPANCY
     stall : In(1)                       one count of STALL_CYCLES
@@ -61,9 +77,12 @@ class EngineRegs(wiring.Component):
         the COUNT entry of the request; the COUNT memory is cleared (after reset)
     """
 
-    def __init__(self, n_qp, n_ranges, base):
+    def __init__(self, n_qp, n_ranges, base, free_depth=FREE_DEPTH):
         regmap.check(n_qp=n_qp, n_ranges=n_ranges)
+        if not 2 <= free_depth < 1 << 16:
+            raise ValueError(f"free_depth {free_depth}: FREE_QUEUE has 16 bits per field")
         self.n_qp, self.n_ranges, self.base = n_qp, n_ranges, base
+        self.free_depth = free_depth
         cfg_init = {r.name.lower(): r.reset for r in REGS if r.name.lower() in CONFIG.members}
         super().__init__({
             "bus": In(HostBusSignature()),
@@ -71,7 +90,7 @@ class EngineRegs(wiring.Component):
             "qp": In(QP_INDEX_BITS), "session": Out(SESSION),
             "usage_inc": In(1), "usage_dec": In(1),
             "range_idx": In(max(1, (n_ranges - 1).bit_length())), "range": Out(9),
-            "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_ack": In(1),
+            "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_arg": Out(64), "cmd_ack": In(1),
             "deferred": In(1), "cmd_result": In(64), "occupancy": In(32),
             "stall": In(1),
             "started": In(1), "wr_fire": In(1), "to_host": In(1), "finished": In(1),
@@ -228,16 +247,48 @@ class EngineRegs(wiring.Component):
         return {"COUNT": access}
 
     def _command(self, m):
-        bus = self.bus
+        """CMD, FREE_PUSH, FREE_QUEUE and FREE_REFUSED (the free queue: module docstring)."""
+        bus, depth = self.bus, self.free_depth
         pending = self.cmd_valid
+        m.submodules.free_queue = q = fifo.SyncFIFO(width=64, depth=depth)
+        queued = Signal()           # the pending (or last) command is the queue's head
+        push_lo = Signal(32)        # FREE_PUSH_LO, until the high word's write
+        refused = Signal(32)
+        busy = Signal()
+        m.d.comb += [busy.eq(pending | self.deferred | (q.level != 0)),
+                     self.cmd_arg.eq(Mux(queued, q.r_data, self.cfg.cmd_arg))]
         with m.If(self.cmd_ack):
             m.d.sync += pending.eq(0)
+            m.d.comb += q.r_en.eq(queued)
+        # A queued free starts as a host FREE_BLOCK would. (A host CMD write is ignored while
+        # the queue holds frees, so the two never start in the same cycle.)
+        with m.If(~pending & ~self.deferred & q.r_rdy):
+            m.d.sync += [pending.eq(1), queued.eq(1), self.cmd_kind.eq(Cmd.FREE_BLOCK)]
 
-        def access(k):
+        def command(k):
             def go():
-                m.d.comb += bus.rdata.eq(Cat(pending | self.deferred, self.deferred))
-                with m.If(bus.we & ~pending & ~self.deferred &
+                m.d.comb += bus.rdata.eq(Cat(busy, self.deferred))
+                with m.If(bus.we & ~busy &
                           ((bus.wdata == Cmd.TAIL_FETCHADD) | (bus.wdata == Cmd.FREE_BLOCK))):
-                    m.d.sync += [pending.eq(1), self.cmd_kind.eq(bus.wdata[:2])]
+                    m.d.sync += [pending.eq(1), queued.eq(0), self.cmd_kind.eq(bus.wdata[:2])]
             return go
-        return {"CMD": access}
+
+        def push(k):
+            def go():               # reads 0
+                with m.If(bus.we):
+                    if k == 0:
+                        m.d.sync += push_lo.eq(bus.wdata)
+                    else:
+                        m.d.comb += q.w_data.eq(Cat(push_lo, bus.wdata))
+                        with m.If(q.w_rdy):
+                            m.d.comb += q.w_en.eq(1)
+                        with m.Else():
+                            m.d.comb += bus.err.eq(1)
+                            m.d.sync += refused.eq(refused + 1)
+            return go
+
+        space = Signal(16)
+        m.d.comb += space.eq(depth - q.level)
+        return {"CMD": command, "FREE_PUSH": push,
+                "FREE_QUEUE": [(Cat(q.level, Const(0, 16 - len(q.level)), space), None)],
+                "FREE_REFUSED": [(refused, None)]}

@@ -22,10 +22,12 @@ from typing import NamedTuple
 
 from amaranth.lib import data
 
-__all__ = ["Reg", "REGS", "reg", "CONFIG", "ENGINE_ID", "WINDOW", "layout", "check", "markdown"]
+__all__ = ["Reg", "REGS", "reg", "CONFIG", "ENGINE_ID", "WINDOW", "FREE_DEPTH", "layout", "check",
+           "markdown"]
 
 ENGINE_ID = 0x4B425445      # "KBTE"
 WINDOW = 0x1000             # octets of the register window
+FREE_DEPTH = 32             # Block Offsets the free queue holds (EngineRegs' default free_depth)
 
 
 class Reg(NamedTuple):
@@ -66,10 +68,17 @@ REGS = (
     Reg("RANGE", 0x040, "RW", "range i: bit 8 owned, bits 7..0 trust domain of the owner",
         width=9, count="n_ranges"),
     Reg("CMD", 0x080, "W", "write 1: TAIL_FETCHADD (result in CMD_RESULT), 2: FREE_BLOCK (Block "
-        "Offset in CMD_ARG); read: bit 0 busy (command pending or free deferred), bit 1 free "
-        "deferred", width=2),
+        "Offset in CMD_ARG), ignored while busy; read: bit 0 busy (command pending, free "
+        "deferred or frees queued in FREE_PUSH), bit 1 free deferred", width=2),
     Reg("CMD_ARG", 0x084, "RW", "command argument (the Block Offset of FREE_BLOCK)", width=64),
     Reg("CMD_RESULT", 0x08C, "R", "counter value before the last Tail FetchAdd", width=64),
+    Reg("FREE_PUSH", 0x094, "W", "free queue: write a Block Offset, low word then high word; "
+        "the high word's write queues it (refused with err and counted in FREE_REFUSED while "
+        "the queue is full); queued frees run in order as FREE_BLOCK commands; reads 0",
+        width=64),
+    Reg("FREE_QUEUE", 0x09C, "R", "free queue: bits 15..0 frees waiting (the next one counts "
+        "until its Tail FetchAdd), bits 31..16 space left (reset: the depth, "
+        f"{FREE_DEPTH} by default)", reset=FREE_DEPTH << 16),
     Reg("STALL_CYCLES", 0x0A0, "R", "cycles spent re-reading ring slots (total)"),
     Reg("LAST_LATENCY", 0x0A4, "R", "cycles from RecvNotify accepted to the first WorkRequest "
         "out"),
@@ -77,6 +86,7 @@ REGS = (
         "request"),
     Reg("RING_OCCUPANCY", 0x0AC, "R", "Tail ticket - Head ticket at the last ALLOC_STORE check"),
     Reg("HOSTQ_COUNT", 0x0B0, "R", "messages pushed to the slow path (hostq)"),
+    Reg("FREE_REFUSED", 0x0B4, "R", "FREE_PUSH high-word writes refused (queue full)"),
     Reg("COUNT", 0x100, "R", "requests finished, k = 16 * op + status (op 0 LOAD, 1 STORE, "
         "2 ALLOC_STORE)", count=3 * 16),
     Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x40, fields=(

@@ -19,6 +19,7 @@ from hw.headers import Features, GoodbyeFlags, Opcode, ReqFlags, Status
 from hw.iface import (REG_KBTP, REG_MR, REG_QP, RecvNotify, Space, WcStatus, WorkCompletion,
                      WorkRequest, WrOp)
 from hw.kbtp.engine import Cmd, reg as ENG
+from hw.kbtp.regmap import FREE_DEPTH
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, record_words
 from host import codec
@@ -40,8 +41,9 @@ def run(coro):
 class FakeTarget:
     """``access(space, addr, we, wdata)`` over a bytearray, a register dict and record queues.
 
-    The engine's CMD register is played with model/ring.py's RingImage on the same memory (Tail
-    FetchAdd, slot write or deferral, busy/deferred bits). Pushed WorkRequests run at once
+    The engine's CMD register and free queue (FREE_PUSH, FREE_QUEUE) are played with
+    model/ring.py's RingImage on the same memory (Tail FetchAdd, slot write or deferral,
+    busy/deferred bits; queued frees run in order, each as soon as no free is deferred). Pushed WorkRequests run at once
     against one InitiatorMemory per QP; each gets a WorkCompletion.
     """
 
@@ -59,6 +61,9 @@ class FakeTarget:
         self.ring = RingImage(self.mem, self.lay["ring"], cfg.ring_order, self.lay["head"],
                               self.lay["tail"], addr_le=cfg.addr_le, masked=cfg.masked)
         self.deferred = None            # (ticket, slot, block) of a deferred FREE_BLOCK
+        self.free_queue = deque()       # pushed Block Offsets not yet started
+        self.free_depth = FREE_DEPTH
+        self.max_queued = 0
         self.on_busy = None             # called on CMD reads while busy (the engine moving on)
         self.free_cmds = 0
         self.recv_next = {}
@@ -80,9 +85,24 @@ class FakeTarget:
         return self.regs.get(addr, 0)
 
     def _reg(self, addr, we, wdata):
+        if addr == REG_KBTP + ENG["FREE_PUSH_HI"] and we:
+            if len(self.free_queue) == self.free_depth:
+                return 0, 1
+            self.free_cmds += 1
+            self.free_queue.append(self.rd(REG_KBTP + ENG["FREE_PUSH_LO"]) | wdata << 32)
+            self.max_queued = max(self.max_queued, len(self.free_queue))
+            self._run_queue()
+            return 0, 0
+        if addr == REG_KBTP + ENG["FREE_QUEUE"] and not we:
+            self._run_queue()
+            if self.free_queue and self.on_busy:
+                self.on_busy()
+                self._run_queue()
+            n = len(self.free_queue)
+            return n | (self.free_depth - n) << 16, 0
         if addr == REG_KBTP + ENG["CMD"]:
-            self._retry_deferred()
-            busy = self.deferred is not None
+            self._run_queue()
+            busy = self.deferred is not None or bool(self.free_queue)
             if we:
                 assert not busy, "driver issued a command while the engine was busy"
                 assert wdata == Cmd.FREE_BLOCK
@@ -92,9 +112,9 @@ class FakeTarget:
                 return 0, 0
             if busy and self.on_busy:
                 self.on_busy()
-                self._retry_deferred()
-                busy = self.deferred is not None
-            return (3 if busy else 0), 0
+                self._run_queue()
+                busy = self.deferred is not None or bool(self.free_queue)
+            return (int(busy) | int(self.deferred is not None) << 1), 0
         if addr >= 0x8000:
             return 0, 1
         if we:
@@ -109,6 +129,12 @@ class FakeTarget:
             self.ring.write_sequence(o, u)
         else:
             self.deferred = (u, o, block)
+
+    def _run_queue(self):
+        """Retry the deferred free; then start queued frees while none is deferred."""
+        self._retry_deferred()
+        while self.free_queue and self.deferred is None:
+            self._free_block(self.free_queue.popleft())
 
     def _retry_deferred(self):
         if self.deferred is None:
@@ -529,10 +555,12 @@ def test_requests_before_hello_and_send_with_invalidate():
     assert w.imem_ok(0, 0x77)
 
 
-def test_deferred_free_waits_for_the_engine():
-    """The engine's FREE_BLOCK is deferred while its slot holds an unconsumed block (an
-    ALLOC_STORE of another QP took the ticket and is stalled); the driver's next FREE waits for
-    the busy bit to clear and never writes the ring itself."""
+def test_deferred_free_queues_the_next_behind_it():
+    """The engine's free is deferred while its slot holds an unconsumed block (an ALLOC_STORE
+    of another QP took the ticket and is stalled); the driver's next FREE does not wait: its
+    block goes into the engine's free queue behind the deferred one (FREE_PUSH), and the engine
+    runs it once the stalled allocation has consumed the slot. The driver never writes the
+    ring itself."""
     w = World(block_size=256, num_blocks=4, overcommit_quotas=True, quota_per_initiator=4)
     w.slow(0, hello(1))
     w.slow(1, hello(2))
@@ -544,26 +572,29 @@ def test_deferred_free_waits_for_the_engine():
     assert w.fake.deferred is None
     m, _ = w.slow(0, free(5, 0x4000))                        # Tail 5 -> slot 1: deferred
     assert compl_of(m).status == 0 and w.fake.deferred is not None
-    # the next FREE must wait; the engine finishes the stalled allocation while it polls
     w.engine(0, alloc_inline(6, 0x4002, b"d"))
-    released = []
+    # Queued behind the deferred free: answered at once. Until it starts, the Tail counter lags
+    # the model's by its ticket (the model takes a FREE's ticket at once).
+    m = w.model.receive(0, free(7, 0x4002), w.now)
+    mark = len(w.fake.sent)
+    w.fake.deliver(0, free(7, 0x4002))
+    res = run(w.drv.poll(w.now))
+    assert res.status == "OK" and wire_of_fake(w.fake.sent[mark:]) == wire_of_model(m)
+    assert len(w.fake.free_queue) == 1
+    # the engine finishes the stalled allocation; the deferred free, then the queued one, run
+    for a in w.model.release(1, w.now):
+        if isinstance(a, MemWrite):
+            w.fake.mem[a.addr:a.addr + len(a.data)] = a.data
+    w.fake._run_queue()
+    assert w.fake.deferred is None and not w.fake.free_queue and w.fake.free_cmds == 3
+    assert w.image_ok()
 
-    def engine_moves_on():
-        if not released:
-            released.append(w.model.release(1, w.now))
-            for a in released[0]:
-                if isinstance(a, MemWrite):
-                    w.fake.mem[a.addr:a.addr + len(a.data)] = a.data
 
-    w.fake.on_busy = engine_moves_on
-    m, _ = w.slow(0, free(7, 0x4002))
-    assert released and compl_of(m).status == 0 and w.fake.deferred is None
-    assert w.fake.free_cmds == 3
-
-
-def test_deferred_free_stuck_raises():
-    w = World(block_size=256, num_blocks=4, overcommit_quotas=True, quota_per_initiator=4)
-    w.drv.wc_polls = 50
+def stuck_queue_world(**over):
+    """A free deferred for good (the ALLOC_STORE that took its slot's ticket never finishes),
+    a free queue of one entry, and two more FREEs delivered: the first fills the queue."""
+    w = World(block_size=256, num_blocks=4, overcommit_quotas=True, quota_per_initiator=4,
+              **over)
     w.slow(0, hello(1))
     w.slow(1, hello(2))
     w.engine(0, alloc_inline(1, 0x4000, b"a"))
@@ -571,17 +602,27 @@ def test_deferred_free_stuck_raises():
     w.engine(1, alloc_inline(2, 0x4040, b"b"))
     w.engine(0, alloc_inline(3, 0x4001, b"c"))
     w.slow(0, free(4, 0x4001))
-    w.slow(0, free(5, 0x4000))
+    w.slow(0, free(5, 0x4000))                               # deferred for good
     w.engine(0, alloc_inline(6, 0x4002, b"d"))
-    w.fake.deliver(0, free(7, 0x4002))
+    w.engine(0, alloc_inline(8, 0x4003, b"e"))
+    w.fake.free_depth = 1
+    w.drv.wc_polls = 50
+    return w
+
+
+def test_full_free_queue_behind_a_stuck_free_raises():
+    w = stuck_queue_world()
+    w.fake.deliver(0, free(7, 0x4002))                       # fills the queue
+    assert run(w.drv.poll(w.now)).status == "OK" and len(w.fake.free_queue) == 1
+    w.fake.deliver(0, free(9, 0x4003))
     reposts, mark = w.fake.reposts.get(0, 0), len(w.fake.sent)
-    with pytest.raises(DriverError, match="busy"):
+    with pytest.raises(DriverError, match="free queue stayed full"):
         run(w.drv.poll(w.now))
     # The error does not wedge the connection: the initiator is answered (INTERNAL, the FREE's
     # Request ID) and the receive buffer goes back, so the engine takes the QP's next message.
     assert w.fake.reposts.get(0, 0) == reposts + 1
     sent = [codec.decode(x[2]) for x in w.fake.sent[mark:] if x[0] == 0]
-    assert [(c.request_id, c.status) for c in sent] == [(7, Status.INTERNAL.value)]
+    assert [(c.request_id, c.status) for c in sent] == [(9, Status.INTERNAL.value)]
 
 
 # --------------------------------------------------------------------------------------------

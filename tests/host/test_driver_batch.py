@@ -27,7 +27,7 @@ from host import codec
 from host.link import UartLink
 from host.port import TargetPort, link_access
 from host.udplink import UdpLink
-from tests.host.test_driver import (World, alloc_inline, bind, compl_of, direct_world, free,
+from tests.host.test_driver import (World, stuck_queue_world, alloc_inline, bind, compl_of, direct_world, free,
                                     hello, other_of_driver, other_of_model, slot_block,
                                     wire_of_fake, wire_of_model)
 from tests.host.test_driver_uart import PyBridge
@@ -277,28 +277,21 @@ def test_poll_all_handles_every_kind_in_order():
 
 
 def test_an_error_leaves_the_rest_for_the_next_poll():
-    """A FREE whose engine command stays busy raises (answered INTERNAL, buffer reposted); the
-    messages popped with it wait in the backlog and the next poll handles them."""
-    w = World(block_size=256, num_blocks=4, overcommit_quotas=True, quota_per_initiator=4,
-              n_qp=3)
+    """A FREE that finds the engine's free queue full behind a stuck free raises (answered
+    INTERNAL, buffer reposted); the messages popped with it wait in the backlog and the next
+    poll handles them."""
+    w = stuck_queue_world(n_qp=3)
     Rig(w, "udp")
     w.drv.wc_polls = 20
-    w.slow(0, hello(1))
-    w.slow(1, hello(2))
-    w.engine(0, alloc_inline(1, 0x4000, b"a"))
-    w.model.hold(1)
-    w.engine(1, alloc_inline(2, 0x4040, b"b"))               # ticket 1 taken, stalled
-    w.engine(0, alloc_inline(3, 0x4001, b"c"))
-    w.slow(0, free(4, 0x4001))
-    w.slow(0, free(5, 0x4000))                               # deferred: CMD stays busy
-    w.engine(0, alloc_inline(6, 0x4002, b"d"))
-    w.fake.deliver(0, free(7, 0x4002))
+    w.fake.deliver(0, free(7, 0x4002))                       # fills the queue
+    assert run(w.drv.poll(w.now)).status == "OK"
+    w.fake.deliver(0, free(9, 0x4003))
     w.fake.deliver(2, hello(9))
     mark = len(w.fake.sent)
-    with pytest.raises(Exception, match="busy"):
+    with pytest.raises(Exception, match="free queue stayed full"):
         run(w.drv.poll_all(w.now))
     sent = [codec.decode(x[2]) for x in w.fake.sent[mark:]]
-    assert [(c.request_id, c.status) for c in sent] == [(7, Status.INTERNAL.value)]
+    assert [(c.request_id, c.status) for c in sent] == [(9, Status.INTERNAL.value)]
     assert w.fake.reposts.get(0) and not w.fake.reposts.get(2)
     w.model.receive(2, hello(9), w.now)
     res = run(w.drv.poll(w.now))
