@@ -109,6 +109,14 @@ SOAK_ARGS ?=
 soak: $(VENV)/.installed
 	$(PY) -m tools.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 $(SOAK_ARGS)
 
+# FREE rate over the UDP host link (issue 23; tools/free_rate.py): the driver on the shipped
+# core (Verilated, udp_link in), FREE bursts and ALLOC_STORE+FREE cycles of 4 KiB blocks, per-FREE
+# link figures and the UART equivalent; build/free_rate.json. FREE_RATE_ARGS="--turnaround-ns 0".
+FREE_RATE_ARGS ?=
+.PHONY: free-rate
+free-rate: $(VENV)/.installed
+	$(PY) -m tools.free_rate --json build/free_rate.json $(FREE_RATE_ARGS)
+
 # Fuzz the whole Verilated target (issue 7 item 3): FUZZ_FRAMES mutated and random frames,
 # oracles in tools/fuzz.py; the summary also goes to build/fuzz.json.
 FUZZ_FRAMES ?= 100000

@@ -243,8 +243,8 @@ class KbtpCore(wiring.Component):
     """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
 
     ``KbtpTarget(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
-    clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True)`` in the ``core``
-    domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64 sizers and
+    clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True, udp_link=True)`` in
+    the ``core`` domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64 sizers and
     asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
     :class:`boards.ram.PipelinedRam`. The board top sees ``core_freq`` / ``core_domain`` and
     clocks ``core`` from a PLL output, with the host link in ``core`` too.
@@ -281,7 +281,7 @@ class KbtpCore(wiring.Component):
         # with 4 the board could not serve the configuration kbtp-sim serve runs.
         kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory),
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
-                      engine=True)
+                      engine=True, udp_link=True)
         kwargs.update(overrides)
         return kwargs
 

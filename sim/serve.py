@@ -333,6 +333,12 @@ def main(argv=None):
     s.add_argument("--hw", choices=("ecpix5", "unit"), default="ecpix5",
                    help="gateware: the ECPIX-5 core as the bitstream holds it (default: two "
                         "clocks, width 64), or the one-clock width-8 unit-test target")
+    s.add_argument("--host-link", choices=("bus", "udp"), default="bus",
+                   help="gateware: the driver on the direct host bus (default), or over the UDP "
+                        "host link on the target's own Ethernet port (sim/vllink.py)")
+    s.add_argument("--host-turnaround-ns", type=float, default=0.0,
+                   help="gateware, --host-link udp: modelled host turnaround per exchange "
+                        "(simulated time; default 0: the host takes no simulated time)")
     s.add_argument("--config", type=_config, default={},
                    help='target configuration overrides as JSON, e.g. \'{"addr_le": true, '
                         '"ticket_timeout_ms": 3000}\' (fields of model.target.TargetConfig)')
@@ -343,7 +349,8 @@ def main(argv=None):
                     pcap=a.pcap, drop=a.drop, dup=a.dup, corrupt=a.corrupt, seed=a.seed,
                     duration=a.duration, quiet=a.quiet, ready_file=a.ready_file,
                     stop_file=a.stop_file, config=a.config, hw=a.hw,
-                    stats_file=a.stats_file)
+                    stats_file=a.stats_file, host_link=a.host_link,
+                    host_turnaround_ns=a.host_turnaround_ns)
         return run_gateware(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
 
     def log(line):

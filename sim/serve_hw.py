@@ -28,6 +28,14 @@ CPU to the guest and still lets its retransmission timers run.
 
 Stopping: ``duration`` seconds, a ``stop_file`` appearing, or the parent process going away.
 ``ready_file`` is written once the driver has initialised the target.
+
+Host link (``host_link``): ``"bus"`` (default) drives the target's host bus directly, as the
+UART bridge would, in zero simulated time; ``"udp"`` runs the driver's
+:class:`~host.port.TargetPort` over :class:`host.udplink.UdpLink` on
+:class:`sim.vllink.VlUdpTransport`: every exchange is a UDP datagram on the target's GMII
+(simulated at the board's clocks), the link being brought up over the direct bus first (what
+the UART does on a board). The network keeps flowing while the driver waits for the link;
+the link's datagrams never reach the socket.
 """
 
 import asyncio
@@ -88,7 +96,22 @@ class Served:
                                corrupt=opts.get("corrupt", 0.0), seed=opts.get("seed", 1),
                                log=self.log)
         self.srv.sock.setblocking(False)
-        self.port = TargetPort(self.vl.port_access(self.pump))
+        self.transport = None
+        if opts.get("host_link", "bus") == "udp":
+            # The driver over the UDP host link (issue 23): every access is a datagram on the
+            # target's GMII (sim/vllink.py); the link's steps keep the network moving.
+            from host.port import link_access
+            from sim.vllink import VlUdpTransport, sim_udp_link
+            self.transport = VlUdpTransport(
+                self.vl, target_mac=opts["mac"], target_ip=opts["ip"],
+                on_frames=self._link_frames,
+                host_turnaround_ns=opts.get("host_turnaround_ns", 0.0))
+            self.udplink = sim_udp_link(self.transport)
+            self.port = TargetPort(link_access(self.udplink))
+        elif opts.get("host_link", "bus") == "bus":
+            self.port = TargetPort(self.vl.port_access(self.pump))
+        else:
+            raise ValueError(f"host_link {opts['host_link']!r} is not 'bus' or 'udp'")
         self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})),
                                  n_qp=p["n_qp"], mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
                                  wc_polls=WC_POLLS)
@@ -104,10 +127,21 @@ class Served:
             from sim.serve_stats import BoardTimer
             self._peers = {}
             self.timer = BoardTimer(p, self._peer_of)
+            if self.transport is not None:
+                self.transport.on_send = self.timer.sent
 
     # ---- frames ------------------------------------------------------------------------------
     def pump(self):
         """Frames from the socket into the target, and the target's frames out."""
+        self._pump_in()
+        self._out(self.vl.run(0))
+
+    def _link_frames(self, frames):
+        """A step of the UDP host link's wait: frames both ways, as :meth:`pump`."""
+        self._pump_in()
+        self._out(frames)
+
+    def _pump_in(self):
         srv = self.srv
         for _ in range(64):
             try:
@@ -123,10 +157,11 @@ class Served:
                 if self.timer is not None:
                     self.timer.sent(bytes(g).ljust(60, b"\0"))
                 self.moved += 1
-        self._out(self.vl.run(0))
 
     def _out(self, frames):
         srv = self.srv
+        if self.transport is not None:      # the host link's datagrams are the host's
+            frames = self.transport.sift(frames)
         if self.timer is not None:
             self.timer.sync_rx(self.vl.rx_log)
             self.timer.sent_by_target(frames)
@@ -155,11 +190,15 @@ class Served:
     # ---- host side ---------------------------------------------------------------------------
     async def start(self):
         t0 = time.monotonic()
+        if self.transport is not None:
+            # What the UART does on a board: own address and the link's host, then enable.
+            self.transport.bring_up()
         await self.port.set_own(self.o["mac"], self.o["ip"])
         await self.driver.init()
         self.log(f"kbtp-sim serve (gateware): {self.o['ip']} ({self.o['mac']}) CM port "
                  f"{self.o['port']}, UDP {self.o['listen'][0]}:{self.o['listen'][1]} <-> "
-                 f"{self.o['peer'][0]}:{self.o['peer'][1]}; target initialised in "
+                 f"{self.o['peer'][0]}:{self.o['peer'][1]}; host link "
+                 f"{self.o.get('host_link', 'bus')}; target initialised in "
                  f"{time.monotonic() - t0:.1f} s ({self.vl.cycle} cycles)")
         if self.o.get("ready_file"):
             Path(self.o["ready_file"]).write_text(str(os.getpid()))
@@ -269,6 +308,8 @@ class Served:
         self._out(self.vl.run(4 * STEP))
         self.log(f"frames {self.srv.counts}; host {self.counts}; cm {self.cm.stats}; "
                  f"simulated {self.vl.cycle} cycles in {time.monotonic() - t0:.1f} s")
+        if self.transport is not None:
+            self.log(f"UDP host link: {self.udplink.stats}; transport {self.transport.stats}")
         if self.timer is not None:
             await self._write_stats(final=True)
         else:

@@ -72,7 +72,8 @@ def _board_core(name):
 def board_params(name):
     """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
     ``n_mr``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
-    (the board's real clocks) and ``timer_scale`` (1: the board's timers run in real time)."""
+    (the board's real clocks), ``timer_scale`` (1: the board's timers run in real time) and
+    ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the core)."""
     from boards import BOARDS
     from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
@@ -87,7 +88,8 @@ def board_params(name):
                          f"over an integer")
     return {"board": name, "width": kw["width"], "n_qp": kw["n_qp"], "n_mr": kw["n_mr"],
             "mem_words": kw["mem_words"], "core_div": round(div), "mac_hz": spec.sys_freq,
-            "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1)}
+            "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1),
+            "udp_link": bool(kw.get("udp_link", False))}
 
 
 def _params(params):
@@ -132,7 +134,9 @@ def export_verilog(params):
 def _hw_digest(params):
     import amaranth
     h = hashlib.sha256(repr((sorted(params.items()), amaranth.__version__)).encode())
-    for p in sorted((ROOT / "hw").rglob("*.py")):
+    # A board's core is built by boards/ (cores.py: its KbtpTarget arguments): those files too.
+    dirs = ("hw", "boards") if "board" in params else ("hw",)
+    for p in sorted(f for d in dirs for f in (ROOT / d).rglob("*.py")):
         h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 

@@ -1,0 +1,121 @@
+# Ref: issue 23 (the UDP host link shipped; frees at the rate of allocations); sim/vllink.py;
+#      sim/system.py (VlSystemBench, round matching against the golden model, block_census);
+#      sim/serve_hw.py (--host-link udp); boards/cores.py KbtpCore (udp_link=True).
+"""The host driver over the UDP host link on the shipped core (Verilated), against the model.
+
+:class:`sim.vllink.VlUdpSystemBench` on ``VlTarget(SHIPPED)``: the link brought up over the
+direct host bus, then everything the driver does (init, QPs, HELLOs, FREEs) goes as UDP
+datagrams through the target's GMII. Random rounds and FREE rounds are matched to the golden
+model (:meth:`SystemBench.round`), then the memory image and counters
+(:func:`sim.system.mixed_checks`) and the block census. Also ``kbtp-sim serve``'s gateware
+backend with ``host_link="udp"``: initialised over the link while an ARP request from the
+socket is answered to the socket and no link datagram leaks there.
+"""
+
+import asyncio
+import socket
+
+import pytest
+
+from sim.system import block_census, mixed, mixed_checks, run_sync
+from sim.vltarget import SHIPPED, VlTarget
+
+pytestmark = pytest.mark.xdist_group("shipped")
+
+
+@pytest.fixture(scope="module")
+def built():
+    from sim.vltarget import build, board_params
+    assert board_params("ecpix5")["udp_link"], "the shipped core has no UDP host link"
+    build(SHIPPED)
+
+
+def test_driver_over_udp_link_matches_model(built):
+    from sim.vllink import VlUdpSystemBench
+    with VlTarget(SHIPPED) as vt:
+        b = VlUdpSystemBench(vt, n_init=2, seed=11)
+        run_sync(b.bring_up())
+        up = dict(b.udplink.stats)
+        assert up["exchanges"] > 10 and up["timeouts"] == 0
+        stats = run_sync(mixed(b, rounds=6))
+        # FREE rounds: every bound handle of both initiators, one per initiator per round
+        frees = 0
+        for _ in range(4):
+            batch = []
+            for q in range(b.n_init):
+                s = b.model.session_of(b.conns[q])
+                if any(b.model.read_entry(h)["flags"] & 1
+                       for h in range(s.handle_base, s.handle_base + s.handle_count)):
+                    batch.append((q, b.free_request(q)))
+                    b.slow_sent += 1
+            if not batch:
+                break
+            run_sync(b.round(batch, stats))
+            frees += len(batch)
+            stats["requests"] += len(batch)
+        figs = run_sync(mixed_checks(b, stats))
+        c = block_census(b.model, vt.mem_read)
+        assert c["lost"] == 0 and c["duplicated"] == 0, c
+        assert c["in_rings"] + c["in_table"] + c["pending"] == c["blocks"], c
+        link, tr = b.udplink.stats, b.transport.stats
+        assert link["timeouts"] == 0 and link["retransmits"] == 0 and link["bad"] == 0, link
+        # every exchange was a datagram executed by the target's link (the sync answered too)
+        cnt = b.transport.counters()
+        assert cnt["executed"] == link["exchanges"] and cnt["sync"] == link["syncs"], cnt
+        assert cnt["crc_errors"] == 0 and cnt["bus_errors"] == 0 and cnt["bad_src"] == 0, cnt
+        assert tr["datagrams_in"] == link["datagrams_in"], (tr, link)
+        print(f"\ndriver over the UDP link: {figs['rounds']} rounds, {frees} FREE rounds' "
+              f"requests; link {link}; census {dict((k, v) for k, v in c.items() if k != 'where')}")
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def test_serve_hw_over_udp_host_link(built):
+    from scapy.layers.l2 import ARP, Ether
+
+    from sim.serve_hw import Served
+    from sim.vllink import HOST_MAC
+    t_port = _free_port()
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.settimeout(0.0)
+    mac, ip = "02:4b:42:54:50:01", "10.0.0.2"
+    opts = dict(mac=mac, ip=ip, port=18515, listen=["127.0.0.1", t_port],
+                peer=list(peer.getsockname()), quiet=True, hw="ecpix5", host_link="udp")
+    s = Served(opts)
+    try:
+        asyncio.run(s.start())
+        st = dict(s.udplink.stats)
+        assert st["exchanges"] > 5 and st["timeouts"] == 0, st
+        # An ARP request from the network goes in and its reply out, also while the driver's
+        # own accesses run the simulation (a driver poll over the link).
+        req = bytes(Ether(dst="ff:ff:ff:ff:ff:ff", src="02:00:00:00:00:07")
+                    / ARP(op=1, hwsrc="02:00:00:00:00:07", psrc="10.0.0.7", pdst=ip))
+        peer.sendto(req, ("127.0.0.1", t_port))
+        got = []
+        for _ in range(200):
+            asyncio.run(s.driver.poll())
+            s._out(s.vl.run(512))
+            try:
+                while True:
+                    got.append(peer.recv(65536))
+            except (BlockingIOError, socket.timeout):
+                pass
+            if got:
+                break
+        assert got, "no ARP reply on the socket"
+        arp = [Ether(g) for g in got if Ether(g).type == 0x0806]
+        assert arp and arp[0][ARP].op == 2 and arp[0][ARP].psrc == ip
+        assert all(Ether(g).dst != HOST_MAC for g in got), "a link datagram reached the socket"
+        assert s.udplink.stats["exchanges"] > st["exchanges"]
+        assert s.transport.counters()["executed"] == s.udplink.stats["exchanges"]
+    finally:
+        s.srv.stop()
+        s.vl.close()
+        peer.close()
