@@ -244,8 +244,8 @@ class KbtpCore(wiring.Component):
 
     ``KbtpTarget(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
     clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True, udp_link=True)`` in
-    the ``core`` domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64 sizers and
-    asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
+    the ``core`` domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64
+    sizers and asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory
     :class:`boards.ram.PipelinedRam`. The board top sees ``core_freq`` / ``core_domain`` and
     clocks ``core`` from a PLL output, with the host link in ``core`` too.
 
