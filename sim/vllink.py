@@ -13,6 +13,12 @@ in steps of ``step`` GMII cycles until the target has sent the response datagram
 CM) is handed to ``on_frames`` (called after every step, with an empty list too, so that the
 caller's network can move: deliver its own frames, run its timers).
 
+Impairments (``loss``, ``corrupt``, ``dup``; seeded): the link's own frames may be lost,
+corrupted (one bit of the IPv4 datagram, FCS still good) or duplicated, per direction; the
+target's checks and the host's kernel checks (:meth:`~VlUdpTransport.sift`) drop the corrupted
+ones, :class:`~host.udplink.UdpLink` retransmits (``tests/sim/test_vllink.py``: issue 23's loss
+test).
+
 Whatever else runs the simulation (a bench's wait loop, ``kbtp-sim serve``'s service loop) must
 pass the target's frames through :meth:`~VlUdpTransport.sift`: it keeps the host-link
 datagrams (for the next :meth:`recv`) and returns the rest.
@@ -42,6 +48,7 @@ Example::
         port = TargetPort(link_access(sim_udp_link(tr)))
 """
 
+import random
 import struct
 
 from host.driver import KbtpDriver
@@ -114,6 +121,24 @@ def wire_octets(frame_len):
     return max(frame_len, 60) + 4 + 8 + 12
 
 
+def _pair(p, what):
+    """``(to_target, to_host)`` probabilities of an impairment given as one or a pair."""
+    pair = tuple(p) if isinstance(p, (tuple, list)) else (p, p)
+    if len(pair) != 2 or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in pair):
+        raise ValueError(f"{what} {p!r} is not a probability or a (to_target, to_host) pair")
+    return tuple(float(x) for x in pair)
+
+
+def _flip(frame, rng):
+    """``frame`` with one random bit of its IPv4 datagram (octet 14 up to the IPv4 total
+    length: headers and payload, not the padding) flipped."""
+    b = bytearray(frame)
+    end = min(len(b), 14 + int.from_bytes(b[16:18], "big"))
+    i = rng.randrange(14, max(end, 15))
+    b[i] ^= 1 << rng.randrange(8)
+    return bytes(b)
+
+
 class VlUdpTransport:
     """``send`` / ``recv`` of :class:`host.udplink.UdpLink` over a :class:`VlTarget`'s GMII.
 
@@ -135,15 +160,41 @@ class VlUdpTransport:
         Told every frame queued into the target (e.g. ``BoardTimer.sent``, which pairs the
         harness's ``rx_log`` with the frames sent).
 
+    loss, corrupt, dup : float or ``(to_target, to_host)`` pair of floats
+        Impairments of the link's own frames, probabilities per frame and per direction
+        (a float: the same both ways; default 0: none, and no random numbers drawn). A lost
+        frame never reaches the other side; a duplicated one arrives twice (the copies
+        corrupted independently); a corrupted one has one random bit of its IPv4 datagram
+        (IPv4 header, UDP header, payload: octet 14 up to the IPv4 total length, never the
+        Ethernet header or the padding) flipped, its FCS still good (corruption the MAC cannot
+        see, e.g. in a switch's memory). A corrupted request goes into the target, whose
+        checks drop and count it (``bad_csum`` mostly; ``ignored`` / ``bad_src`` /
+        ``malformed`` when the flip hits an address, the protocol or a length). A corrupted
+        response is put through the host's kernel checks (:meth:`_response`: IPv4 header
+        checksum, UDP checksum present and correct, addresses and ports): every one-bit flip
+        fails them, so it is dropped there and counted in ``ignored``, as a host's kernel
+        would drop it before the socket; it never reaches :class:`~host.udplink.UdpLink`
+        (whose ``bad`` / ``stale`` checks still see the duplicates). Only the link's frames are
+        impaired (requests, and the target's datagrams to the host's link port); the
+        other frames (RoCE, ARP) pass untouched.
+    seed : int
+        Seeds the impairments' random numbers.
+
     ``stats``: ``datagrams_out`` / ``datagrams_in``, ``wire_octets_out`` / ``wire_octets_in``
     (GMII octets of the frames, preamble / FCS / IFG included), ``wait_cycles`` (GMII cycles
     :meth:`recv` ran the simulation), ``turnaround_cycles``, ``ignored`` (frames to the host's
-    port that were no link datagram: bad checksum, wrong source).
+    port that were no link datagram: bad checksum, wrong source), ``rtt_max_cycles`` (GMII
+    cycles from queueing the last request datagram to the end of its response frame, the
+    longest seen: give :class:`~host.udplink.UdpLink` a timeout well above it); the
+    impairments: ``lost_out`` / ``corrupted_out`` / ``duplicated_out`` (requests, counted
+    before :meth:`send` queues them: ``datagrams_out`` counts every datagram the host sent,
+    lost ones too) and ``lost_in`` / ``corrupted_in`` / ``duplicated_in`` (responses, as the
+    target sent them; ``datagrams_in`` counts only the payloads the host received).
     """
 
     def __init__(self, vt, *, target_mac, target_ip, host_mac=HOST_MAC, host_ip=HOST_IP,
                  host_port=HOST_PORT, on_frames=None, step=STEP, host_turnaround_ns=0.0,
-                 on_send=None):
+                 on_send=None, loss=0.0, corrupt=0.0, dup=0.0, seed=0):
         self.vt = vt
         self.target_mac, self.target_ip = target_mac, target_ip
         self.host_mac, self.host_ip, self.host_port = host_mac, host_ip, host_port
@@ -155,8 +206,14 @@ class VlUdpTransport:
         self.turnaround_cycles = round(host_turnaround_ns * 1e-9 * self.mac_hz)
         self.inbox = []             # response payloads taken out of the target's frames
         self.others = []            # other frames, when there is no on_frames
+        self.loss, self.corrupt, self.dup = (_pair(loss, "loss"), _pair(corrupt, "corrupt"),
+                                             _pair(dup, "dup"))
+        self.rng = random.Random(seed)
+        self._sent_at = None        # cycle the last request datagram was queued
         self.stats = dict(datagrams_out=0, datagrams_in=0, wire_octets_out=0, wire_octets_in=0,
-                          wait_cycles=0, turnaround_cycles=0, ignored=0)
+                          wait_cycles=0, turnaround_cycles=0, ignored=0, rtt_max_cycles=0,
+                          lost_out=0, corrupted_out=0, duplicated_out=0,
+                          lost_in=0, corrupted_in=0, duplicated_in=0)
 
     # ---- time -----------------------------------------------------------------------------
     def clock(self):
@@ -208,18 +265,52 @@ class VlUdpTransport:
             return b""              # to the host's port but unusable: a loss (UdpLink retries)
         return p[5]
 
+    # ---- impairments -----------------------------------------------------------------------
+    def _impair(self, frame, d, tag):
+        """The copies of ``frame`` that reach the other side (direction ``d``: 0 to the target,
+        1 to the host), each corrupted or not: a list of ``(frame, corrupted)``."""
+        rng, st = self.rng, self.stats
+        if self.loss[d] and rng.random() < self.loss[d]:
+            st["lost_" + tag] += 1
+            return []
+        n = 1
+        if self.dup[d] and rng.random() < self.dup[d]:
+            st["duplicated_" + tag] += 1
+            n = 2
+        out = []
+        for _ in range(n):
+            bad = bool(self.corrupt[d]) and rng.random() < self.corrupt[d]
+            out.append((_flip(frame, rng) if bad else frame, bad))
+            st["corrupted_" + tag] += bad
+        return out
+
     def sift(self, frames):
         """Keep the host-link datagrams of ``frames`` (TxFrame list) for :meth:`recv`; the
-        other frames, in order."""
+        other frames, in order. The impairments to the host apply here: every path of the
+        target's frames to the host comes through."""
         out = []
         for f in frames:
             payload = self._response(f)
             if payload is None:
                 out.append(f)
-            elif payload:
+                continue
+            if not payload:
+                continue
+            if self._sent_at is not None:
+                self.stats["rtt_max_cycles"] = max(self.stats["rtt_max_cycles"],
+                                                   f.end - self._sent_at)
+            for raw, bad in self._impair(f.frame, 1, "in"):
+                got = payload
+                if bad:
+                    # the host's kernel checks; a frame they refuse is dropped (``ignored``)
+                    got = self._response(f._replace(frame=raw))
+                    if got is None:
+                        self.stats["ignored"] += 1
+                    if not got:
+                        continue
                 self.stats["datagrams_in"] += 1
-                self.stats["wire_octets_in"] += wire_octets(len(f.frame))
-                self.inbox.append(payload)
+                self.stats["wire_octets_in"] += wire_octets(len(raw))
+                self.inbox.append(got)
         return out
 
     def _hand(self, frames):
@@ -247,11 +338,13 @@ class VlUdpTransport:
         frame = udp_frame(self.host_mac, self.target_mac, self.host_ip, self.target_ip,
                           self.host_port, HOSTLINK_UDP_PORT, payload)
         frame = frame.ljust(60, b"\0")
-        self.vt.send(frame)
-        if self.on_send is not None:
-            self.on_send(frame)
         self.stats["datagrams_out"] += 1
         self.stats["wire_octets_out"] += wire_octets(len(frame))
+        self._sent_at = self.vt.cycle
+        for raw, _ in self._impair(frame, 0, "out"):
+            self.vt.send(raw)
+            if self.on_send is not None:
+                self.on_send(raw)
 
     def recv(self, timeout):
         """The next response payload, running the simulation for up to ``timeout`` simulated
@@ -302,15 +395,17 @@ class VlUdpSystemBench(VlSystemBench):
     host bus; the link is brought up over the direct bus first (:meth:`_start`).
     ``poll_all``: the wait loop's host step is :meth:`KbtpDriver.poll_all` (every pending
     message in one pass) instead of one :meth:`~KbtpDriver.poll`. ``driver_kw``: extra
-    KbtpDriver options (``recv_count``, ``max_messages``)."""
+    KbtpDriver options (``recv_count``, ``max_messages``); ``link_kw``: :func:`sim_udp_link`
+    options (``timeout``, ``retries``); ``transport_kw``: :class:`VlUdpTransport` options (the
+    impairments ``loss`` / ``corrupt`` / ``dup`` and their ``seed``)."""
 
     def __init__(self, vt, *, host_turnaround_ns=0.0, poll_all=True, driver_kw=None,
-                 link_kw=None, **kw):
+                 link_kw=None, transport_kw=None, **kw):
         super().__init__(vt, **kw)
         self.transport = VlUdpTransport(vt, target_mac=T_MAC, target_ip=T_IP,
                                         on_frames=self._link_frames,
                                         host_turnaround_ns=host_turnaround_ns,
-                                        step=self.step)
+                                        step=self.step, **(transport_kw or {}))
         self.udplink = sim_udp_link(self.transport, **(link_kw or {}))
         self.direct_port = self.port
         self.port = TargetPort(link_access(self.udplink))
