@@ -78,14 +78,15 @@ def _pseudo(src_ip, dst_ip, udp_len):
     return struct.pack(">IIBBH", ip_int(src_ip), ip_int(dst_ip), 0, 17, udp_len)
 
 
-def udp_frame(src_mac, dst_mac, src_ip, dst_ip, sport, dport, payload):
-    """An Ethernet II frame (no FCS, not padded) carrying ``payload`` in IPv4 / UDP, both
-    checksums present (IPv4 DF, TTL 64)."""
+def udp_frame(src_mac, dst_mac, src_ip, dst_ip, sport, dport, payload, checksum=True):
+    """An Ethernet II frame (no FCS, not padded) carrying ``payload`` in IPv4 / UDP (IPv4 DF,
+    TTL 64), both checksums present (``checksum`` False: a zero UDP checksum)."""
     payload = bytes(payload)
     ulen = 8 + len(payload)
     udp = pack(UDPHeader, src_port=sport, dst_port=dport, length=ulen, checksum=0) + payload
-    c = ipv4_checksum(_pseudo(src_ip, dst_ip, ulen) + udp) or 0xFFFF
-    udp = udp[:6] + c.to_bytes(2, "big") + udp[8:]
+    if checksum:
+        c = ipv4_checksum(_pseudo(src_ip, dst_ip, ulen) + udp) or 0xFFFF
+        udp = udp[:6] + c.to_bytes(2, "big") + udp[8:]
     ip = bytearray(pack(IPv4Header, version=4, ihl=5, total_length=20 + ulen, flags=0b010,
                         ttl=64, protocol=17, src=ip_int(src_ip), dst=ip_int(dst_ip)))
     ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")

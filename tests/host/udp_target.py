@@ -40,9 +40,10 @@ from collections import deque
 from host.link import STATUS_FIELDS, crc8
 from host.udplink import (HEADER, HOSTLINK_UDP_PORT, MAX_PAYLOAD, T_REQUEST, T_SYNC,
                           CallableTransport, pack_header)
-from hw.headers import (ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader, pack, unpack)
+from hw.headers import (ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader, unpack)
 from hw.target.hostlink import SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
 from roce.frames import ip_int, ipv4_checksum, mac_bytes
+from sim.vllink import udp_frame
 
 __all__ = ["UdpHostLinkEndpoint", "SimNet", "udp_frame", "parse_udp_frame", "wire_octets",
            "HOST", "TARGET"]
@@ -54,23 +55,6 @@ TARGET = dict(mac="02:00:00:00:00:01", ip="10.0.0.1")
 
 def _pseudo(src_ip, dst_ip, udp_len):
     return struct.pack(">IIBBH", ip_int(src_ip), ip_int(dst_ip), 0, 17, udp_len)
-
-
-def udp_frame(src_mac, dst_mac, src_ip, dst_ip, sport, dport, payload, checksum=True):
-    """An Ethernet II frame (no FCS) carrying ``payload`` in IPv4/UDP; ``checksum`` False
-    sends a zero UDP checksum."""
-    payload = bytes(payload)
-    ulen = 8 + len(payload)
-    udp = pack(UDPHeader, src_port=sport, dst_port=dport, length=ulen, checksum=0) + payload
-    if checksum:
-        c = ipv4_checksum(_pseudo(src_ip, dst_ip, ulen) + udp) or 0xFFFF
-        udp = udp[:6] + c.to_bytes(2, "big") + udp[8:]
-    ip = bytearray(pack(IPv4Header, version=4, ihl=5, total_length=20 + ulen, flags=0b010,
-                        ttl=64, protocol=17, src=ip_int(src_ip), dst=ip_int(dst_ip)))
-    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
-    eth = pack(EthernetHeader, dst=int.from_bytes(mac_bytes(dst_mac), "big"),
-               src=int.from_bytes(mac_bytes(src_mac), "big"), ethertype=ETHERTYPE_IPV4)
-    return eth + bytes(ip) + udp
 
 
 def parse_udp_frame(frame):

@@ -44,7 +44,7 @@ BUF_VA, BUF_RKEY, BUF_SIZE = 0x7F0000100000, 0x00ABCD01, 2 * 65536
 ROCE_PORT = ROCE_UDP_PORT.to_bytes(2, "big")   # UDP destination port octets
 
 
-def _free_port():
+def free_port():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0))
     p = s.getsockname()[1]
@@ -81,7 +81,7 @@ class Initiator:
 def serving(tmp, *extra):
     """``kbtp-sim serve`` (gateware backend) in a child process, with ``extra`` options, and an
     :class:`Initiator` beside it; yields ``(proc, initiator)``; stops both at the end."""
-    t_port, i_port = _free_port(), _free_port()
+    t_port, i_port = free_port(), free_port()
     ready, stop = tmp / "ready", tmp / "stop"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(tmp / "serve.log", "w") as log:

@@ -21,6 +21,7 @@ import pytest
 
 from sim.system import block_census, mixed, mixed_checks, run_sync
 from sim.vltarget import SHIPPED, VlTarget
+from tests.sim.test_serve_hw import free_port
 
 pytestmark = pytest.mark.xdist_group("shipped")
 
@@ -135,20 +136,12 @@ def test_driver_over_lossy_udp_link_matches_model(built):
         assert link["stale"] > 0, link
 
 
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def test_serve_hw_over_udp_host_link(built):
     from scapy.layers.l2 import ARP, Ether
 
     from sim.serve_hw import Served
     from sim.vllink import HOST_MAC
-    t_port = _free_port()
+    t_port = free_port()
     peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     peer.bind(("127.0.0.1", 0))
     peer.settimeout(0.0)

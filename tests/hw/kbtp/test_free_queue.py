@@ -27,14 +27,12 @@ from hw.headers import SLOT_EMPTY
 from hw.iface import REG_KBTP, Space
 from hw.kbtp.engine import Cmd, reg
 from hw.kbtp.regmap import FREE_DEPTH
-from sim.hostbus import bus_access
-
-from tests.hw.kbtp.test_kbtp_engine import (RAM_BYTES, Top, Transport, compare_image, configure,
-                                            hello, make_model, norm_model, ram_read, reg_read,
-                                            reg_write)
-from tests.hw.kbtp.test_kbtp_engine_ring import (alloc_raw, completion_of, host_command,
-                                                 host_mem_write, wait_cmd_idle, write_slot)
 from model.target import InitiatorMemory
+from sim.hostbus import bus_access
+from tests.hw.kbtp.test_kbtp_engine import (RAM_BYTES, Top, Transport, compare_image, configure,
+                                            hello, make_model, ram_read, reg_read, reg_write)
+from tests.hw.kbtp.test_kbtp_engine_ring import (checked_alloc, host_command, host_mem_write,
+                                                 run_throttled, wait_cmd_idle, write_slot)
 
 BS = 256
 POOL_TO_BASE = 0x1234_0000_0000         # Block Offsets with a high word (FREE_PUSH_HI matters)
@@ -162,11 +160,7 @@ def test_queued_free_deferred():
     out = {}
 
     async def alloc(ctx, i, rid):
-        raw = alloc_raw(s.handle_base + i, rid)
-        want = norm_model(model.receive("y", raw))
-        got = await tr.request(ctx, 0, raw)
-        assert got == want
-        return completion_of(got)
+        return await checked_alloc(ctx, tr, model, s.handle_base + i, rid)
 
     async def bench(ctx):
         await configure(ctx, eng, model, ["y"])
@@ -277,17 +271,7 @@ def test_full_queue_refuses():
                       await reg_read(ctx, eng.bus, reg["FREE_REFUSED"]))
         compare_image(ctx, top.ram, model)
 
-    async def throttle(ctx):
-        r = random.Random(3)
-        while True:
-            ctx.set(top.thr.allow, r.random() >= 0.4)
-            await ctx.tick()
-
-    sim = Simulator(top)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.add_testbench(throttle, background=True)
-    sim.run()
+    run_throttled(top, bench, seed=3)
     assert out["refused"] == [1, 1]
     assert out["after"] == ((FREE_DEPTH, 0), 2, 0b11, True)
     got, want = out["allocated"]

@@ -96,6 +96,36 @@ def completion_of(actions):
     return codec.decode(sends[0][1])
 
 
+
+async def checked_alloc(ctx, tr, model, handle, rid):
+    """An ALLOC_STORE of ``handle`` by initiator "y" (QP 0): the engine's answer must be the
+    golden model's; returns its COMPLETION."""
+    raw = alloc_raw(handle, rid)
+    want = norm_model(model.receive("y", raw))
+    got = await tr.request(ctx, 0, raw)
+    assert got == want
+    return completion_of(got)
+
+
+def run_throttled(top, bench, background=(), *, seed, refuse=0.4):
+    """Simulate ``top`` until ``bench`` returns, with the ``background`` testbenches, and
+    back-pressure on the memory bus below the arbiter (so the engine's accesses and the host's
+    are both refused) in ``refuse`` of the cycles, drawn from ``seed``."""
+    async def throttle(ctx):
+        r = random.Random(seed)
+        while True:
+            ctx.set(top.thr.allow, r.random() >= refuse)
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    for b in background:
+        sim.add_testbench(b, background=True)
+    sim.add_testbench(throttle, background=True)
+    sim.run()
+
+
 def test_deferred_free_scenario():
     model, top = setup()
     s = model.session_of("y")
@@ -105,11 +135,7 @@ def test_deferred_free_scenario():
     log = {}
 
     async def alloc(ctx, i, rid):
-        raw = alloc_raw(h[i], rid)
-        want = norm_model(model.receive("y", raw))
-        got = await tr.request(ctx, 0, raw)
-        assert got == want
-        return completion_of(got)
+        return await checked_alloc(ctx, tr, model, h[i], rid)
 
     async def bench(ctx):
         await configure(ctx, eng, model, ["y"])
@@ -165,20 +191,7 @@ def test_deferred_free_scenario():
         await ctx.tick().repeat(100)
         await write_slot(ctx, top, model, 5, 100 * BS + 2 * BS)
 
-    async def throttle(ctx):
-        # Back-pressure on the memory bus: below the arbiter, so the engine's accesses and the
-        # host's late slot writes are both refused in 40% of the cycles.
-        r = random.Random(7)
-        while True:
-            ctx.set(top.thr.allow, r.random() >= 0.4)
-            await ctx.tick()
-
-    sim = Simulator(top)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.add_testbench(host, background=True)
-    sim.add_testbench(throttle, background=True)
-    sim.run()
+    run_throttled(top, bench, [host], seed=7)
     assert log.get("done")
     slot2 = log["slot2_during_stall"]
     assert tuple(slot2) == (6, log["b103"])
