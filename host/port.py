@@ -387,10 +387,6 @@ class TargetPort:
         """Up to ``max_records`` WorkCompletion dicts in one bulk pop where possible."""
         return await self.pop_records(Q_WC, WorkCompletion, max_records)
 
-    async def poll_notifies(self, max_records):
-        """Up to ``max_records`` RecvNotify dicts in one bulk pop where possible."""
-        return await self.pop_records(Q_NOTIFY, RecvNotify, max_records)
-
 
 def _span(addr, n):
     """Word-aligned ``[lo, hi)`` around ``n`` octets at ``addr``."""
