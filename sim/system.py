@@ -556,10 +556,16 @@ class VlSystemBench(SystemBench):
         self._in_net = True
         try:
             self._net_at = self.vt.cycle
-            out = [(f.frame, f.fcs_ok, f.start * PERIOD_NS) for f in self.vt.run(0)]
-            self.net_step(out)
+            self._deliver(self._tx_frames())
         finally:
             self._in_net = False
+
+    def _tx_frames(self):
+        """The frames the target sent since the last call (a subclass may take some out)."""
+        return self.vt.run(0)
+
+    def _deliver(self, frames):
+        self.net_step([(f.frame, f.fcs_ok, f.start * PERIOD_NS) for f in frames])
 
     async def _access(self, space, addr, we, wdata):
         r = self.vt.access(space, addr, we, wdata)

@@ -439,14 +439,8 @@ class VlUdpSystemBench(VlSystemBench):
         finally:
             self._in_net = False
 
-    def _net(self):
-        if not self.net_on or self._in_net:
-            return
-        self._in_net = True
-        try:
-            self._deliver(self.transport.sift(self.vt.run(0)))
-        finally:
-            self._in_net = False
+    def _tx_frames(self):
+        return self.transport.sift(self.vt.run(0))
 
     async def host_step(self):
         if not self.poll_all:
