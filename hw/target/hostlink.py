@@ -388,26 +388,30 @@ class HostLinkEngine(wiring.Component):
             with take(crc=False):
                 m.d.sync += [s.idx.eq(0), s.done.eq(0), s.bus_timer.eq(0), s.status_regs.eq(0)]
                 with m.If(data != rx_crc.crc):
-                    m.d.sync += [s.status.eq(LinkStatus.BAD_CRC),
-                                 self.crc_errors.eq(self.crc_errors + 1)]
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.BAD_CRC, self.crc_errors)
                 with m.Elif(~cmd_known(s.cmd)):
-                    m.d.sync += s.status.eq(LinkStatus.BAD_CMD)
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.BAD_CMD)
                 with m.Elif(s.cmd == Cmd.STATUS):
                     m.d.sync += [s.status.eq(LinkStatus.OK),
                                  self.frames_ok.eq(self.frames_ok + 1)]
                     m.next = "STATUS_WORDS"
                 with m.Elif(~count_ok(s.count, self.max_words)):
-                    m.d.sync += s.status.eq(LinkStatus.BAD_COUNT)
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.BAD_COUNT)
                 with m.Elif((s.addr[:2] != 0) & (s.space_nibble != 3)):
-                    m.d.sync += s.status.eq(LinkStatus.BAD_ALIGN)
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.BAD_ALIGN)
                 with m.Else():
                     m.d.sync += [s.status.eq(LinkStatus.OK),
                                  self.frames_ok.eq(self.frames_ok + 1)]
                     m.next = "BUS_PREFETCH"
+
+    @staticmethod
+    def _answer(m, s, status, counter=None):
+        """End the frame with the error ``status`` (its response says so), counting it in
+        ``counter`` if given."""
+        m.d.sync += s.status.eq(status)
+        if counter is not None:
+            m.d.sync += counter.eq(counter + 1)
+        m.next = "RESPONSE"
 
     def _execute(self, m, s):
         """States STATUS_WORDS, BUS_*: run the checked frame."""
@@ -440,21 +444,16 @@ class HostLinkEngine(wiring.Component):
                 m.d.sync += [s.resp_err.eq(bus.err), s.resp_data.eq(bus.rdata)]
                 m.next = "BUS_DONE"
             with m.Elif(s.bus_timer == self.bus_timeout):
-                m.d.sync += [s.status.eq(LinkStatus.TIMEOUT),
-                             self.bus_errors.eq(self.bus_errors + 1)]
-                m.next = "RESPONSE"
+                self._answer(m, s, LinkStatus.TIMEOUT, self.bus_errors)
         with m.State("BUS_DONE"):
             m.d.comb += rd.addr.eq(s.idx)
             with m.If(s.resp_err):
                 with m.If(s.cmd == Cmd.POP):
                     m.next = "RESPONSE"     # queue ran empty: a short, good answer
                 with m.Elif(s.cmd == Cmd.PUSH):
-                    m.d.sync += s.status.eq(LinkStatus.QUEUE_FULL)
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.QUEUE_FULL)
                 with m.Else():
-                    m.d.sync += [s.status.eq(LinkStatus.BUS_ERROR),
-                                 self.bus_errors.eq(self.bus_errors + 1)]
-                    m.next = "RESPONSE"
+                    self._answer(m, s, LinkStatus.BUS_ERROR, self.bus_errors)
             with m.Else():
                 with m.If(~s.is_write):
                     m.d.comb += [wr.addr.eq(s.idx), wr.data.eq(s.resp_data), wr.en.eq(1)]
