@@ -96,8 +96,9 @@ def udp_frame(src_mac, dst_mac, src_ip, dst_ip, sport, dport, payload, checksum=
 
 
 def parse_udp_frame(frame):
-    """``(dst_mac octets, src_ip, dst_ip, sport, dport, payload, checksums_ok)`` of an IPv4 /
-    UDP frame, or None when it is not one."""
+    """The fields of an IPv4/UDP frame as a dict (``src_mac``, ``dst_mac``, ``src_ip``,
+    ``dst_ip``, ``sport``, ``dport``, ``ip_ok``, ``checksum``, ``checksum_ok``, ``payload``), or
+    None when it is not one."""
     frame = bytes(frame)
     if len(frame) < 42:
         return None
@@ -111,9 +112,11 @@ def parse_udp_frame(frame):
     if not 28 <= tot <= len(frame) - 14 or ulen != tot - 20:
         return None
     seg = frame[34:34 + ulen]
-    ok = (ipv4_checksum(frame[14:34]) == 0 and udp["checksum"] != 0
-          and ipv4_checksum(_pseudo(ip["src"], ip["dst"], ulen) + seg) == 0)
-    return frame[0:6], ip["src"], ip["dst"], udp["src_port"], udp["dst_port"], seg[8:], ok
+    return dict(src_mac=frame[6:12], dst_mac=frame[0:6], src_ip=ip["src"], dst_ip=ip["dst"],
+                sport=udp["src_port"], dport=udp["dst_port"],
+                ip_ok=ipv4_checksum(frame[14:34]) == 0, checksum=udp["checksum"],
+                checksum_ok=ipv4_checksum(_pseudo(ip["src"], ip["dst"], ulen) + seg) == 0,
+                payload=seg[8:])
 
 
 def wire_octets(frame_len):
@@ -258,13 +261,14 @@ class VlUdpTransport:
         if len(raw) < 42 or raw[0:6] != self._host_mac:
             return None
         p = parse_udp_frame(raw)
-        if p is None or p[3] != HOSTLINK_UDP_PORT or p[4] != self.host_port:
+        if p is None or p["sport"] != HOSTLINK_UDP_PORT or p["dport"] != self.host_port:
             return None
-        if not (f.fcs_ok and p[6] and p[1] == ip_int(self.target_ip)
-                and p[2] == ip_int(self.host_ip)):
+        ok = p["ip_ok"] and p["checksum"] != 0 and p["checksum_ok"]
+        if not (f.fcs_ok and ok and p["src_ip"] == ip_int(self.target_ip)
+                and p["dst_ip"] == ip_int(self.host_ip)):
             self.stats["ignored"] += 1
             return b""              # to the host's port but unusable: a loss (UdpLink retries)
-        return p[5]
+        return p["payload"]
 
     # ---- impairments -----------------------------------------------------------------------
     def _impair(self, frame, d, tag):

@@ -40,10 +40,9 @@ from collections import deque
 from host.link import STATUS_FIELDS, crc8
 from host.udplink import (HEADER, HOSTLINK_UDP_PORT, MAX_PAYLOAD, T_REQUEST, T_SYNC,
                           CallableTransport, pack_header)
-from hw.headers import (ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader, unpack)
 from hw.target.hostlink import SOF_REQUEST, SOF_RESPONSE, Cmd, LinkStatus
-from roce.frames import ip_int, ipv4_checksum, mac_bytes
-from sim.vllink import udp_frame
+from roce.frames import ip_int, mac_bytes
+from sim.vllink import parse_udp_frame, udp_frame, wire_octets
 
 __all__ = ["UdpHostLinkEndpoint", "SimNet", "udp_frame", "parse_udp_frame", "wire_octets",
            "HOST", "TARGET"]
@@ -51,41 +50,6 @@ __all__ = ["UdpHostLinkEndpoint", "SimNet", "udp_frame", "parse_udp_frame", "wir
 #: Addresses of the simulated host and target.
 HOST = dict(mac="02:00:00:00:00:02", ip="10.0.0.2", port=50000)
 TARGET = dict(mac="02:00:00:00:00:01", ip="10.0.0.1")
-
-
-def _pseudo(src_ip, dst_ip, udp_len):
-    return struct.pack(">IIBBH", ip_int(src_ip), ip_int(dst_ip), 0, 17, udp_len)
-
-
-def parse_udp_frame(frame):
-    """The fields of an IPv4/UDP frame as a dict (``src_mac``, ``dst_mac``, ``src_ip``,
-    ``dst_ip``, ``sport``, ``dport``, ``ip_ok``, ``checksum``, ``checksum_ok``, ``payload``), or
-    None when it is not one."""
-    frame = bytes(frame)
-    if len(frame) < 42:
-        return None
-    eth = unpack(EthernetHeader, frame)
-    ip = unpack(IPv4Header, frame, 14)
-    if eth["ethertype"] != ETHERTYPE_IPV4 or ip["version"] != 4 or ip["ihl"] != 5 \
-            or ip["protocol"] != 17:
-        return None
-    tot = ip["total_length"]
-    udp = unpack(UDPHeader, frame, 34)
-    ulen = udp["length"]
-    if not 28 <= tot <= len(frame) - 14 or ulen != tot - 20:
-        return None
-    seg = frame[34:34 + ulen]
-    return dict(src_mac=frame[6:12], dst_mac=frame[0:6], src_ip=ip["src"], dst_ip=ip["dst"],
-                sport=udp["src_port"], dport=udp["dst_port"],
-                ip_ok=ipv4_checksum(frame[14:34]) == 0, checksum=udp["checksum"],
-                checksum_ok=ipv4_checksum(_pseudo(ip["src"], ip["dst"], ulen) + seg) == 0,
-                payload=seg[8:])
-
-
-def wire_octets(frame_len):
-    """Octets a frame of ``frame_len`` (no FCS) takes on Ethernet: padding to 60, FCS,
-    preamble + SFD, inter-frame gap."""
-    return max(frame_len, 60) + 4 + 8 + 12
 
 
 class UdpHostLinkEndpoint:
