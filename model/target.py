@@ -87,6 +87,10 @@ Where the draft is silent or ambiguous the model does what follows (also in the 
     ALLOC_STORE returns its block to the ring). A real RC NIC would put the QP in error; the RC
     endpoint may map INTERNAL-by-fault to a disconnect. A failed record write falls back to a
     COMPLETION Send with the operation's status. Zero-length transfers issue no RDMA operation.
+    Except LOAD (issue 20): its COMPLETION (OK) is sent right behind its data WRITE, without
+    waiting for the WRITE's WorkCompletion. On one RC QP a WRITE that faults at the initiator
+    is NAKed, the target's QP goes to error and the COMPLETION behind it is flushed: the
+    initiator sees neither data nor completion, as it would see no INTERNAL completion either.
 11. STORE writes data at the start of the block and updates Data Length (then SEALED if SEAL);
     the Generation is unchanged (it changes only on bind/unbind). BIND binds VALID, unsealed
     (BIND has no flags).
@@ -794,9 +798,10 @@ class TargetModel:
             try:
                 c.imem.write(d.stag, d.tagged_offset, data)
             except AccessError as err:
+                # The COMPLETION follows the WRITE without waiting for it (Readings 10).
                 self._emit(RdmaWrite(c.conn_id, d.stag, d.tagged_offset, data, str(err)))
-                return self._complete(c, op, msg, Status.INTERNAL, g)
-            self._emit(RdmaWrite(c.conn_id, d.stag, d.tagged_offset, data))
+            else:
+                self._emit(RdmaWrite(c.conn_id, d.stag, d.tagged_offset, data))
         return self._complete(c, op, msg, Status.OK, g, n, boff)
 
     def _obtain(self, c, msg):

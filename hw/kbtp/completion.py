@@ -9,7 +9,9 @@ Invalidate when asked), the octets of both (built from hw/headers.py's layouts i
 SCRATCH buffer by a :class:`~hw.kbtp.movers.BufferWriter`), the WorkRequest that carries them,
 and the fallback of a failed record write to a COMPLETION Send (model Readings 10). The
 WorkRequest goes out on ``wr`` to the engine's :class:`~hw.kbtp.movers.WorkIssuer`, which
-reports its WorkCompletion on ``wr_done`` / ``wr_ok``.
+reports on ``wr_done`` / ``wr_ok`` the record's WorkCompletion (the engine waits for it: a
+failed record falls back to a Send) or the Send's hand-over to the requester (nobody waits for
+its WorkCompletion, issue 20; the slot it carries stays taken until then).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -19,7 +21,7 @@ from amaranth.lib.wiring import In, Out
 from hw.headers import CommonHeader, CompletionBody, CompletionRecord, KBTP_VERSION, Opcode
 from hw.iface import ADDR_BITS, MemBusSignature, WorkRequest, WrOp
 from hw.kbtp.decode import REQUEST, RESULT
-from hw.kbtp.movers import BufferWriter
+from hw.kbtp.movers import WR_SCRATCH, WR_SYNC, BufferWriter
 from hw.lib.membus import be_field
 
 __all__ = ["Completion"]
@@ -36,8 +38,11 @@ class Completion(wiring.Component):
                             ``scratch`` hold until ``done``
     req : In(REQUEST), result : In(RESULT)
     granted : In(1)         the session was granted RECORD_COMPLETION
-    scratch : In(ADDR_BITS) the QP's SCRATCH buffer
-    done : Out(1)           the completion's WorkCompletion came back (OK, or the Send's)
+    scratch : In(ADDR_BITS) a free SCRATCH slot of the QP (it moves on when a WorkRequest
+                            carrying the slot is issued)
+    done : Out(1)           the record's WorkCompletion came back OK, or the COMPLETION Send was
+                            handed to the requester (its WorkCompletion frees the SCRATCH slot;
+                            nobody waits for it)
     mem : Out(MemBusSignature())
     wr : Out(stream.Signature(WorkRequest)), wr_done : In(1), wr_ok : In(1)
     """
@@ -100,7 +105,8 @@ class Completion(wiring.Component):
                     m.next = "SEND_BUILD"
 
             # -------- record: WRITE_IMM of the Completion Record
-            carry("REC", wr.op.eq(WrOp.WRITE_IMM), wr.rkey.eq(req.cd_stag), wr.va.eq(req.cd_to),
+            carry("REC", wr.wr_id.eq(WR_SYNC | WR_SCRATCH), wr.op.eq(WrOp.WRITE_IMM),
+                  wr.rkey.eq(req.cd_stag), wr.va.eq(req.cd_to),
                   wr.length.eq(R.SIZE), wr.imm.eq(req.request_id[:32]))
             with m.State("REC_DONE"):
                 # A failed record write falls back to a COMPLETION Send (model Readings 10).
@@ -114,7 +120,7 @@ class Completion(wiring.Component):
             with m.State("SEND_BUILD"):
                 m.d.comb += [writer.start.eq(1), writer.words.eq(T // 8)]
                 m.next = "WRITE_SEND"
-            carry("SEND", wr.op.eq(Mux(inv, WrOp.SEND_INV, WrOp.SEND)),
+            carry("SEND", wr.wr_id.eq(WR_SCRATCH), wr.op.eq(Mux(inv, WrOp.SEND_INV, WrOp.SEND)),
                   wr.inv_rkey.eq(Mux(inv, req.dd_stag, 0)), wr.length.eq(T))
             with m.State("SEND_DONE"):
                 m.d.comb += self.done.eq(1)

@@ -75,12 +75,13 @@ from hw.iface import (ADDR_BITS, HostBusSignature, MemBusSignature, QP_INDEX_BIT
 from hw.kbtp.completion import Completion
 from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder
 from hw.kbtp.engine_regs import EngineRegs
-from hw.kbtp.movers import EntryWriter, InlineCopy, WordReader, WorkIssuer
-from hw.kbtp.regmap import ENGINE_ID, reg
+from hw.kbtp.movers import (WR_LOCK, WR_SCRATCH, WR_SYNC, EntryWriter, InlineCopy, LoadLocks,
+                            WordReader, WorkIssuer)
+from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 from hw.lib.membus import be_field
 
-__all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg"]
+__all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE"]
 
 #: Fast-path opcodes, in counter order (op index 0, 1, 2).
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
@@ -199,8 +200,10 @@ class KbtpEngine(wiring.Component):
                         m.d.sync += res.eq(dec.e_result)
                         m.next = "COMPLETE"
                     with m.Case(EntryNext.LOAD_WRITE):
-                        m.d.comb += issuer.cmd.valid.eq(1)
-                        m.next = "DATA_WC"
+                        # (a LoadLocks entry for the block it sends; all taken: wait)
+                        with m.If(u.locks.avail):
+                            m.d.comb += issuer.cmd.valid.eq(1)
+                            m.next = "DATA_WC"
                     with m.Case(EntryNext.OBTAIN):
                         m.next = "OBTAIN"
                     with m.Case(EntryNext.RING_ALLOC):
@@ -219,7 +222,9 @@ class KbtpEngine(wiring.Component):
 
             # -------- STORE / ALLOC_STORE: get the data into the block
             with m.State("OBTAIN"):
-                with m.If(req.dd_len == 0):
+                with m.If(u.locks.hit):
+                    pass        # a LOAD's WRITE still reads this block: wait for its completion
+                with m.Elif(req.dd_len == 0):
                     m.next = "AFTER_DATA"
                 with m.Elif(req.inline):
                     m.d.comb += u.copy.start.eq(1)
@@ -264,8 +269,9 @@ class KbtpEngine(wiring.Component):
 
             # -------- completion: record by WRITE_IMM, else COMPLETION Send
             with m.State("COMPLETE"):
-                m.d.comb += cpl.start.eq(1)
-                m.next = "COMPLETING"
+                with m.If(u.slot_free):
+                    m.d.comb += cpl.start.eq(1)
+                    m.next = "COMPLETING"
 
             with m.State("COMPLETING"):
                 m.d.comb += [issuer.cmd.valid.eq(cpl.wr.valid),
@@ -320,12 +326,14 @@ class KbtpEngine(wiring.Component):
             entry.dlen.eq(req.dd_len), entry.boff.eq(u.boff), entry.flags.eq(ent.flags),
             entry.next_gen.eq(ent.next_gen),
             cpl.req.eq(req), cpl.result.eq(u.res), cpl.granted.eq(sess.record),
-            cpl.scratch.eq(sess.scratch), cpl.wr_done.eq(issuer.done), cpl.wr_ok.eq(issuer.ok),
+            cpl.wr_done.eq(issuer.done), cpl.wr_ok.eq(issuer.ok),
         ]
+        self._in_flight(m, u, baddr)
         # The RDMA transfer of the data (the completion's WorkRequest goes through the issuer
         # too, in state COMPLETING): LOAD writes the block to the initiator, STORE and
         # ALLOC_STORE read the initiator's data into it.
         data_wr = issuer.cmd.payload
+        m.d.comb += data_wr.wr_id.eq(Mux(req.is_load, WR_LOCK | u.locks.free_idx, WR_SYNC))
         m.d.comb += [issuer.qp.eq(qp), data_wr.op.eq(Mux(req.is_load, WrOp.WRITE, WrOp.READ)),
                      data_wr.rkey.eq(req.dd_stag), data_wr.va.eq(req.dd_to),
                      data_wr.length.eq(Mux(req.is_load, ent.dlen, req.dd_len)),
@@ -341,6 +349,33 @@ class KbtpEngine(wiring.Component):
                      regs.occupancy.eq(ring.occupancy), regs.stall.eq(ring.stall)]
         u.notify_free = self._host_order(m, qp, regs.to_host)
         return u
+
+    def _in_flight(self, m, u, baddr):
+        """What the engine has on the wire without waiting for it: the blocks of LOADs
+        (LoadLocks) and the SCRATCH slots of completions, per QP a ring of SCRATCH_SLOTS taken
+        in issue order and freed in completion order (one RC QP completes in order)."""
+        issuer, wr = u.issuer, self.wr.payload
+        m.submodules.locks = u.locks = locks = LoadLocks()
+        m.d.comb += [locks.take.eq(issuer.issued & (wr.wr_id & WR_LOCK != 0)),
+                     locks.take_idx.eq(wr.wr_id), locks.take_addr.eq(wr.laddr),
+                     locks.release.eq(issuer.release_lock), locks.release_idx.eq(issuer.lock_idx),
+                     locks.probe.eq(baddr)]
+        k = SCRATCH_SLOTS
+        taken = [Signal(range(2 * k), name=f"slots_taken{q}") for q in range(self.n_qp)]
+        freed = [Signal(range(2 * k), name=f"slots_freed{q}") for q in range(self.n_qp)]
+        take = issuer.issued & (wr.wr_id & WR_SCRATCH != 0)
+        for q in range(self.n_qp):
+            with m.If(take & (u.cur.qp == q)):
+                m.d.sync += taken[q].eq(Mux(taken[q] == 2 * k - 1, 0, taken[q] + 1))
+            with m.If(issuer.release_scratch & (issuer.release_qp == q)):
+                m.d.sync += freed[q].eq(Mux(freed[q] == 2 * k - 1, 0, freed[q] + 1))
+        n_qp_bits = max(1, (self.n_qp - 1).bit_length())
+        t, f = Array(taken)[u.cur.qp[:n_qp_bits]], Array(freed)[u.cur.qp[:n_qp_bits]]
+        slot = Signal(range(k))
+        u.slot_free = Signal()
+        m.d.comb += [slot.eq(Mux(t >= k, t - k, t)),
+                     u.slot_free.eq((t != f + k) & (t + k != f)),
+                     u.cpl.scratch.eq(u.regs.session.scratch + slot * SLOT_SIZE)]
 
     def _host_order(self, m, qp, to_host):
         """Messages forwarded to the host and not yet finished there, per QP; returns "the QP

@@ -9,7 +9,8 @@ one-cycle ``start`` and reporting the end with a one-cycle ``done``.
 * :class:`EntryWriter`: the table entry update of a STORE or an ALLOC_STORE, in the draft's
   order.
 * :class:`BufferWriter`: writes a buffer of words (a COMPLETION or a record into SCRATCH).
-* :class:`WorkIssuer`: one WorkRequest out, its WorkCompletion back.
+* :class:`WorkIssuer`: WorkRequests out, their WorkCompletions back (waited for or not).
+* :class:`LoadLocks`: the blocks LOADs are still sending.
 
 Each memory master leaves ``mem.req.valid`` low while idle and answers whatever response it is
 shown: the engine connects a master to its bus only in the states that run it.
@@ -23,7 +24,8 @@ from hw.headers import EntryFlags
 from hw.iface import ADDR_BITS, MemBusSignature, WcStatus, WorkCompletion, WorkRequest, WrOp
 from hw.lib.membus import bswap64
 
-__all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer"]
+__all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer", "LoadLocks",
+           "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS"]
 
 
 def _write(m, req, addr, wdata, wstrb):
@@ -218,31 +220,61 @@ class BufferWriter(wiring.Component):
         return m
 
 
+#: Tags in a WorkRequest's ``wr_id`` (bit 15 is the target's: host work requests,
+#: hw/target/target.py). They say what its WorkCompletion does when it comes back.
+WR_SYNC = 1 << 14       # the engine waits for it (an RDMA READ of store data, a record)
+WR_SCRATCH = 1 << 13    # it carries a SCRATCH slot of its QP: the completion frees the oldest
+WR_LOCK = 1 << 12       # a LOAD's WRITE: the completion frees LoadLocks entry wr_id[:LOCK_BITS]
+LOCK_BITS = 4
+
+
 class WorkIssuer(wiring.Component):
-    """Send the WorkRequest given on ``cmd`` (its ``qp`` and ``wr_id`` are replaced by the
-    port ``qp`` and a running count of WorkCompletions), wait for its WorkCompletion.
+    """Send the WorkRequest given on ``cmd`` (its ``qp`` is replaced by the port ``qp``; its
+    ``wr_id`` carries the tags above); for a ``WR_SYNC`` request wait for its WorkCompletion,
+    for any other report ``done`` (with ``ok``) as soon as the requester has taken it.
+
+    Why asynchronous: on one RC QP the initiator sees the WRITE of a LOAD before the Send that
+    follows it, and the engine needs no result of either, so neither blocks the next request
+    (issue 20). WorkCompletions are taken whenever they come (every state); those of requests
+    nobody waits for free what their tags name (``release_*``) and count failures
+    (``async_err``).
 
     Ports
     -----
     cmd : In(stream.Signature(WorkRequest))     taken when idle
     qp : In(QP_INDEX_BITS)
     wr : Out(stream.Signature(WorkRequest)), wc : In(stream.Signature(WorkCompletion))
-    done : Out(1)       with the WorkCompletion; ``ok``: its status was OK (held until the next)
+    done : Out(1)       the WorkCompletion of a WR_SYNC request, or the hand-over of another;
+                        ``ok``: its status was OK (held until the next)
+    issued : Out(1)     the requester took the request shown on ``wr``
+    release_lock : Out(1), lock_idx : Out(LOCK_BITS)
+    release_scratch : Out(1), release_qp : Out(QP_INDEX_BITS)
+    async_err : Out(1)  a WorkCompletion nobody waited for failed
     """
 
     def __init__(self):
-        super().__init__({"cmd": In(stream.Signature(WorkRequest)),
-                          "qp": In(WorkRequest.members["qp"]),
+        qp = WorkRequest.members["qp"]
+        super().__init__({"cmd": In(stream.Signature(WorkRequest)), "qp": In(qp),
                           "wr": Out(stream.Signature(WorkRequest)),
                           "wc": In(stream.Signature(WorkCompletion)),
-                          "done": Out(1), "ok": Out(1)})
+                          "done": Out(1), "ok": Out(1), "issued": Out(1),
+                          "release_lock": Out(1), "lock_idx": Out(LOCK_BITS),
+                          "release_scratch": Out(1), "release_qp": Out(qp),
+                          "async_err": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         wrq = Signal(WorkRequest)
-        wr_id = Signal(16)
-        m.d.comb += [self.wr.payload.eq(wrq), self.wr.payload.qp.eq(self.qp),
-                     self.wr.payload.wr_id.eq(wr_id)]
+        m.d.comb += [self.wr.payload.eq(wrq), self.wr.payload.qp.eq(self.qp)]
+        wc, tag = self.wc.payload, self.wc.payload.wr_id
+        good = wc.status == WcStatus.OK
+        sync = tag & WR_SYNC != 0
+        m.d.comb += [self.wc.ready.eq(1),
+                     self.release_lock.eq(self.wc.valid & (tag & WR_LOCK != 0)),
+                     self.lock_idx.eq(tag[:LOCK_BITS]),
+                     self.release_scratch.eq(self.wc.valid & (tag & WR_SCRATCH != 0)),
+                     self.release_qp.eq(wc.qp),
+                     self.async_err.eq(self.wc.valid & ~sync & ~good)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -250,7 +282,8 @@ class WorkIssuer(wiring.Component):
                     # (imm and inv_rkey are taken only from the ops that carry them; the others
                     # leave them as they were, as the transport ignores them there)
                     p = self.cmd.payload
-                    m.d.sync += [wrq[f].eq(p[f]) for f in ("op", "rkey", "va", "length", "laddr")]
+                    m.d.sync += [wrq[f].eq(p[f])
+                                 for f in ("wr_id", "op", "rkey", "va", "length", "laddr")]
                     with m.If(p.op == WrOp.WRITE_IMM):
                         m.d.sync += wrq.imm.eq(p.imm)
                     with m.If((p.op == WrOp.SEND) | (p.op == WrOp.SEND_INV)):
@@ -259,12 +292,59 @@ class WorkIssuer(wiring.Component):
             with m.State("ISSUE"):
                 m.d.comb += self.wr.valid.eq(1)
                 with m.If(self.wr.ready):
-                    m.next = "WAIT"
+                    m.d.comb += self.issued.eq(1)
+                    with m.If(wrq.wr_id & WR_SYNC != 0):
+                        m.next = "WAIT"
+                    with m.Else():
+                        m.d.comb += self.done.eq(1)
+                        m.d.sync += self.ok.eq(1)
+                        m.next = "IDLE"
             with m.State("WAIT"):
-                m.d.comb += self.wc.ready.eq(1)
-                with m.If(self.wc.valid):
-                    m.d.sync += [self.ok.eq(self.wc.payload.status == WcStatus.OK),
-                                 wr_id.eq(wr_id + 1)]
+                with m.If(self.wc.valid & sync):
+                    m.d.sync += self.ok.eq(good)
                     m.d.comb += self.done.eq(1)
                     m.next = "IDLE"
+        return m
+
+
+class LoadLocks(wiring.Component):
+    """The blocks that LOADs are still sending: an RDMA WRITE reads its source when it is sent
+    and again when it is retransmitted, until its WorkCompletion. A STORE or ALLOC_STORE into
+    such a block waits (``hit``) until the WRITE has completed, so a LOAD sends the data its
+    place in the connection's order saw, and a block freed and allocated again is not
+    overwritten under a WRITE still on its way (issue 20, the handle hazards).
+
+    ``n`` entries of (valid, block address); a new LOAD waits for a free one (``avail``).
+
+    Ports
+    -----
+    take : In(1), take_idx : In(LOCK_BITS), take_addr : In(ADDR_BITS)
+    release : In(1), release_idx : In(LOCK_BITS)
+    free_idx : Out(LOCK_BITS), avail : Out(1)   the lowest free entry
+    probe : In(ADDR_BITS), hit : Out(1)         some LOAD still reads the block at ``probe``
+    """
+
+    def __init__(self, n=8):
+        assert 1 <= n <= 1 << LOCK_BITS
+        self.n = n
+        super().__init__({"take": In(1), "take_idx": In(LOCK_BITS), "take_addr": In(ADDR_BITS),
+                          "release": In(1), "release_idx": In(LOCK_BITS),
+                          "free_idx": Out(LOCK_BITS), "avail": Out(1),
+                          "probe": In(ADDR_BITS), "hit": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        valid = Signal(self.n)
+        addrs = [Signal(ADDR_BITS, name=f"lock_addr{i}") for i in range(self.n)]
+        for i in range(self.n):
+            with m.If(self.take & (self.take_idx == i)):
+                m.d.sync += [valid[i].eq(1), addrs[i].eq(self.take_addr)]
+            with m.Elif(self.release & (self.release_idx == i)):
+                m.d.sync += valid[i].eq(0)
+        for i in reversed(range(self.n)):
+            with m.If(~valid[i]):
+                m.d.comb += self.free_idx.eq(i)
+        m.d.comb += [self.avail.eq(~valid.all()),
+                     self.hit.eq(Cat(valid[i] & (addrs[i] == self.probe)
+                                     for i in range(self.n)).any())]
         return m

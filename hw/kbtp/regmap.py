@@ -22,12 +22,18 @@ from typing import NamedTuple
 
 from amaranth.lib import data
 
-__all__ = ["Reg", "REGS", "reg", "CONFIG", "ENGINE_ID", "WINDOW", "FREE_DEPTH", "layout", "check",
+__all__ = ["Reg", "REGS", "reg", "CONFIG", "ENGINE_ID", "WINDOW", "FREE_DEPTH",
+           "SCRATCH_SLOTS", "SLOT_SIZE", "layout", "check",
            "markdown"]
 
 ENGINE_ID = 0x4B425445      # "KBTE"
 WINDOW = 0x1000             # octets of the register window
 FREE_DEPTH = 32             # Block Offsets the free queue holds (EngineRegs' default free_depth)
+#: COMPLETION / record buffers per QP in its SCRATCH area, each SLOT_SIZE octets: a slot is
+#: taken when the completion's WorkRequest is issued and freed by its WorkCompletion, so this
+#: many completions of one QP can be on the wire at once (hw/kbtp/engine.py _in_flight).
+SCRATCH_SLOTS = 8
+SLOT_SIZE = 64
 
 
 class Reg(NamedTuple):
@@ -98,8 +104,9 @@ REGS = (
         Reg("QUOTA", 0x10, "RW", "allocation quota", reset=None),
         Reg("USAGE", 0x14, "RW", "bound + pending blocks (the engine adds its allocations; the "
             "host lowers it on FREE, raises it on BIND)"),
-        Reg("SCRATCH", 0x18, "RW", "address of a 40-octet buffer for the COMPLETION / record",
-            reset=None),
+        Reg("SCRATCH", 0x18, "RW", f"address of {SCRATCH_SLOTS} buffers of {SLOT_SIZE} octets "
+            f"({SCRATCH_SLOTS * SLOT_SIZE} octets, 8-aligned) for COMPLETIONs / records: one per "
+            "completion on the wire", reset=None),
     )),
 )
 

@@ -93,7 +93,7 @@ import time
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import (Assert, Assume, Cat, ClockDomain, Const, Elaboratable, Module, Mux,
+from amaranth.hdl import (Array, Assert, Assume, Cat, ClockDomain, Const, Elaboratable, Module, Mux,
                           Signal)
 
 from hw.headers import (KBTP_VERSION, CommonHeader, CompletionDescriptor, DataDescriptor, Opcode,
@@ -296,6 +296,15 @@ class RingHarness(Elaboratable):
         wr_fire = eng.wr.valid & eng.wr.ready
         wc_fire = eng.wc.valid & eng.wc.ready
         m.d.sync += wr_out.eq(wr_out + wr_fire - wc_fire)
+        # WorkCompletions come back in issue order and carry their request's wr_id (its tags
+        # say whether the engine waits for it, hw/kbtp/movers.py): a queue of the last 8.
+        ids = Array(Signal(16, name=f"env_wr_id{i}") for i in range(8))
+        ids_in, ids_out = Signal(3), Signal(3)
+        with m.If(wr_fire):
+            m.d.sync += [ids[ids_in].eq(eng.wr.payload.wr_id), ids_in.eq(ids_in + 1)]
+        with m.If(wc_fire):
+            m.d.sync += ids_out.eq(ids_out + 1)
+        m.d.comb += eng.wc.payload.wr_id.eq(ids[ids_out])
         self._env(m, wr_out != 7)
 
         # Host commands through the register bus (after configuration).
