@@ -22,7 +22,7 @@ from amaranth.sim import Simulator
 from host import codec
 from hw.headers import CommonHeader, CompletionRecord, Features, Opcode, Status, unpack
 from hw.iface import MemBusSignature, REG_KBTP, Space, WcStatus, WrOp
-from hw.kbtp.engine import FAST_OPS, Cmd, KbtpEngine, reg
+from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, Cmd, KbtpEngine, reg
 from hw.lib.membus import MemArbiter, MemRam
 from sim.hdl import stream_get, stream_put
 from sim.hostbus import bus_access
@@ -31,7 +31,7 @@ from model.target import (InitiatorMemory, RdmaRead, RdmaWrite, SendMsg, TargetC
                        TargetModel, WriteImm)
 
 RECV_BASE = 0x6000          # receive buffers: 1 KiB per QP
-SCRATCH_BASE = 0x5800       # completion scratch: 64 octets per QP
+SCRATCH_BASE = 0x5800       # completion scratch: SCRATCH_SLOTS * SLOT_SIZE (512) octets per QP
 RAM_BYTES = 0xA000
 MAX_CYCLES = 5000
 
@@ -128,7 +128,8 @@ async def configure(ctx, eng, model, conns):
         await reg_write(ctx, bus, b + reg["QP_HANDLE_COUNT"], s.handle_count)
         await reg_write(ctx, bus, b + reg["QP_QUOTA"], s.quota)
         await reg_write(ctx, bus, b + reg["QP_USAGE"], model.usage(s.initiator_id))
-        await reg_write(ctx, bus, b + reg["QP_SCRATCH"], SCRATCH_BASE + 64 * q)
+        await reg_write(ctx, bus, b + reg["QP_SCRATCH"],
+                        SCRATCH_BASE + SCRATCH_SLOTS * SLOT_SIZE * q)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
         await reg_write(ctx, bus, b + reg["QP_SESSION"], 1 | rec << 1 | s.domain << 8)
         await reg_write(ctx, bus, reg["RANGE"] + 4 * s.range_index, 1 << 8 | s.domain)

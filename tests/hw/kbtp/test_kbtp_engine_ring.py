@@ -71,16 +71,16 @@ async def wait_cmd_idle(ctx, bus, limit=2000):
     raise AssertionError("command still busy")
 
 
-async def host_free(ctx, top, model, handle):
+async def host_free(ctx, top, model, handle, conn="y", qp=0):
     """Slow-path FREE on the golden model, and its entry update + usage release on the hardware.
 
     Returns the model's freed Block Offset. The Tail ticket and slot write are left to the caller.
     """
     before = dict(model.read_entry(handle))
-    model.receive("y", build(Opcode.FREE, handle=handle)[:24])
+    model.receive(conn, build(Opcode.FREE, handle=handle)[:24])
     a = model.entry_addr(handle)
     ram_write(ctx, top.ram, a, bytes(model.mem[a:a + 4]))     # Flags + Generation
-    b = reg["QP"] + reg["QP_USAGE"]
+    b = reg["QP"] + reg["QP_STRIDE"] * qp + reg["QP_USAGE"]
     await reg_write(ctx, top.eng.bus, b, (await reg_read(ctx, top.eng.bus, b)) - 1)
     return before["block_offset"]
 
