@@ -83,11 +83,12 @@ forgets the connection and turns its engine session off. After GOODBYE the calle
 
 Limits (v1)
 -----------
-* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, ADDR_LE sessions, sessions owning a
-  DIRECT_ALLOC partition) are executed here with RDMA work requests, one at a time. The shared
-  ring's counters are touched by the host only while the fast path is off (with it on, frees go
-  through the engine's free queue, and no session the driver serves allocates from the shared
-  ring: ADDR_LE needs ``cfg.addr_le``, which turns the fast path off). A partition session's
+* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, sessions owning a DIRECT_ALLOC
+  partition) are executed here with RDMA work requests, one at a time. ADDR_LE sessions run in
+  the engine (CTRL bit 2 = ``cfg.addr_le`` for the structures, QP_SESSION bit 2 for the
+  session's requests). The shared ring's counters are touched by the host only while the fast
+  path is off (with it on, frees go through the engine's free queue, and no session the driver
+  serves allocates from the shared ring). A partition session's
   ALLOC_STORE takes its Head ticket by a host read-modify-write, which is not atomic against the
   same initiator's own RDMA FetchAdd on that Head.
 * Shared-ring frees go through the engine's free queue (FREE_PUSH, 32 deep): a FREE burst's
@@ -283,7 +284,7 @@ class KbtpDriver:
         hpi = cfg.handles_per_initiator
         # what the engine can run (hw/kbtp/engine.py "Assumptions (v1)")
         aligned = all(lay[k] % 8 == 0 for k in ("table", "ring", "pool", "head", "tail"))
-        self.fast_ok = (fast_path and not cfg.addr_le and hpi & (hpi - 1) == 0
+        self.fast_ok = (fast_path and hpi & (hpi - 1) == 0
                         and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0
                         and aligned)
 
@@ -500,7 +501,7 @@ class KbtpDriver:
     async def init(self):
         """Write every KBTP structure into target memory, then program MRs and the engine."""
         cfg, lay, port = self.cfg, self.lay, self.port
-        await self._ereg(ENG["CTRL"], int(cfg.masked) << 1)       # fast path off meanwhile
+        await self._ereg(ENG["CTRL"], self._ctrl(False))       # fast path off meanwhile
         await port.mem_write(0, self.initial_image())
         for p in self.parts:
             p.ring.pending.clear()
@@ -528,7 +529,7 @@ class KbtpDriver:
             await self._ereg(self._qreg(q, "QP_SESSION"), 0)
             await self._ereg(self._qreg(q, "QP_SCRATCH"),
                              self.plan["engine_scratch"] + ENGINE_SCRATCH * q)
-        await self._ereg(ENG["CTRL"], int(self.fast_ok) | int(cfg.masked) << 1)
+        await self._ereg(ENG["CTRL"], self._ctrl(self.fast_ok))
 
     @_batched
     async def open_qp(self, qp, *, program=True, state=QpState.RTS, local_qpn=0, remote_qpn=0,
@@ -853,10 +854,14 @@ class KbtpDriver:
         return await self._hello_ack(c, Status.OK, acts,
                                      **policy.hello_ack_fields(cfg, self.lay, s, stags))
 
+    def _ctrl(self, fast):
+        """The engine's CTRL: fast path, masked counters, ADDR_LE structures."""
+        return int(fast) | int(self.cfg.masked) << 1 | int(self.cfg.addr_le) << 2
+
     async def _engine_session(self, qp, s):
-        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine when it can run them: not
-        ADDR_LE, no partition (the engine allocates from the shared ring only)."""
-        s.engine = bool(self.fast_ok and not s.addr_le and s.partition is None)
+        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine when it can run them: no
+        partition (the engine allocates from the shared ring only)."""
+        s.engine = bool(self.fast_ok and s.partition is None)
         if not s.engine:
             await self._ereg(self._qreg(qp, "QP_SESSION"), 0)
             return
@@ -868,7 +873,8 @@ class KbtpDriver:
         await self._ereg(self._qreg(qp, "QP_SCRATCH"),
                          self.plan["engine_scratch"] + ENGINE_SCRATCH * qp)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
-        await self._ereg(self._qreg(qp, "QP_SESSION"), 1 | rec << 1 | (s.domain & 0xFF) << 8)
+        await self._ereg(self._qreg(qp, "QP_SESSION"),
+                         1 | rec << 1 | int(s.addr_le) << 2 | (s.domain & 0xFF) << 8)
 
     async def _entries(self, s):
         raw = await self.port.mem_read(self.entry_addr(s.handle_base), ENTRY * s.handle_count)

@@ -9,10 +9,10 @@ the fuzzer (tools/fuzz.py).
 """
 
 from hw.headers import (CommonHeader, CompletionDescriptor, DataDescriptor, Opcode, ReqFlags,
-                        pack)
+                        pack, wire_fields)
 from hw.kbtp.engine import FAST_OPS
 
-__all__ = ["build", "Gen"]
+__all__ = ["build", "to_addr_le", "Gen"]
 
 
 def build(op, *, flags=0, rid=0, handle=0, gen=0, status=0, version=1, stag=0, to=0,
@@ -25,6 +25,31 @@ def build(op, *, flags=0, rid=0, handle=0, gen=0, status=0, version=1, stag=0, t
         raw += pack(CompletionDescriptor, stag=cdesc[0], tagged_offset=cdesc[1],
                     reserved=cdesc[2] if len(cdesc) > 2 else 0)
     return raw + inline + extra
+
+
+#: (octet offset, octets) of the fields ADDR_LE turns little-endian in a request with a
+#: Completion Descriptor (host/codec.py: Block Handle; Data Descriptor STag, Tagged Offset,
+#: Length; Completion Descriptor STag, Tagged Offset), from the hw.headers layouts.
+_LE_SPANS = tuple(
+    (base + off, bits // 8)
+    for struct, base, names in ((CommonHeader, 0, ("handle",)),
+                                (DataDescriptor, CommonHeader.SIZE,
+                                 ("stag", "tagged_offset", "length")),
+                                (CompletionDescriptor, CommonHeader.SIZE + DataDescriptor.SIZE,
+                                 ("stag", "tagged_offset")))
+    for name, off, bits, _ in wire_fields(struct) if name in names)
+
+
+def to_addr_le(raw, cdesc):
+    """A request packed by :func:`build` as an ADDR_LE initiator sends it: the listed fields
+    octet-reversed (those of the Completion Descriptor only when ``cdesc``; a field cut short
+    by a truncated request is left as it is)."""
+    raw = bytearray(raw)
+    cd = CommonHeader.SIZE + DataDescriptor.SIZE
+    for a, n in _LE_SPANS:
+        if (a < cd or cdesc) and a + n <= len(raw):
+            raw[a:a + n] = raw[a:a + n][::-1]
+    return bytes(raw)
 
 
 class Gen:
@@ -102,6 +127,8 @@ class Gen:
                 stag, to = self.buffer(q, max(n, 1), access="r") if rng.random() < 0.93 \
                     else (0xBAD, 0)
                 raw = build(op, flags=flags, stag=stag, to=to, length=n, cdesc=cdesc, **kw)
+        if s is not None and s.addr_le:
+            raw = to_addr_le(raw, cdesc is not None)
         if rng.random() < 0.12:
             raw = self.corrupt(raw)
         return raw

@@ -21,9 +21,10 @@ from hw.headers import (ALLOWED_FLAGS, KBTP_VERSION, CommonHeader, CompletionDes
 from hw.iface import ADDR_BITS
 from hw.kbtp.engine_regs import SESSION
 from hw.kbtp.regmap import CONFIG
-from hw.lib.membus import be_field
+from hw.lib.membus import be_field, bswap
 
-__all__ = ["RequestDecoder", "Dispatch", "EntryNext", "REQUEST", "ENTRY", "RESULT", "MSG_WORDS"]
+__all__ = ["RequestDecoder", "Dispatch", "EntryNext", "REQUEST", "ENTRY", "RESULT", "MSG_WORDS",
+           "entry_boff"]
 
 MSG_WORDS = 7           # header 24 + Data Descriptor 16 + Completion Descriptor 16 = 56 octets
 MSG_BYTES = 8 * MSG_WORDS
@@ -95,6 +96,11 @@ class RequestDecoder(wiring.Component):
         def mf(struct, name, base=0):
             return be_field(self.msg, MSG_BYTES, struct, name, base)
 
+        def mf_le(struct, name, base=0):
+            """A field ADDR_LE turns little-endian (host/codec.py), in the session's order."""
+            v = mf(struct, name, base)
+            return Mux(sess.addr_le, bswap(v), v)
+
         version, opcode = mf(CommonHeader, "version"), mf(CommonHeader, "opcode")
         flags, req_status = mf(CommonHeader, "flags"), mf(CommonHeader, "status")
         cd_res = mf(CompletionDescriptor, "reserved", _CD)
@@ -110,12 +116,12 @@ class RequestDecoder(wiring.Component):
             req.unsealed.eq((flags & ReqFlags.ALLOW_UNSEALED.value) != 0),
             req.gen.eq(mf(CommonHeader, "generation")),
             req.request_id.eq(mf(CommonHeader, "request_id")),
-            req.handle.eq(mf(CommonHeader, "handle")),
-            req.dd_stag.eq(mf(DataDescriptor, "stag", _DD)),
-            req.dd_to.eq(mf(DataDescriptor, "tagged_offset", _DD)),
-            req.dd_len.eq(mf(DataDescriptor, "length", _DD)),
-            req.cd_stag.eq(mf(CompletionDescriptor, "stag", _CD)),
-            req.cd_to.eq(mf(CompletionDescriptor, "tagged_offset", _CD)),
+            req.handle.eq(mf_le(CommonHeader, "handle")),
+            req.dd_stag.eq(mf_le(DataDescriptor, "stag", _DD)),
+            req.dd_to.eq(mf_le(DataDescriptor, "tagged_offset", _DD)),
+            req.dd_len.eq(mf_le(DataDescriptor, "length", _DD)),
+            req.cd_stag.eq(mf_le(CompletionDescriptor, "stag", _CD)),
+            req.cd_to.eq(mf_le(CompletionDescriptor, "tagged_offset", _CD)),
             req.pos.eq(Mux(req.record, _CD + CompletionDescriptor.SIZE, _CD)),
         ]
         f_inline, dd_len, handle = req.inline, req.dd_len, req.handle
@@ -173,8 +179,9 @@ class RequestDecoder(wiring.Component):
         """The table entry, then the checks of model/target.py Readings 6-8 in its order."""
         req, e, r, N = self.req, self.entry, self.e_result, EntryNext
         for name, field in (("flags", "flags"), ("gen", "generation"),
-                            ("dlen", "data_length"), ("boff", "block_offset")):
+                            ("dlen", "data_length")):
             m.d.comb += e[name].eq(be_field(self.ent, 16, TableEntry, field))
+        m.d.comb += e.boff.eq(entry_boff(self.ent, self.cfg.ctrl[2]))
         m.d.comb += e.next_gen.eq(Mux(e.gen == 0xFFFF, 1, e.gen + 1))
         e_valid = (e.flags & EntryFlags.VALID.value) != 0
         e_sealed = (e.flags & EntryFlags.SEALED.value) != 0
@@ -200,6 +207,13 @@ class RequestDecoder(wiring.Component):
                        (e_valid, complete(Status.ALREADY_BOUND)),
                        (self.session.usage >= self.session.quota, complete(Status.NO_SPACE))],
                    [self.entry_next.eq(N.RING_ALLOC)], [self.entry_next.eq(N.COMPLETE)])
+
+
+def entry_boff(ent, le):
+    """The Block Offset of a table entry as read (big-endian octets), little-endian when ``le``
+    (ADDR_LE structures, draft §Session Establishment)."""
+    v = be_field(ent, 16, TableEntry, "block_offset")
+    return Mux(le, bswap(v), v)
 
 
 def _first(m, rules, otherwise, matched=()):

@@ -20,12 +20,19 @@ Fast path, in the golden model's order (model/target.py Readings 6-10)::
     -> completion (COMPLETION Send / Send with Invalidate, or record by WRITE_IMM)
     -> RecvRepost
 
-v1 is serial: one request at a time, all QPs. Why: the draft requires in-order processing per
+The FSM takes one request at a time, all QPs. Why: the draft requires in-order processing per
 connection, and one ring allocator (hw/kbtp/ring_alloc.py, started by this FSM) makes the ring
 counters atomic for free (every counter update, the host's included, goes through it, so Head
-FetchAdds and Tail FetchAdds serialise without locking the memory arbiter). The cost is that a
-request waiting for a WorkCompletion (an RDMA round trip) blocks every QP;
-tests/hw/kbtp/test_kbtp_engine.py prints the per-request cycle counts.
+FetchAdds and Tail FetchAdds serialise without locking the memory arbiter).
+
+It waits for a WorkCompletion only where the draft needs the result (issue 20): the RDMA READ
+of a store's data (before the entry update and the COMPLETION) and the record's WRITE_IMM (a
+failed one falls back to a Send). A LOAD's WRITE and a COMPLETION Send go to the requester and
+the next request is taken at once: on one RC QP the initiator sees the WRITE before the Send
+behind it. What they still read stays put until their WorkCompletions (``_in_flight``): each
+completion has its own SCRATCH slot (SCRATCH_SLOTS per QP), and a STORE or ALLOC_STORE into a
+block a LOAD is still sending waits (hw/kbtp/movers.py LoadLocks; tests/hw/kbtp/
+test_engine_hazards.py). tests/hw/kbtp/test_kbtp_engine.py prints the per-request cycle counts.
 
 Ring rules (model/ring.py; all in the ring allocator): an allocation re-reads its slot until
 Sequence == ticket and Block Offset != all ones, then writes all ones into the Block Offset. A
@@ -39,18 +46,21 @@ idle or polling a slot. The allocator owns the memory bus while this FSM is idle
 Host commands, queued frees included, go before a message waiting in IDLE: a burst of queued
 frees that do not defer delays the next message by their run (about 15 cycles each).
 
-Assumptions (v1): receive buffers, scratch buffers, table, ring and pool blocks are 8-octet
-aligned; Block Size is a multiple of 8; no ADDR_LE (sessions negotiating it must stay on the slow
-path); Head/Tail counters little-endian (the model's counter order); one shared ring (no
-DIRECT_ALLOC partitions on the fast path).
+ADDR_LE: CTRL bit 2 says the structures' Block Offsets (table entries, ring slots) are
+little-endian (the target's ``addr_le``); a session's bit 2 that its requests' Block Handle and
+Data / Completion Descriptor fields are (host/codec.py lists them). COMPLETIONs and records stay
+big-endian (codec Readings).
+
+Assumptions: receive buffers, scratch buffers, table, ring and pool blocks are 8-octet
+aligned; Block Size is a multiple of 8; Head/Tail counters little-endian (the model's counter
+order); one shared ring (no DIRECT_ALLOC partitions on the fast path).
 
 What the host keeps doing (and must do as the golden model does): messages shorter than the
 24-octet header (the model answers MALFORMED, echoing what arrived); RANGE[i] must say "owned"
 for every range of an active *or retained* session, and ``n_ranges`` must cover
 TABLE_COUNT >> RANGE_LOG2 (handles in uncovered ranges are refused with INVALID_HANDLE); USAGE
-must be lowered by the host when its FREE completes (and raised by BIND). The per-QP SCRATCH
-buffer is reused by the next request of the QP only after the WorkCompletion of the previous
-completion Send, which the engine waits for.
+must be lowered by the host when its FREE completes (and raised by BIND). A QP's SCRATCH area
+holds SCRATCH_SLOTS buffers of SLOT_SIZE octets (hw/kbtp/regmap.py).
 
 Register map: docs/registers.md, rendered from the table in hw/kbtp/regmap.py (which also gives
 :data:`reg`, the offsets drivers use, and the register bank's decode, hw/kbtp/engine_regs.py).
@@ -69,17 +79,16 @@ from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.headers import CommonHeader, Opcode, Status, TableEntry
+from hw.headers import CommonHeader, Opcode, Status
 from hw.iface import (ADDR_BITS, HostBusSignature, MemBusSignature, QP_INDEX_BITS, REG_KBTP,
                       RecvNotify, RecvRepost, WorkCompletion, WorkRequest, WrOp)
 from hw.kbtp.completion import Completion
-from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder
+from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder, entry_boff
 from hw.kbtp.engine_regs import EngineRegs
 from hw.kbtp.movers import (WR_LOCK, WR_SCRATCH, WR_SYNC, EntryWriter, InlineCopy, LoadLocks,
                             WordReader, WorkIssuer)
 from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
-from hw.lib.membus import be_field
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE"]
 
@@ -190,8 +199,7 @@ class KbtpEngine(wiring.Component):
             run("READ_ENTRY", reader, "ENTRY_CHK")
             with m.State("ENTRY_CHK"):
                 m.d.sync += [u.ent_raw.eq(reader.data[:128]),
-                             u.boff.eq(be_field(reader.data[:128], 16, TableEntry,
-                                                "block_offset"))]
+                             u.boff.eq(entry_boff(reader.data[:128], cfg.ctrl[2]))]
                 m.next = "ENTRY_CHK2"
 
             with m.State("ENTRY_CHK2"):
@@ -324,7 +332,7 @@ class KbtpEngine(wiring.Component):
             copy.src.eq(u.cur.addr + req.pos), copy.dst.eq(baddr), copy.length.eq(req.dd_len),
             entry.alloc.eq(req.is_alloc), entry.seal.eq(req.seal), entry.addr.eq(dec.entry_addr),
             entry.dlen.eq(req.dd_len), entry.boff.eq(u.boff), entry.flags.eq(ent.flags),
-            entry.next_gen.eq(ent.next_gen),
+            entry.next_gen.eq(ent.next_gen), entry.le.eq(cfg.ctrl[2]),
             cpl.req.eq(req), cpl.result.eq(u.res), cpl.granted.eq(sess.record),
             cpl.wr_done.eq(issuer.done), cpl.wr_ok.eq(issuer.ok),
         ]
@@ -342,7 +350,8 @@ class KbtpEngine(wiring.Component):
         # registers.
         m.d.comb += [ring.ring_base.eq(cfg.ring_base), ring.ring_order.eq(cfg.ring_order),
                      ring.head_addr.eq(cfg.head_addr), ring.tail_addr.eq(cfg.tail_addr),
-                     ring.masked.eq(cfg.ctrl[1]), ring.cmd_valid.eq(regs.cmd_valid),
+                     ring.masked.eq(cfg.ctrl[1]), ring.le.eq(cfg.ctrl[2]),
+                     ring.cmd_valid.eq(regs.cmd_valid),
                      ring.cmd_kind.eq(regs.cmd_kind), ring.cmd_arg.eq(regs.cmd_arg),
                      ring.block_in.eq(u.boff), regs.cmd_ack.eq(ring.cmd_ack),
                      regs.deferred.eq(ring.deferred), regs.cmd_result.eq(ring.cmd_result),

@@ -130,6 +130,7 @@ class EntryWriter(wiring.Component):
     -----
     start : In(1), alloc : In(1), seal : In(1), addr : In(ADDR_BITS)
     dlen : In(32), boff : In(64), flags : In(16) (the entry's), next_gen : In(16)
+    le : In(1)          ADDR_LE structures: the Block Offset goes little-endian
     done : Out(1)       with the last write
     mem : Out(MemBusSignature())
     """
@@ -137,7 +138,7 @@ class EntryWriter(wiring.Component):
     def __init__(self):
         super().__init__({"start": In(1), "alloc": In(1), "seal": In(1),
                           "addr": In(ADDR_BITS), "dlen": In(32), "boff": In(64),
-                          "flags": In(16), "next_gen": In(16), "done": Out(1),
+                          "flags": In(16), "next_gen": In(16), "le": In(1), "done": Out(1),
                           "mem": Out(MemBusSignature())})
 
     def elaborate(self, platform):
@@ -167,7 +168,7 @@ class EntryWriter(wiring.Component):
                     m.next = "IDLE"
 
             with m.State("BLOCK_OFFSET"):
-                _write(m, req, addr + 8, bswap64(self.boff), 0xFF)
+                _write(m, req, addr + 8, Mux(self.le, self.boff, bswap64(self.boff)), 0xFF)
                 with m.If(req.ready):
                     m.next = "FLAGS_GENERATION"
 

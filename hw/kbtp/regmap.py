@@ -57,7 +57,8 @@ REGS = (
     Reg("ID", 0x000, "R", 'engine identifier 0x4B425445 ("KBTE")', reset=ENGINE_ID),
     Reg("CTRL", 0x004, "RW", "bit 0: fast path on (0: every message goes to hostq); bit 1: "
         "masked counters (1: the draft's Add Data / Add Mask; 0: InfiniBand unmasked FetchAdd, "
-        "slot = 16 * (ticket mod N))", width=2, reset=0b10),
+        "slot = 16 * (ticket mod N)); bit 2: ADDR_LE structures (the Block Offset of table "
+        "entries and ring slots little-endian)", width=3, reset=0b010),
     Reg("TABLE_BASE", 0x008, "RW", "address of the table entry of TABLE_BASE_HANDLE"),
     Reg("TABLE_BASE_HANDLE", 0x00C, "RW", "handle of the first table entry", width=64),
     Reg("TABLE_COUNT", 0x014, "RW", "number of table entries"),
@@ -96,8 +97,9 @@ REGS = (
     Reg("COUNT", 0x100, "R", "requests finished, k = 16 * op + status (op 0 LOAD, 1 STORE, "
         "2 ALLOC_STORE)", count=3 * 16),
     Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x40, fields=(
-        Reg("SESSION", 0x00, "RW", "bit 0 valid, bit 1 RECORD_COMPLETION granted, bits 15..8 "
-            "trust domain", width=16),
+        Reg("SESSION", 0x00, "RW", "bit 0 valid, bit 1 RECORD_COMPLETION granted, bit 2 "
+            "ADDR_LE granted (Block Handle and descriptors little-endian), bits 15..8 trust "
+            "domain", width=16),
         Reg("HANDLE_BASE", 0x04, "RW", "first handle the session owns", width=64,
             reset=None),
         Reg("HANDLE_COUNT", 0x0C, "RW", "handles the session owns", reset=None),

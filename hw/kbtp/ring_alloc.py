@@ -33,9 +33,10 @@ unit is idle, or from an allocation's slot poll)
 
 Ports
 -----
-ring_base, head_addr, tail_addr : In(ADDR_BITS); ring_order : In(5); masked : In(1)
+ring_base, head_addr, tail_addr : In(ADDR_BITS); ring_order : In(5); masked : In(1); le : In(1)
     Configuration (engine registers). ``masked`` 1: the draft's Add Data / Add Mask; 0:
-    InfiniBand unmasked FetchAdd, slot = 16 * (ticket mod N).
+    InfiniBand unmasked FetchAdd, slot = 16 * (ticket mod N). ``le``: ADDR_LE structures, the
+    slots' Block Offsets are little-endian.
 start : In(1), op : In(RingOp), block_in : In(64)
     Operation request, held until ``ack``.
 ack : Out(1)
@@ -92,7 +93,7 @@ class RingAllocator(wiring.Component):
         super().__init__({
             "ring_base": In(ADDR_BITS), "ring_order": In(5), "head_addr": In(ADDR_BITS),
             "tail_addr": In(ADDR_BITS), "masked": In(1),
-            "start": In(1), "op": In(RingOp), "block_in": In(64),
+            "start": In(1), "op": In(RingOp), "block_in": In(64), "le": In(1),
             "ack": Out(1), "done": Out(1), "empty": Out(1), "block": Out(64),
             "occupancy": Out(32), "stall": Out(1),
             "grant": In(1), "idle": Out(1),
@@ -140,7 +141,9 @@ class RingAllocator(wiring.Component):
                     rd_ret.eq(RET.index(ret))]
 
         sl_seq = be_field(rbuf, 16, RingSlot, "sequence")
-        sl_boff = be_field(rbuf, 16, RingSlot, "block_offset")
+        sl_boff = Signal(64)     # (little-endian with ADDR_LE structures)
+        m.d.comb += sl_boff.eq(Mux(self.le, bswap64(be_field(rbuf, 16, RingSlot, "block_offset")),
+                                   be_field(rbuf, 16, RingSlot, "block_offset")))
 
         # Free routine state.
         fr_cmd = Signal()           # the free is a host command (else a RETURN)
@@ -281,7 +284,7 @@ class RingAllocator(wiring.Component):
 
             with m.State("FR_W_BO"):
                 m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.ring_base + fr_o + 8),
-                             req.payload.we.eq(1), req.payload.wdata.eq(bswap64(fr_block)),
+                             req.payload.we.eq(1), req.payload.wdata.eq(Mux(self.le, fr_block, bswap64(fr_block))),
                              req.payload.wstrb.eq(0xFF)]
                 with m.If(req.ready):
                     m.next = "FR_W_SEQ"

@@ -18,12 +18,19 @@ from hw.headers import wire_fields
 
 from hw.iface import MEM_DATA_BITS, MemBusSignature
 
-__all__ = ["MemRam", "MemArbiter", "be_field", "bswap64", "read_words"]
+__all__ = ["MemRam", "MemArbiter", "be_field", "bswap", "bswap64", "read_words"]
 
 
 def bswap64(x):
     """Reverse the octets of a 64-bit word: memory lanes (octet 0 = bits 7..0) <-> big-endian."""
     return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(8))])
+
+
+def bswap(x):
+    """Reverse the octets of a value a whole number of octets wide (a field read big-endian,
+    taken little-endian: ADDR_LE)."""
+    assert len(x) % 8 == 0, len(x)
+    return Cat(*[x[8 * k:8 * k + 8] for k in reversed(range(len(x) // 8))])
 
 
 def be_field(buf, total, struct, name, base=0):

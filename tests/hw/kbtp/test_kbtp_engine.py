@@ -131,9 +131,10 @@ async def configure(ctx, eng, model, conns):
         await reg_write(ctx, bus, b + reg["QP_SCRATCH"],
                         SCRATCH_BASE + SCRATCH_SLOTS * SLOT_SIZE * q)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
-        await reg_write(ctx, bus, b + reg["QP_SESSION"], 1 | rec << 1 | s.domain << 8)
+        await reg_write(ctx, bus, b + reg["QP_SESSION"],
+                        1 | rec << 1 | int(s.addr_le) << 2 | s.domain << 8)
         await reg_write(ctx, bus, reg["RANGE"] + 4 * s.range_index, 1 << 8 | s.domain)
-    await reg_write(ctx, bus, reg["CTRL"], 0b11)
+    await reg_write(ctx, bus, reg["CTRL"], 0b11 | int(cfg.addr_le) << 2)
 
 
 def hello(model, conn, iid, features=0):
@@ -258,7 +259,10 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
     for i, c in enumerate(conns):
         model.connect(c)
         feats = Features.RECORD_COMPLETION.value if i == 1 else 0
+        if model.cfg.addr_le and i < 2:     # ADDR_LE structures; a and b ADDR_LE sessions
+            feats |= Features.ADDR_LE.value
         hello(model, c, i + 1, feats)
+        assert model.session_of(c).addr_le == bool(feats & Features.ADDR_LE.value)
     image = bytes(model.mem) + bytes(RAM_BYTES - len(model.mem))
     top = Top(image)
     im_m = [model.initiator_memory(c) for c in conns]
@@ -287,7 +291,8 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
             w0 = len(writes)
             got = await tr.request(ctx, q, raw)
             assert got == want, f"request {i} on QP {q}: {raw.hex()}\n hw    {got}\n model {want}"
-            check_write_order(model, raw, got, writes[w0:], stats)
+            check_write_order(model, raw, got, writes[w0:], stats,
+                              model.session_of(conns[q]).addr_le)
             stats["cycles"].append(await reg_read(ctx, top.eng.bus, reg["LAST_CYCLES"]))
             for act in got:
                 kind = act[0] + ("_INV" if act[0] == "SEND" and act[2] is not None else "")
@@ -315,10 +320,13 @@ MIXES = [
     (2, 150, 0.4, 0.5, {}),
     # quotas larger than the pool (non-conformant, model Readings 2): makes "ring empty" reachable
     (3, 120, 0.2, 0.2, dict(num_blocks=6, overcommit_quotas=True, quota_per_initiator=8)),
+    # ADDR_LE structures (little-endian Block Offsets in entries and slots), two of the three
+    # sessions ADDR_LE (handle and descriptors little-endian), run in the engine (issue 20)
+    (4, 150, 0.2, 0.3, dict(addr_le=True)),
 ]
 
 
-def check_write_order(model, raw, got, writes, stats):
+def check_write_order(model, raw, got, writes, stats, addr_le=False):
     """Draft order of a successful store: (slot consumed,) data, then Data Length (+ Block
     Offset), then Flags + Generation (or SEALED), then the completion in scratch."""
     sends = [a for a in got if a[0] in ("SEND", "WRITE_IMM")]
@@ -329,7 +337,10 @@ def check_write_order(model, raw, got, writes, stats):
         else unpack(CommonHeader, sends[-1][1])["status"]
     if status != Status.OK.value:
         return
-    entry = model.entry_addr(hdr["handle"])
+    h = hdr["handle"]
+    if addr_le:                             # the request's handle is little-endian
+        h = int.from_bytes(h.to_bytes(8, "big"), "little")
+    entry = model.entry_addr(h)
     idx = {k: [i for i, (a, st) in enumerate(writes) if pred(a, st)] for k, pred in {
         "dl": lambda a, st: a == entry and st == 0xF0,
         "bo": lambda a, st: a == entry + 8,
