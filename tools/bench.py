@@ -36,6 +36,22 @@ goodput
     PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
     operation's own wire bound (:func:`op_plan`: every request, data, completion and ACK
     frame the operation needs, on its busier direction).
+multi-QP goodput and fairness
+    LOAD, STORE_INLINE, STORE_READ and ALLOC_STORE_INLINE (``--quick``: LOAD and
+    STORE_INLINE) at 64 and 4096 octets, both MTUs, from :data:`MULTI_QPS` initiators at
+    once, each with its own bound handle (ALLOC_STORE: its own handles) and buffers and
+    :data:`DEPTH` requests outstanding (:meth:`Bench.series_multi`; JSON ``multi``,
+    ``bench_multi.csv``). Over the common steady-state window (every QP past its first
+    COMPLETION, none past its last) the aggregate goodput is the size over the distance between
+    successive COMPLETIONs of any QP, as a fraction of :func:`theory_goodput` and of the op
+    wire bound, and each QP's operation rate is its completions per cycle (over whole groups
+    of DEPTH of them). Fairness: each QP's rate over the mean of them all and the largest
+    deviation (goal :data:`FAIRNESS_GOAL`, +-10 %); per QP
+    and overall mean and p99 latency (a request's last octet in to its COMPLETION's first octet
+    out, queueing behind the other requests included). Every QP's LOAD data and stored blocks
+    are checked. An inline store larger than the Max Inline that 4 QPs' receive buffers leave
+    (the ECPIX-5's 128 KiB at 4096 octets) runs by READ instead, recorded under
+    ``multi_skipped``.
 op rate
     Operations per second at 64 octets against the frame-rate limit (the op wire bound).
 latency
@@ -60,7 +76,8 @@ wire back to back (the gaps between the frames of one peer burst are reported, t
 next request in its receive buffers (``min_outstanding`` >= 1 is checked for every series).
 
 CLI: ``python -m tools.bench [--configs ecpix5,8,64] [--quick] [--out build/bench]`` writes
-``bench.json``, ``bench.csv`` and ``goodput_<config>.png`` and prints the table.
+``bench.json``, ``bench.csv``, ``bench_multi.csv`` and ``goodput_<config>.png`` and prints
+the tables.
 """
 
 from __future__ import annotations
@@ -79,8 +96,9 @@ from sim.system import run_sync
 
 __all__ = [
     "PREAMBLE_SFD", "FCS", "IFG", "ICRC", "MIN_FRAME", "ROCE_HEADERS", "PACKET_OVERHEAD",
-    "CLOCK_HZ", "DEPTH", "frame_wire", "theory_goodput", "op_plan", "OPS", "Bench",
-    "run_bench", "resources", "write_results", "plot", "format_table", "main",
+    "CLOCK_HZ", "DEPTH", "MULTI_QPS", "FAIRNESS_GOAL", "frame_wire", "theory_goodput",
+    "op_plan", "OPS", "Bench", "run_bench", "run_multi", "resources", "write_results", "plot",
+    "format_table", "main",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -100,6 +118,10 @@ CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
 #: Requests one initiator keeps outstanding in the goodput series (receive buffers: 4 per QP;
 #: one is in the engine's hands until its completion's WorkCompletion, so 3 never get RNR).
 DEPTH = 3
+#: Initiators of the multi-QP goodput and fairness series (every one with DEPTH outstanding).
+MULTI_QPS = 4
+#: Fairness goal: every QP's operation rate within this fraction of the mean of them all.
+FAIRNESS_GOAL = 0.10
 #: KBTP request sizes (header + Data Descriptor; no Completion Descriptor: RECORD is not used).
 REQUEST = CommonHeader.SIZE + DataDescriptor.SIZE                 # 40
 COMPLETION = CommonHeader.SIZE + CompletionBody.SIZE              # 40
@@ -266,6 +288,7 @@ class Bench:
             self.bufs.append(buf)
         self.rid = 0
         self.loaded_expect = None   # what a LOAD of the bench handle must return
+        self.content = {}           # handle -> what its block holds (bound / stored here)
         self.current_op = None
 
     # ---- network --------------------------------------------------------------------------
@@ -440,6 +463,7 @@ class Bench:
             assert got == datas[n_ops - 1], f"{op}: block content differs from the data stored"
             if kind == "STORE":             # the bench handle now holds this
                 self.loaded_expect = got
+            self.content[h] = got
         for c in comps:
             assert c.data_length == length, c
         plan = op_plan(op, length, mtu)
@@ -474,7 +498,10 @@ class Bench:
         return [(log[i][0], log[i][1], self.sent[i])
                 for i in range(sent0, min(len(self.sent), len(log)))]
 
-    def _data_octets(self, kind, by_read, qpn, tx0, sent0):
+    def _data_octets(self, kind, by_read, qpn, tx0, sent0, target_qpn=None):
+        """Data payload octets on the wire since ``tx0`` / ``sent0``: the WRITEs to peer QP
+        ``qpn`` (LOAD), else the peer's READ responses or inline SEND data (only those to
+        target QP ``target_qpn`` when given)."""
         from roce.frames import parse_frame
         O = BthOpcode
         n = 0
@@ -488,14 +515,15 @@ class Bench:
             for _, _, fr in self._peer_frames(sent0):
                 k, p = parse_frame(fr)
                 if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
-                        O.READ_RESPONSE_ONLY.value:
+                        O.READ_RESPONSE_ONLY.value and target_qpn in (None, p.dest_qp):
                     n += len(p.payload)
         else:
             # SEND messages: the KBTP request (header + Data Descriptor) then inline data.
             msgs, cur = [], b""
             for _, _, fr in self._peer_frames(sent0):
                 k, p = parse_frame(fr)
-                if k != "roce" or p.opcode > O.SEND_ONLY_IMM.value:
+                if k != "roce" or p.opcode > O.SEND_ONLY_IMM.value or \
+                        target_qpn not in (None, p.dest_qp):
                     continue
                 cur += p.payload
                 if p.opcode in (O.SEND_LAST.value, O.SEND_ONLY.value):
@@ -529,6 +557,161 @@ class Bench:
             ready = max(self.sent_at[i], log[i - 1][1] + 1 + IFG)
             worst = max(worst, log[i][0] - ready)
         return worst
+
+    # ---- many initiators at once ------------------------------------------------------------
+    def series_multi(self, op, length, n_ops, handles, qs=None):
+        """``n_ops`` operations of each initiator in ``qs`` (default: all), every one keeping
+        :data:`DEPTH` requests outstanding at the same time; ``handles[q]``: the handles of
+        initiator ``q`` (its one bound handle, or one per operation for ALLOC_STORE).
+
+        The figures are taken over the common steady-state window: from the cycle every QP has
+        had its first COMPLETION (warm-up) to the cycle the first QP has had its last (times:
+        first octets of the COMPLETIONs). The aggregate time per operation is the distance
+        between successive COMPLETIONs of any QP in it. A QP's rate is ``m`` / the cycles
+        between its first COMPLETION in the window and its ``m``-th after that, ``m`` the largest
+        multiple of DEPTH that fits (a QP's completions may come DEPTH at a time: whole groups
+        keep the phase of the window's edges out of the rate). Should no such window exist (the
+        first QP finished before the last started: ``common_window`` False) the window starts
+        at the first COMPLETION of all and a rate is the QP's COMPLETIONs in it / its cycles.
+        Latency of every request: its last octet in (``rx_log``) to the first octet of its
+        COMPLETION."""
+        from roce.frames import parse_frame
+        kind, by_read = OPS[op]
+        qs = list(range(self.n_init)) if qs is None else list(qs)
+        mtu = self.mtus[qs[0]]
+        assert all(self.mtus[q] == mtu for q in qs), "one path MTU for every QP"
+        datas = {q: [self.rng.randbytes(length) for _ in range(n_ops)] for q in qs}
+        ev0 = {q: len(self.events[q]) for q in qs}
+        tx0, sent0 = len(self.tx), len(self.sent)
+        retx0 = self.ep.counters.retransmissions
+        self.turnaround = 0
+        done = lambda q: len(self.events[q]) - ev0[q]
+        total = lambda: sum(done(q) for q in qs)
+        plan = op_plan(op, length, mtu)
+        bound = plan["bound"]
+        k = dict.fromkeys(qs, 0)
+        rid_of = {q: {} for q in qs}         # request_id -> operation index
+        min_out = dict.fromkeys(qs, DEPTH)
+        while total() < n_ops * len(qs):
+            for q in qs:
+                while k[q] < n_ops and k[q] - done(q) < DEPTH:
+                    h = handles[q][k[q]] if kind == "ALLOC_STORE" else handles[q][0]
+                    raw = self.request(q, op, h, length, datas[q][k[q]], slot=k[q] % DEPTH)
+                    rid_of[q][self.rid] = k[q]
+                    self.qps[q].send(raw)
+                    self._deliver([])     # puts the SEND on the wire now
+                    k[q] += 1
+            before = total()
+            self.pump(lambda: total() > before, max_cycles=4 * len(qs) * bound + 200_000,
+                      what=f"{op} {length} x{len(qs)} QPs completion {before}")
+            for q in qs:
+                if 0 < done(q) < n_ops:
+                    min_out[q] = min(min_out[q], k[q] - done(q))
+        comps = {q: [self.completion(q, ev0[q] + i) for i in range(n_ops)] for q in qs}
+        times = {q: [self.events[q][ev0[q] + i][0] for i in range(n_ops)] for q in qs}
+        # Content: every QP's LOAD data is its block, every stored block holds what was stored.
+        for q in qs:
+            for c in comps[q]:
+                assert c.data_length == length, (q, c)
+            if kind == "LOAD":
+                want = self.content[handles[q][0]]
+                for s in range(min(n_ops, DEPTH)):
+                    got = bytes(self.bufs[q][s * self.block_size:s * self.block_size + length])
+                    assert got == want, f"initiator {q}: LOAD data differs from its block"
+                continue
+            checks = (list(enumerate(handles[q][:n_ops])) if kind == "ALLOC_STORE"
+                      else [(n_ops - 1, handles[q][0])])
+            for i, h in checks:
+                dlen, addr = self.block_of(h)
+                assert dlen == length, (q, h, dlen, length)
+                got = self.vt.mem_read(addr, length)
+                assert got == datas[q][i], \
+                    f"{op} initiator {q}: block content differs from the data stored"
+                self.content[h] = got
+        # Requests: the k-th SEND Only / Last to target QP q is q's k-th request.
+        req_at = {q: [] for q in qs}
+        for i in range(sent0, len(self.sent)):
+            kk, p = parse_frame(self.sent[i])
+            if kk == "roce" and p.opcode in (BthOpcode.SEND_ONLY.value,
+                                             BthOpcode.SEND_LAST.value):
+                q = p.dest_qp - T_QPN0
+                if q in req_at:
+                    req_at[q].append(i)
+        retx = self.ep.counters.retransmissions - retx0
+        lat = {}
+        for q in qs:
+            assert len(req_at[q]) == n_ops or retx, (q, len(req_at[q]), n_ops)
+            lat[q] = [times[q][i] - self.vt.rx_log[req_at[q][rid_of[q][c.request_id]]][1]
+                      for i, c in enumerate(comps[q])] if len(req_at[q]) == n_ops else []
+        # The common steady-state window: every QP past its first COMPLETION (warm-up), none
+        # past its last. Should the first QP finish before the last one starts, the window
+        # starts at the first COMPLETION of all (a starved QP then shows a rate near 0).
+        w0, w1 = max(t[0] for t in times.values()), min(t[-1] for t in times.values())
+        common = w1 > w0
+        if not common:
+            w0 = min(t[0] for t in times.values())
+        span = max(1, w1 - w0)
+        merged = sorted(t for q in qs for t in times[q] if w0 <= t <= w1)
+        agg = (len(merged) - 1) / max(1, merged[-1] - merged[0])
+        rate, spans = {}, {}
+        for q in qs:
+            inw = [t for t in times[q] if w0 <= t <= w1]
+            # whole multiples of DEPTH intervals: a QP's completions may come DEPTH at a time
+            m = (len(inw) - 1) // DEPTH * DEPTH
+            if common and m:
+                rate[q], spans[q] = m / (inw[m] - inw[0]), (m, inw[m] - inw[0])
+            else:
+                c = sum(1 for t in inw if t > w0)
+                rate[q], spans[q] = c / span, (c, span)
+        mean = sum(rate.values()) / len(qs)
+        ratio = {q: (rate[q] / mean if mean else 0.0) for q in qs}
+        max_dev = max(abs(r - 1) for r in ratio.values())
+        per_op = 1 / agg if agg else float("inf")
+        gp = length * agg
+        th = theory_goodput(length, mtu)
+        util = self._utilisation(tx0, sent0, w0, w1)
+        every = [x for q in qs for x in lat[q]]
+        per_qp = []
+        for q in qs:
+            moved = self._data_octets(kind, by_read, P_QPN0 + q, tx0, sent0,
+                                      target_qpn=T_QPN0 + q)
+            per_qp.append({
+                "qp": q, "completed": len(comps[q]), "rate_ops": spans[q][0],
+                "rate_cycles": spans[q][1],
+                "ops_per_cycle": round(rate[q], 8),
+                "cycles_per_op": round(1 / rate[q], 1) if rate[q] else None,
+                "ratio_to_mean": round(ratio[q], 4),
+                "bytes_asked": length * n_ops, "bytes_moved": moved,
+                "min_outstanding": min_out[q],
+                "latency_mean": round(sum(lat[q]) / len(lat[q]), 1) if lat[q] else None,
+                "latency_p99": _pct(lat[q], 0.99) if lat[q] else None,
+                "latency_max": max(lat[q]) if lat[q] else None,
+            })
+        return {
+            "op": op, "size": length, "mtu": mtu, "n_qp": len(qs), "n_ops_per_qp": n_ops,
+            "n_ops": n_ops * len(qs), "window": [w0, w1], "window_cycles": w1 - w0,
+            "common_window": common,
+            "cycles_per_op": round(per_op, 1),
+            "goodput_octets_per_cycle": round(gp, 5),
+            "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
+            "theory": round(th, 5), "frac_theory": round(gp / th, 4),
+            "op_bound_cycles": bound, "frac_op_bound": round(bound * agg, 4),
+            "excess_cycles": round(per_op - bound, 1),
+            "ops_per_s": round(CLOCK_HZ * agg), "frame_rate_limit": round(CLOCK_HZ / bound),
+            "frames_per_op_plan": [len(plan["to_target"]), len(plan["to_peer"])],
+            "frames_per_op_seen": self._frames_per_op(None, tx0, sent0, n_ops * len(qs)),
+            "wire_util_to_target": util[0], "wire_util_to_peer": util[1],
+            "wire_bound": max(util) >= 0.95,
+            "bytes_asked": length * n_ops * len(qs),
+            "bytes_moved": sum(x["bytes_moved"] for x in per_qp),
+            "fairness_max_dev": round(max_dev, 4), "fair": max_dev <= FAIRNESS_GOAL,
+            "latency_mean": round(sum(every) / len(every), 1) if every else None,
+            "latency_p99": _pct(every, 0.99) if every else None,
+            "latency_max": max(every) if every else None,
+            "min_outstanding": min(min_out.values()), "peer_turnaround_max": self.turnaround,
+            "peer_burst_gap_max": self._burst_gap(sent0), "retransmits_peer": retx,
+            "per_qp": per_qp,
+        }
 
     # ---- latency --------------------------------------------------------------------------
     def latency(self, qs, op, handles, length=64):
@@ -695,6 +878,101 @@ def _mtu_series(b, width, size, n, max_inline, out, log):
             b.free(0, hs)
 
 
+#: Block sizes and operations of the multi-QP series (sizes also in ``--sizes`` only).
+MULTI_SIZES = (64, 4096)
+MULTI_OPS = ("LOAD", "STORE_INLINE", "STORE_READ", "ALLOC_STORE_INLINE")
+QUICK_MULTI_OPS = ("LOAD", "STORE_INLINE")
+
+
+def _n_ops_multi(size, quick):
+    """Operations per QP of a multi-QP series."""
+    if size <= 1024:
+        return 24 if quick else 48
+    return 12 if quick else 24
+
+
+def run_multi(width, size, *, quick=False, mtus=(1024, 4096), ops=None, max_inline=16384,
+              n_qp=MULTI_QPS, log=print):
+    """The multi-QP series of one block size (:meth:`Bench.series_multi`): ``n_qp``
+    initiators at once, one fresh target per path MTU. An inline operation whose data exceed
+    the Max Inline the configuration's memory allows with ``n_qp`` QPs' receive buffers runs
+    by READ instead (recorded in ``skipped``), as does an ALLOC_STORE the pool cannot give
+    every QP two blocks for. A series that cannot complete ends that MTU's run (``failed``)."""
+    out = {"multi": [], "failed": [], "skipped": [], "retransmits": []}
+    ops = list(ops or (QUICK_MULTI_OPS if quick else MULTI_OPS))
+    n = _n_ops_multi(size, quick)
+    width = str(width)
+    for mtu in mtus:
+        with _vt(width, log) as vt:
+            try:
+                b = Bench(vt, size, mtus=(mtu,), n_init=n_qp, max_inline=max_inline,
+                          max_blocks=n_qp * (n + 1) + 2)
+            except MemoryError as e:
+                out["unfit"] = str(e)
+                log(f"{label(width):<8} {size:>8}: {n_qp} QPs not run, {e}")
+                return out
+            b.bring_up()
+            try:
+                _mtu_multi(b, width, size, n, ops, out, log)
+            except TimeoutError as e:
+                mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
+                                                               "rx_frames_ok", "tx_frames")}
+                out["failed"].append({"width": width, "size": size, "mtu": mtu, "n_qp": n_qp,
+                                      "op": b.current_op, "error": str(e)[:200], "mac": mac})
+                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5} x{n_qp} QPs "
+                    f"FAILED: no completion (MAC {mac})")
+            out["retransmits"].append({"mtu": mtu, "n_qp": n_qp,
+                                       "target": _req_counter(b, "cnt_retransmits"),
+                                       "peer": b.ep.counters.retransmissions})
+    return out
+
+
+def _mtu_multi(b, width, size, n, ops, out, log):
+    qs = list(range(b.n_init))
+    mtu = b.mtus[0]
+    for q in qs:        # each QP's own handle for LOAD / STORE, bound by one ALLOC_STORE
+        b.current_op = f"ALLOC_STORE_READ (setup QP {q})"
+        _bind_one(b, q, b.sess[q].handle_base, size,
+                  max_cycles=4 * op_plan("ALLOC_STORE_READ", size, mtu)["bound"] + 200_000)
+    n_alloc = min(n, (b.num_blocks - len(qs)) // len(qs),
+                  min(b.sess[q].handle_count for q in qs) - 1)
+    done = set()
+    for op in ops:
+        kind, by_read = OPS[op]
+        why = None
+        if kind != "LOAD" and not by_read and size > b.max_inline:
+            why = (f"inline data of {size} octets exceed the Max Inline {b.max_inline} the "
+                   f"memory leaves with {len(qs)} QPs' receive buffers")
+        elif kind == "ALLOC_STORE" and n_alloc < 2:
+            why = f"the pool of {b.num_blocks} blocks cannot give {len(qs)} QPs two each"
+        if why:
+            alt = "STORE_READ" if kind == "STORE" else None
+            out["skipped"].append({"op": op, "size": size, "mtu": mtu, "why": why,
+                                   "instead": alt if alt not in done else None})
+            log(f"{label(width):<8} {op:<19} {size:>8} {mtu:>5} x{len(qs)} QPs not run: {why}"
+                + (f"; {alt} instead" if alt and alt not in done else ""))
+            if alt is None or alt in done:
+                continue
+            op, kind = alt, "STORE"
+        if op in done:
+            continue
+        done.add(op)
+        hb = {q: b.sess[q].handle_base for q in qs}
+        if kind == "ALLOC_STORE":
+            hs, k = {q: list(range(hb[q] + 1, hb[q] + 1 + n_alloc)) for q in qs}, n_alloc
+        else:
+            hs, k = {q: [hb[q]] for q in qs}, n
+        b.current_op = op
+        r = b.series_multi(op, size, k, hs)
+        r["width"] = width
+        out["multi"].append(r)
+        log(_multi_row(r))
+        log(_fair_line(r))
+        if kind == "ALLOC_STORE":
+            for q in qs:
+                b.free(q, hs[q])
+
+
 def run_latency(width, log=print):
     """Latency figures (64 octets, MTU 1024, 4 initiators), the ARP turnaround, and the
     latency against the data length (:func:`latency_slopes`)."""
@@ -752,6 +1030,7 @@ def _bind_one(b, q, h, size, max_cycles=20_000_000):
     b.pump(lambda: len(b.events[q]) > n0, max_cycles=max_cycles, what="bind")
     b.completion(q, n0)
     b.loaded_expect = data
+    b.content[h] = data
 
 
 def _req_counter(b, name):
@@ -853,6 +1132,19 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
         for f in r["failed"]:
             dead.setdefault(f["mtu"], f"failed at size {size}")
         wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
+    wr["multi"], wr["multi_failed"], wr["multi_skipped"] = [], [], []
+    msizes = [z for z in MULTI_SIZES if z in sizes]
+    if msizes:
+        log(MULTI_HEADER)
+    for size in msizes:
+        r = run_multi(w, size, quick=quick, log=log, mtus=mtus)
+        if "unfit" in r:
+            wr["multi_skipped"] += [{"size": size, "mtu": m, "why": r["unfit"]} for m in mtus]
+            continue
+        wr["multi"] += r["multi"]
+        wr["multi_failed"] += r["failed"]
+        wr["multi_skipped"] += r["skipped"]
+        wr["retransmits"] += [dict(x, size=f"{size} x{x['n_qp']} QPs") for x in r["retransmits"]]
     lat = run_latency(w, log)
     wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
     wr["latency_samples"] = lat["latency"]
@@ -935,12 +1227,59 @@ HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/
           f"{'':>4}")
 
 
+MULTI_CSV_FIELDS = ["config", "op", "size", "mtu", "n_qp", "n_ops_per_qp", "window_cycles",
+                    "cycles_per_op", "goodput_mbps", "theory", "frac_theory", "op_bound_cycles",
+                    "frac_op_bound", "ops_per_s", "wire_util_to_target", "wire_util_to_peer",
+                    "fairness_max_dev", "fair", "qp_ratio_to_mean", "latency_mean",
+                    "latency_p99", "latency_max", "min_outstanding", "bytes_asked",
+                    "bytes_moved"]
+
+MULTI_HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'QPs':>3} {'cyc/op':>8} "
+                f"{'Mb/s':>8} {'/theo':>6} {'/bound':>6} {'ops/s':>9} {'maxdev':>7} "
+                f"{'lat mean':>8} {'lat p99':>8}   (aggregate of every QP)")
+
+
+def _multi_row(r):
+    return (f"{label(r.get('width', '?')):<8} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
+            f"{r['n_qp']:>3} {r['cycles_per_op']:>8.1f} {r['goodput_mbps']:>8.1f} "
+            f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['ops_per_s']:>9} "
+            f"{100 * r['fairness_max_dev']:>6.1f}% {r['latency_mean']!s:>8} "
+            f"{r['latency_p99']!s:>8}")
+
+
+def _fair_line(r):
+    """Per QP: operations per cycle / the mean, latency mean and p99 (cycles)."""
+    qps = "; ".join(f"QP{x['qp']} {x['completed']} ops {x['ratio_to_mean']:.3f} "
+                    f"lat {x['latency_mean']}/{x['latency_p99']}" for x in r["per_qp"])
+    return (f"  fairness: rate/mean {qps}; max deviation {100 * r['fairness_max_dev']:.1f}% "
+            f"({'within' if r['fair'] else 'OUTSIDE'} +-{100 * FAIRNESS_GOAL:.0f}%) over "
+            f"{r['window_cycles']} cycles" + ("" if r["common_window"] else
+                                              " (no common window: whole run)"))
+
+
 def format_table(res):
     """The figures as text (goodput rows, latency, resources)."""
     lines = [HEADER]
     for w, wr in res["widths"].items():
         for r in wr["series"]:
             lines.append(_row(dict(r, width=w)))
+    if any(wr.get("multi") or wr.get("multi_failed") or wr.get("multi_skipped")
+           for wr in res["widths"].values()):
+        lines.append(f"goodput and fairness of {MULTI_QPS} QPs at once, each with {DEPTH} "
+                     f"requests outstanding (latency: cycles from a request's last octet in "
+                     f"to its COMPLETION's first octet out):")
+        lines.append(MULTI_HEADER)
+    for w, wr in res["widths"].items():
+        for r in wr.get("multi", []):
+            lines.append(_multi_row(dict(r, width=w)))
+            lines.append(_fair_line(r))
+        for f in wr.get("multi_skipped", []):
+            lines.append(f"{label(w):<8} {f.get('op', '(all)'):<19} {f['size']:>8} "
+                         f"{f['mtu']:>5} {MULTI_QPS:>3} not run: {f['why']}"
+                         + (f"; {f['instead']} instead" if f.get("instead") else ""))
+        for f in wr.get("multi_failed", []):
+            lines.append(f"{label(w):<8} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} "
+                         f"{f['n_qp']:>3} FAILED: no completion; MAC counters {f['mac']}")
     for w, wr in res["widths"].items():
         for f in wr.get("skipped", []):
             lines.append(f"{label(w):<8} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
@@ -996,7 +1335,8 @@ def format_table(res):
 
 
 def write_results(res, out):
-    """``bench.json`` (everything) and ``bench.csv`` (one row per goodput series)."""
+    """``bench.json`` (everything), ``bench.csv`` (one row per goodput series) and
+    ``bench_multi.csv`` (one row per multi-QP series); returns the first two paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
@@ -1006,6 +1346,13 @@ def write_results(res, out):
         for w, wr in res["widths"].items():
             for r in wr["series"]:
                 wtr.writerow(dict(r, config=label(w)))
+    with open(out / "bench_multi.csv", "w", newline="") as fh:
+        wtr = csv.DictWriter(fh, MULTI_CSV_FIELDS, extrasaction="ignore")
+        wtr.writeheader()
+        for w, wr in res["widths"].items():
+            for r in wr.get("multi", []):
+                wtr.writerow(dict(r, config=label(w), qp_ratio_to_mean=";".join(
+                    str(x["ratio_to_mean"]) for x in r["per_qp"])))
     return out / "bench.json", out / "bench.csv"
 
 
@@ -1059,7 +1406,8 @@ def main(argv=None):
     pngs = plot(res, a.out)
     print()
     print(format_table(res))
-    print(f"\nwritten {j}, {c}, " + ", ".join(map(str, pngs)))
+    print(f"\nwritten {j}, {c}, {c.with_name('bench_multi.csv')}, "
+          + ", ".join(map(str, pngs)))
     return 0
 
 

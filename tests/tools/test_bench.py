@@ -88,6 +88,10 @@ def quick():
         out[size] = bench.run_size("ecpix5", size, quick=True, mtus=(1024,),
                                    log=lambda s: None)
     out["latency"] = bench.run_latency("ecpix5", log=lambda s: None)
+    # 4 QPs at once at 4096 octets: STORE_INLINE runs by READ (the Max Inline 4 QPs' receive
+    # buffers leave in 128 KiB is below 4096)
+    out["multi"] = bench.run_multi("ecpix5", 4096, quick=True, mtus=(1024,),
+                                   ops=("LOAD", "STORE_INLINE"), log=lambda s: None)
     return out
 
 
@@ -142,3 +146,36 @@ def test_table_names_each_configuration():
     assert bench.CONFIGS[0] == "ecpix5"
     assert [bench.label(c) for c in bench.CONFIGS] == ["ecpix5", "unit-w8", "unit-w64"]
     assert bench.clocks_of("ecpix5")["core_hz"] == pytest.approx(125e6 / 6)
+
+
+def test_quick_multi_qp(quick):
+    """Every one of the 4 QPs completed each of its operations (its data checked inside the
+    bench), the aggregate is physically possible and the fairness figures add up."""
+    m = quick["multi"]
+    assert not m["failed"], m["failed"]
+    assert [r["op"] for r in m["multi"]] == ["LOAD", "STORE_READ"]
+    assert [(x["op"], x["instead"]) for x in m["skipped"]] == [("STORE_INLINE", "STORE_READ")]
+    for r in m["multi"]:
+        n = r["n_ops_per_qp"]
+        assert r["n_qp"] == bench.MULTI_QPS == len(r["per_qp"]) and n >= 2
+        assert r["size"] == 4096 and r["mtu"] == 1024
+        assert [x["qp"] for x in r["per_qp"]] == [0, 1, 2, 3]
+        for x in r["per_qp"]:
+            assert x["completed"] == n, x
+            assert x["bytes_moved"] == x["bytes_asked"] == 4096 * n, x
+            assert x["ops_per_cycle"] > 0 and x["min_outstanding"] >= 1, x
+            assert 0 < x["latency_mean"] <= x["latency_p99"] <= x["latency_max"], x
+        assert r["bytes_moved"] == r["bytes_asked"] == 4 * 4096 * n
+        assert r["common_window"] and r["window_cycles"] > 0
+        # the QPs share one wire: the aggregate cannot beat it
+        assert 0 < r["frac_theory"] <= 1.0 and 0 < r["frac_op_bound"] <= 1.0, r
+        assert r["cycles_per_op"] >= 4096 + 82 * 4, r
+        rates = [x["ops_per_cycle"] for x in r["per_qp"]]
+        # per-QP rates (whole groups of DEPTH completions) add up to the aggregate rate
+        assert 1 / sum(rates) == pytest.approx(r["cycles_per_op"], rel=0.05)
+        mean = sum(rates) / 4
+        assert r["fairness_max_dev"] == pytest.approx(
+            max(abs(x / mean - 1) for x in rates), abs=1e-3)
+        assert sum(x["ratio_to_mean"] for x in r["per_qp"]) == pytest.approx(4, abs=1e-3)
+        assert r["peer_burst_gap_max"] == 0 and r["retransmits_peer"] == 0
+    assert m["retransmits"] == [{"mtu": 1024, "n_qp": 4, "target": 0, "peer": 0}]
