@@ -414,8 +414,8 @@ def test_init_image_equals_model(over):
     assert (e("HEAD_ADDR"), e("TAIL_ADDR")) == (lay["head"], lay["tail"])
     assert e("MAX_INLINE") == cfg.max_inline
     assert 1 << e("RANGE_LOG2") == cfg.handles_per_initiator
-    fast = not cfg.addr_le
-    assert e("CTRL") == int(fast) | int(cfg.masked) << 1
+    # fast path on (ADDR_LE targets too: the engine reads their little-endian Block Offsets)
+    assert e("CTRL") == 1 | int(cfg.masked) << 1 | int(cfg.addr_le) << 2
     # receive buffers of each QP lie after the KBTP structures and the scratch areas
     for q in range(w.n_qp):
         base, count, log2 = f.recv_buffers(q)

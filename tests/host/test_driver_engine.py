@@ -19,7 +19,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
-from hw.headers import Features, GoodbyeFlags, Status
+from hw.headers import Features, GoodbyeFlags, ReqFlags, Status
 from hw.iface import HostBusSignature, REG_KBTP, REG_MR, REG_QP, Space, WcStatus, WrOp
 from hw.kbtp.engine import KbtpEngine, reg as ENG
 from hw.lib.membus import MemArbiter, MemRam
@@ -85,9 +85,9 @@ def ram_write(ctx, ram, addr, data):
 
 
 class Bench:
-    def __init__(self):
-        self.cfg = TargetConfig(**CFG)
-        self.model = TargetModel(TargetConfig(**CFG))
+    def __init__(self, **over):
+        self.cfg = TargetConfig(**CFG, **over)
+        self.model = TargetModel(TargetConfig(**CFG, **over))
         self.plan = memory_plan(self.cfg, N_QP)
         self.top = Top(self.plan["end"])
         self.imem = {q: InitiatorMemory() for q in range(N_QP)}
@@ -249,3 +249,62 @@ def test_driver_with_the_engine():
     assert c["engine"][("ALLOC_STORE", "NO_SPACE")] == 2
     assert c["hostq_count"] == c["host_actions"] == 7
     assert c["quota"][1] == {"qp": 0, "usage": 3, "quota": 3, "state": "active"}
+
+
+def test_addr_le_sessions_in_the_engine():
+    """An ADDR_LE target (little-endian Block Offsets in entries and slots) with an ADDR_LE
+    session on QP 0 and a big-endian one on QP 1: after HELLO, their ALLOC_STORE, STORE and LOAD
+    run in the engine (every Send is the engine's; the driver handles nothing more), each answer
+    the golden model's and the image of the structures equal to the model's (issue 20)."""
+    b = Bench(addr_le=True)
+    le = Features.ADDR_LE.value
+    out = {}
+
+    def enc(q, msg):
+        return codec.encode(msg, addr_le=q == 0)
+
+    async def bench(ctx):
+        b.ctx = ctx
+        drv = b.drv
+        await drv.init()
+        for q in range(N_QP):
+            await drv.open_qp(q, local_qpn=0x11 + q)
+            b.model.connect(q)
+        for q, feats in ((0, le), (1, 0)):
+            want, res, src = await b.deliver(q, hello(q + 1, feats))
+            ack = codec.decode(want[0])
+            assert ack.status == 0 and bool(ack.features & le) == (q == 0) and src == [1]
+        actions = drv.host_actions
+        for q in range(N_QP):
+            h = 0x4000 + 32 * q
+            for m in (b.imem[q], b.model.initiator_memory(q)):
+                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
+            steps = [
+                codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
+                                 data=codec.DataDesc(0, 0, 24), inline=b"little or big endian? ok"),
+                codec.Store(flags=ReqFlags.INLINE.value | ReqFlags.SEAL.value, request_id=2,
+                            handle=h, data=codec.DataDesc(0, 0, 12),
+                            inline=b"sealed now!%d" % q),
+                codec.Load(request_id=3, handle=h, data=codec.DataDesc(0x70 + q, 0x1_0000_0000,
+                                                                       256)),
+            ]
+            for msg in steps:
+                want, res, src = await b.deliver(q, enc(q, msg))
+                c = codec.decode(want[0])
+                assert c.status == 0, (q, msg, c)
+                assert src == [0] and res is None, (q, msg, src, res)
+            assert b.imem[q].contents(0x70 + q)[:12] == b"sealed now!%d" % q
+        assert drv.host_actions == actions
+        out["counters"] = await drv.counters(transport=False)
+        out["done"] = True
+
+    sim = Simulator(b.top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(b.requester, background=True)
+    sim.add_testbench(b.repost_sink, background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out.get("done")
+    c = out["counters"]["engine"]
+    for op in ("ALLOC_STORE", "STORE", "LOAD"):
+        assert c[(op, "OK")] == N_QP, (op, c)
