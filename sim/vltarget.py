@@ -131,13 +131,29 @@ def export_verilog(params):
     return verilog._convert_rtlil_text(text)
 
 
+def _tree_digest(dirs):
+    h = hashlib.sha256()
+    for p in sorted(f for d in dirs for f in (ROOT / d).rglob("*.py")):
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _source_dirs(params):
+    # A board's core is built by boards/ (cores.py: its KbtpTarget arguments): those files too.
+    return ("hw", "boards") if "board" in params else ("hw",)
+
+
+#: The gateware sources as this process found them (it imports them when it first exports).
+#: An export is the Python modules in memory, the cache stamp a digest of the files on disk: a
+#: long run (a bench, a test session) that outlives an edit of hw/ would otherwise export the
+#: old modules under the new files' stamp, and every later run would use that stale build.
+_SOURCES_AT_START = {d: _tree_digest(d) for d in (("hw",), ("hw", "boards"))}
+
+
 def _hw_digest(params):
     import amaranth
     h = hashlib.sha256(repr((sorted(params.items()), amaranth.__version__)).encode())
-    # A board's core is built by boards/ (cores.py: its KbtpTarget arguments): those files too.
-    dirs = ("hw", "boards") if "board" in params else ("hw",)
-    for p in sorted(f for d in dirs for f in (ROOT / d).rglob("*.py")):
-        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    h.update(_tree_digest(_source_dirs(params)).encode())
     return h.hexdigest()
 
 
@@ -172,6 +188,10 @@ def build(params=None, log=print):
         hw_stamp, hw_digest = d / "hw.sha256", _hw_digest(params)
         vfile = d / f"{TOP}.v"
         if not (vfile.exists() and hw_stamp.exists() and hw_stamp.read_text() == hw_digest):
+            dirs = _source_dirs(params)
+            if _tree_digest(dirs) != _SOURCES_AT_START[dirs]:
+                raise RuntimeError(f"{', '.join(dirs)}: sources changed since this process "
+                                   "started; its modules are the old ones: run it again")
             t0 = time.monotonic()
             log(f"vltarget: exporting the target {params}")
             vfile.write_text(export_verilog(params))

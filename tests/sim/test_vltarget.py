@@ -115,3 +115,14 @@ def test_speed(vt):
     # No Python per cycle: the harness alone must beat cocotb's 2 000 - 5 000 cycles/s by far
     # (measured on its own CPU time; the wall figure depends on the machine's load).
     assert idle_cpu > 50_000
+
+
+def test_no_export_from_modules_older_than_the_files(monkeypatch, tmp_path):
+    """A process whose gateware modules are older than the files on disk (hw/ edited while it
+    ran) refuses to export them under the new files' cache stamp."""
+    from sim import vltarget
+    monkeypatch.setattr(vltarget, "build_dir_of", lambda params: tmp_path)
+    monkeypatch.setitem(vltarget._SOURCES_AT_START, ("hw",), "an older tree")
+    with pytest.raises(RuntimeError, match="sources changed since this process started"):
+        vltarget.build({"width": 8})
+    assert not (tmp_path / "hw.sha256").exists()
