@@ -115,8 +115,9 @@ ROCE_HEADERS = EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
 #: Wire octets of one RoCEv2 packet besides its payload (no extended header): 82.
 PACKET_OVERHEAD = PREAMBLE_SFD + ROCE_HEADERS + ICRC + FCS + IFG
 CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
-#: Requests one initiator keeps outstanding in the goodput series (receive buffers: 4 per QP;
-#: one is in the engine's hands until its completion's WorkCompletion, so 3 never get RNR).
+#: Requests one initiator keeps outstanding in the goodput series (receive buffers: 4 per QP,
+#: host/driver.py memory_plan; kept at 3, as the figures before the engine stopped waiting for
+#: its completions' WorkCompletions (issue 20) were measured, so before and after compare).
 DEPTH = 3
 #: Initiators of the multi-QP goodput and fairness series (every one with DEPTH outstanding).
 MULTI_QPS = 4
