@@ -546,6 +546,7 @@ class Fuzzer:
         self.status = Counter()           # completions by (role, status name)
         self.findings = []                # (why, entry)
         self.probes_ok = 0
+        self.probes_sent = 0        # watchdog probes sent (a HELLO / GOODBYE draw is not)
         self.hangs = 0
         self.hang_frames = []
         self.unauthorized = 0
@@ -853,6 +854,7 @@ class Fuzzer:
         raw = self.small_request(ROLE_PROBE)
         if len(raw) >= 2 and raw[1] in (Opcode.HELLO.value, Opcode.GOODBYE.value):
             return True
+        self.probes_sent += 1
         got = self.request(ROLE_PROBE, raw)
         if got is not None:
             self.probes_ok += 1
@@ -1206,7 +1208,8 @@ class Fuzzer:
             "frames_to_target_total": self.frames_prev + self.frames_to_target,
             "counters_moved": {k: v for k, v in sorted(d.items()) if v},
             "completions_by_status": {f"{r}:{s}": n for (r, s), n in sorted(self.status.items())},
-            "probes_ok": self.probes_ok, "memory_checks": self.mem_checks,
+            "probes_ok": self.probes_ok, "probes_sent": self.probes_sent,
+            "memory_checks": self.mem_checks,
             "unauthorized_writes": self.unauthorized,
             "hangs": self.hangs, "model_mismatches": self.model_mismatch,
             "findings": len(self.findings), "restarts_after_hang": self.restarts,
