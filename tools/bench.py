@@ -831,27 +831,40 @@ def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, l
     """
     out = {"series": [], "failed": [], "retransmits": []}
     n = _n_ops(size, quick)
+    return _per_mtu(width, size, mtus, out, log, n_init=1, max_inline=max_inline,
+                    max_blocks=max(n + 2, 8),
+                    run=lambda b, w: _mtu_series(b, w, size, n, b.max_inline, out, log))
+
+
+def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run, extra=None,
+             what=""):
+    """One fresh target per path MTU: the :class:`Bench` (a block size the memory cannot hold
+    goes into ``out["unfit"]`` and ends the run), ``run(b, width)``, and the retransmissions;
+    a series that cannot complete (TimeoutError) ends that MTU's run, recorded in
+    ``out["failed"]`` with the MAC's counters. ``extra``: keys added to the failed and
+    retransmission records; ``what``: said after the size / MTU in the log lines."""
+    extra = extra or {}
     width = str(width)
     for mtu in mtus:
         with _vt(width, log) as vt:
             try:
-                b = Bench(vt, size, mtus=(mtu,), n_init=1, max_inline=max_inline,
-                          max_blocks=max(n + 2, 8))
+                b = Bench(vt, size, mtus=(mtu,), n_init=n_init, max_inline=max_inline,
+                          max_blocks=max_blocks)
             except MemoryError as e:
                 out["unfit"] = str(e)
-                log(f"{label(width):<8} {size:>8}: not run, {e}")
+                log(f"{label(width):<8} {size:>8}:{what} not run, {e}")
                 return out
             b.bring_up()
             try:
-                _mtu_series(b, width, size, n, b.max_inline, out, log)
+                run(b, width)
             except TimeoutError as e:
                 mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
                                                                "rx_frames_ok", "tx_frames")}
-                out["failed"].append({"width": width, "size": size, "mtu": mtu,
+                out["failed"].append({"width": width, "size": size, "mtu": mtu, **extra,
                                       "op": b.current_op, "error": str(e)[:200], "mac": mac})
-                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5} FAILED: no completion "
-                    f"(MAC {mac})")
-            out["retransmits"].append({"mtu": mtu,
+                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5}{what} FAILED: "
+                    f"no completion (MAC {mac})")
+            out["retransmits"].append({"mtu": mtu, **extra,
                                        "target": _req_counter(b, "cnt_retransmits"),
                                        "peer": b.ep.counters.retransmissions})
     return out
@@ -902,30 +915,9 @@ def run_multi(width, size, *, quick=False, mtus=(1024, 4096), ops=None, max_inli
     out = {"multi": [], "failed": [], "skipped": [], "retransmits": []}
     ops = list(ops or (QUICK_MULTI_OPS if quick else MULTI_OPS))
     n = _n_ops_multi(size, quick)
-    width = str(width)
-    for mtu in mtus:
-        with _vt(width, log) as vt:
-            try:
-                b = Bench(vt, size, mtus=(mtu,), n_init=n_qp, max_inline=max_inline,
-                          max_blocks=n_qp * (n + 1) + 2)
-            except MemoryError as e:
-                out["unfit"] = str(e)
-                log(f"{label(width):<8} {size:>8}: {n_qp} QPs not run, {e}")
-                return out
-            b.bring_up()
-            try:
-                _mtu_multi(b, width, size, n, ops, out, log)
-            except TimeoutError as e:
-                mac = {k: _top_counter(b, "mac", k) for k in ("rx_overflows", "tx_underruns",
-                                                               "rx_frames_ok", "tx_frames")}
-                out["failed"].append({"width": width, "size": size, "mtu": mtu, "n_qp": n_qp,
-                                      "op": b.current_op, "error": str(e)[:200], "mac": mac})
-                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5} x{n_qp} QPs "
-                    f"FAILED: no completion (MAC {mac})")
-            out["retransmits"].append({"mtu": mtu, "n_qp": n_qp,
-                                       "target": _req_counter(b, "cnt_retransmits"),
-                                       "peer": b.ep.counters.retransmissions})
-    return out
+    return _per_mtu(width, size, mtus, out, log, n_init=n_qp, max_inline=max_inline,
+                    max_blocks=n_qp * (n + 1) + 2, extra={"n_qp": n_qp}, what=f" x{n_qp} QPs",
+                    run=lambda b, w: _mtu_multi(b, w, size, n, ops, out, log))
 
 
 def _mtu_multi(b, width, size, n, ops, out, log):

@@ -99,6 +99,15 @@ class Bench:
                               mem_size=self.plan["end"], n_ranges=8, n_mr=8)
         self.now = 0.0
 
+    def simulate(self, bench):
+        """Run ``bench`` with the requester and the repost sink beside it."""
+        sim = Simulator(self.top)
+        sim.add_clock(1e-8)
+        sim.add_testbench(self.requester, background=True)
+        sim.add_testbench(self.repost_sink, background=True)
+        sim.add_testbench(bench)
+        sim.run()
+
     async def access(self, space, addr, we, wdata):
         return await bus_access(self.ctx, self.top.host, space, addr, we, wdata)
 
@@ -237,12 +246,7 @@ def test_driver_with_the_engine():
         out["counters"] = await drv.counters(transport=False)    # the engine alone
         out["done"] = True
 
-    sim = Simulator(b.top)
-    sim.add_clock(1e-8)
-    sim.add_testbench(b.requester, background=True)
-    sim.add_testbench(b.repost_sink, background=True)
-    sim.add_testbench(bench)
-    sim.run()
+    b.simulate(bench)
     assert out.get("done")
     c = out["counters"]
     assert c["engine"][("ALLOC_STORE", "OK")] == 5
@@ -298,12 +302,7 @@ def test_addr_le_sessions_in_the_engine():
         out["counters"] = await drv.counters(transport=False)
         out["done"] = True
 
-    sim = Simulator(b.top)
-    sim.add_clock(1e-8)
-    sim.add_testbench(b.requester, background=True)
-    sim.add_testbench(b.repost_sink, background=True)
-    sim.add_testbench(bench)
-    sim.run()
+    b.simulate(bench)
     assert out.get("done")
     c = out["counters"]["engine"]
     for op in ("ALLOC_STORE", "STORE", "LOAD"):

@@ -126,14 +126,16 @@ def load_raw(handle, rid, gen):
     return build(Opcode.LOAD, rid=rid, handle=handle, gen=gen, stag=STAG, to=TO, length=BS)
 
 
-async def through(ctx, wire, q, raw):
-    """A request run to its end with every WorkCompletion returned at once; its actions."""
-    await wire.offer(ctx, q, raw)
+async def through(ctx, wire, model, raw):
+    """A request of "y" (QP 0) run to its end with every WorkCompletion returned at once; its
+    actions must be the golden model's."""
+    want = norm_model(model.receive("y", raw))
+    await wire.offer(ctx, 0, raw)
     assert await wire.run(ctx, 3000)
     acts = []
     while wire.held:
         acts.append(await wire.complete(ctx))
-    return acts
+    assert acts == want
 
 
 def simulate(top, bench):
@@ -157,7 +159,7 @@ def test_other_block_does_not_wait():
         await configure(ctx, top.eng, model, ["y"])
         for h, rid, seal in ((h1, 1, True), (h2, 2, False)):
             raw = alloc_raw(h, rid, bytes([rid]) * 16, seal)
-            assert await through(ctx, wire, 0, raw) == norm_model(model.receive("y", raw))
+            await through(ctx, wire, model, raw)
         load = load_raw(h1, 3, model.read_entry(h1)["generation"])
         store = store_raw(h2, 4, b"other block!" * 2)
         want = norm_model(model.receive("y", load)) + norm_model(model.receive("y", store))
@@ -188,7 +190,7 @@ def test_alloc_reuses_block_after_load():
         # Four ALLOC_STOREs take the four blocks: the ring is empty.
         for i in range(4):
             raw = alloc_raw(h + i, 10 + i, old if i == 0 else bytes([i]) * 8)
-            assert await through(ctx, wire, 0, raw) == norm_model(model.receive("y", raw))
+            await through(ctx, wire, model, raw)
         blk = block_of(model, h)
         load = load_raw(h, 2, model.read_entry(h)["generation"])
         want_load = norm_model(model.receive("y", load))
@@ -226,7 +228,7 @@ def test_scratch_slots():
     async def bench(ctx):
         await configure(ctx, top.eng, model, ["y"])
         first = alloc_raw(h, 1, b"slots!!!")
-        assert await through(ctx, wire, 0, first) == norm_model(model.receive("y", first))
+        await through(ctx, wire, model, first)
         gen = model.read_entry(h)["generation"]
         want = []
         for i in range(SCRATCH_SLOTS):
@@ -261,7 +263,7 @@ def test_store_then_load():
     async def bench(ctx):
         await configure(ctx, top.eng, model, ["y"])
         first = alloc_raw(h, 1, b"first...", seal=False)
-        assert await through(ctx, wire, 0, first) == norm_model(model.receive("y", first))
+        await through(ctx, wire, model, first)
         gen = model.read_entry(h)["generation"]
         # STORE, then LOAD with the STORE's COMPLETION still held.
         store, load = store_raw(h, 2, b"second.." * 4), load_raw(h, 3, gen)
