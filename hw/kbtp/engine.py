@@ -82,10 +82,12 @@ from amaranth.lib.wiring import In, Out
 from hw.headers import CommonHeader, Opcode, Status
 from hw.iface import (ADDR_BITS, HostBusSignature, MemBusSignature, QP_INDEX_BITS, REG_KBTP,
                       RecvNotify, RecvRepost, WorkCompletion, WorkRequest, WrOp)
+from hw.lib.membus import MemArbiter
 from hw.kbtp.completion import Completion
+from hw.kbtp.context import CTX, CTX_DEPTH, ContextQueue, Ctx
 from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder, entry_boff
 from hw.kbtp.engine_regs import EngineRegs
-from hw.kbtp.movers import (WR_LOCK, WR_SCRATCH, WR_SYNC, EntryWriter, InlineCopy, LoadLocks,
+from hw.kbtp.movers import (WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy, LoadLocks,
                             WordReader, WorkIssuer)
 from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
@@ -136,6 +138,10 @@ class KbtpEngine(wiring.Component):
         self.n_qp = n_qp
         self.n_ranges = n_ranges
         self.base = base
+        #: (not a port) the ring allocator takes a RETURN this cycle: for the ghost checks of
+        #: tests/hw/kbtp/test_formal_ring.py, which must tell the return's Tail FetchAdd
+        #: from a host command's.
+        self.returning = Signal()
         super().__init__({
             "notify": In(stream.Signature(RecvNotify)),
             "repost": Out(stream.Signature(RecvRepost)),
@@ -151,21 +157,25 @@ class KbtpEngine(wiring.Component):
         m = Module()
         u = self._blocks(m)
         regs, dec, reader, issuer, cpl, ring = u.regs, u.dec, u.reader, u.issuer, u.cpl, u.ring
-        cfg, sess, req, ent, cur, res = regs.cfg, regs.session, dec.req, dec.entry, u.cur, u.res
-        st = _Steps(m, u, self.mem)
-        bus_to, run, finish, ring_op, read = st.bus_to, st.run, st.finish, st.ring_op, st.read
+        cfg, sess, req, ent, cur, res, q = regs.cfg, regs.session, dec.req, dec.entry, u.cur, \
+            u.res, u.q
+        st = _Steps(m, u, u.front_bus, (reader, u.copy))
+        run, finish, read = st.run, st.finish, st.read
+        kind = u.kind
 
-        with m.FSM():
+        # ================= front: take, decode, check, allocate, move or issue the data
+        with m.FSM(name="front"):
             with m.State("IDLE"):
-                # Host commands first, then a message, then a deferred free's retry (the ring
-                # allocator takes the commands and the retry when granted, with the bus).
-                bus_to(ring)
-                with m.If(~regs.cmd_valid & ring.idle & self.notify.valid & u.notify_free):
+                # Host commands first, then a message (with a free context slot), then a deferred
+                # free's retry (the ring allocator takes the commands and the retry when
+                # granted).
+                with m.If(~regs.cmd_valid & ring.idle & self.notify.valid & u.notify_free &
+                          ~q.full):
                     m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1)]
                     m.d.sync += cur.eq(self.notify.payload)
                     m.next = "NOTIFIED"
                 with m.Else():
-                    m.d.comb += ring.grant.eq(1)
+                    m.d.comb += u.f_grant.eq(1)
 
             with m.State("NOTIFIED"):
                 with m.If(~cfg.ctrl[0] | ~sess.valid | (cur.length < CommonHeader.SIZE)):
@@ -175,10 +185,13 @@ class KbtpEngine(wiring.Component):
                     m.next = "READ_MSG"
 
             with m.State("HOSTQ"):
-                m.d.comb += [self.hostq.valid.eq(1), self.hostq.payload.eq(cur)]
-                with m.If(self.hostq.ready):
-                    m.d.comb += regs.to_host.eq(1)
-                    m.next = "IDLE"
+                # The host sees a message only when every request taken before it is finished
+                # (its connection's order; a FREE of a block a pending READ still fills).
+                with m.If(q.empty):
+                    m.d.comb += [self.hostq.valid.eq(1), self.hostq.payload.eq(cur)]
+                    with m.If(self.hostq.ready):
+                        m.d.comb += regs.to_host.eq(1)
+                        m.next = "IDLE"
 
             run("READ_MSG", reader, "DECODE")
             with m.State("DECODE"):
@@ -190,11 +203,13 @@ class KbtpEngine(wiring.Component):
                     with m.Case(Dispatch.HOSTQ):
                         m.next = "HOSTQ"
                     with m.Case(Dispatch.COMPLETE):
-                        m.d.sync += res.eq(dec.d_result)
-                        m.next = "COMPLETE"
+                        m.d.sync += [res.eq(dec.d_result), kind.eq(Ctx.RESULT)]
+                        m.next = "PUSH"
                     with m.Case(Dispatch.READ_ENTRY):
-                        read(dec.entry_addr, 2)
-                        m.next = "READ_ENTRY"
+                        # (an entry that a request still in the pipeline will write: wait)
+                        with m.If(~q.entry_hit):
+                            read(dec.entry_addr, 2)
+                            m.next = "READ_ENTRY"
 
             run("READ_ENTRY", reader, "ENTRY_CHK")
             with m.State("ENTRY_CHK"):
@@ -205,75 +220,120 @@ class KbtpEngine(wiring.Component):
             with m.State("ENTRY_CHK2"):
                 with m.Switch(dec.entry_next):
                     with m.Case(EntryNext.COMPLETE):
-                        m.d.sync += res.eq(dec.e_result)
-                        m.next = "COMPLETE"
+                        # An ALLOC_STORE over quota (NO_SPACE) while an earlier one's READ may still fail
+                        # and give its block back waits for it (the serial order's answer).
+                        with m.If(~(req.is_alloc & q.alloc_pending &
+                                    (dec.e_result.status == Status.NO_SPACE.value))):
+                            m.d.sync += [res.eq(dec.e_result), kind.eq(Ctx.RESULT)]
+                            m.next = "PUSH"
                     with m.Case(EntryNext.LOAD_WRITE):
                         # (a LoadLocks entry for the block it sends; all taken: wait)
                         with m.If(u.locks.avail):
-                            m.d.comb += issuer.cmd.valid.eq(1)
-                            m.next = "DATA_WC"
+                            m.d.comb += u.f_cmd_valid.eq(1)
+                            with m.If(u.f_cmd_ready):
+                                m.next = "DATA_WR"
                     with m.Case(EntryNext.OBTAIN):
                         m.next = "OBTAIN"
                     with m.Case(EntryNext.RING_ALLOC):
                         m.next = "RING_ALLOC"
 
             # -------- ALLOC_STORE: the ring allocator takes a block (or finds the ring empty)
-            def allocated():
-                with m.If(ring.empty):
-                    m.d.sync += finish(Status.NO_SPACE, ent.gen)
-                    m.next = "COMPLETE"
-                with m.Else():
-                    m.d.sync += u.boff.eq(ring.block)
-                    m.d.comb += regs.usage_inc.eq(1)
-                    m.next = "OBTAIN"
-            ring_op("RING_ALLOC", RingOp.ALLOC, "RING_ALLOC_WAIT", allocated)
+            with m.State("RING_ALLOC"):
+                m.d.comb += [u.f_ring_start.eq(1), u.f_grant.eq(1)]
+                with m.If(ring.ack & ~u.ring_sel_back):
+                    m.next = "RING_ALLOC_WAIT"
+            with m.State("RING_ALLOC_WAIT"):
+                m.d.comb += u.f_grant.eq(1)
+                with m.If(ring.done & ~u.ring_back):
+                    with m.If(ring.empty & q.alloc_pending):
+                        m.next = "RING_RETRY"       # an earlier READ may fail: its block
+                    with m.Elif(ring.empty):
+                        m.d.sync += [*finish(Status.NO_SPACE, ent.gen), kind.eq(Ctx.RESULT)]
+                        m.next = "PUSH"
+                    with m.Else():
+                        m.d.sync += u.boff.eq(ring.block)
+                        m.d.comb += regs.usage_inc.eq(1)
+                        m.next = "OBTAIN"
+            with m.State("RING_RETRY"):
+                with m.If(~q.alloc_pending):
+                    m.next = "RING_ALLOC"
 
             # -------- STORE / ALLOC_STORE: get the data into the block
             with m.State("OBTAIN"):
                 with m.If(u.locks.hit):
                     pass        # a LOAD's WRITE still reads this block: wait for its completion
                 with m.Elif(req.dd_len == 0):
-                    m.next = "AFTER_DATA"
+                    m.d.sync += kind.eq(Ctx.ENTRY)
+                    m.next = "PUSH"
                 with m.Elif(req.inline):
                     m.d.comb += u.copy.start.eq(1)
                     m.next = "COPY"
                 with m.Else():
-                    m.d.comb += issuer.cmd.valid.eq(1)
-                    m.next = "DATA_WC"
+                    # The RDMA READ: the back stage waits for its WorkCompletion, not us.
+                    m.d.comb += u.f_cmd_valid.eq(1)
+                    with m.If(u.f_cmd_ready):
+                        m.next = "DATA_WR"
 
-            run("COPY", u.copy, "AFTER_DATA")
-            with m.State("AFTER_DATA"):
-                m.d.comb += u.entry.start.eq(1)
-                m.next = "ENTRY_UPDATE"
+            run("COPY", u.copy, "PUSH", kind.eq(Ctx.ENTRY))
 
-            # -------- the RDMA WRITE (LOAD) or READ (STORE, ALLOC_STORE) of the data
-            with m.State("DATA_WC"):
-                with m.If(issuer.done):
-                    m.next = "DATA_GOT"
+            # -------- the RDMA WRITE (LOAD) or READ (STORE, ALLOC_STORE) handed over
+            with m.State("DATA_WR"):
+                with m.If(issuer.done & ~u.issuer_back):
+                    with m.If(req.is_load):
+                        m.d.sync += [*finish(Status.OK, ent.gen, ent.dlen, ent.boff),
+                                     kind.eq(Ctx.RESULT)]
+                    with m.Else():
+                        m.d.sync += kind.eq(Ctx.READ)
+                    m.next = "PUSH"
 
-            with m.State("DATA_GOT"):
-                m.next = "COMPLETE"
-                with m.If(req.is_load & issuer.ok):
-                    m.d.sync += finish(Status.OK, ent.gen, ent.dlen, ent.boff)
-                with m.Elif(issuer.ok):
-                    m.d.comb += u.entry.start.eq(1)
-                    m.next = "ENTRY_UPDATE"
-                with m.Elif(req.is_alloc):
-                    # The model returns the block to the ring (Readings 10): the ring allocator
-                    # writes it into its slot before we complete.
-                    m.next = "RING_RETURN"
-                with m.Else():
-                    m.d.sync += finish(Status.INTERNAL, ent.gen)
+            with m.State("PUSH"):
+                m.d.comb += q.push.eq(1)
+                m.next = "IDLE"
+
+        # ================= back: in request order, the READ's result, entry, completion
+        h, bres = u.head, u.bres
+        bst = _Steps(m, u, u.back_bus, (u.entry, cpl))
+        with m.FSM(name="back"):
+            with m.State("IDLE"):
+                with m.If(q.head_valid):
+                    m.d.sync += h.eq(q.head_rd)
+                    m.next = "HEAD"
+
+            with m.State("HEAD"):
+                with m.Switch(h.kind):
+                    with m.Case(Ctx.RESULT):
+                        m.d.sync += bres.eq(h.res)
+                        m.next = "COMPLETE"
+                    with m.Case(Ctx.ENTRY):
+                        m.d.comb += u.entry.start.eq(1)
+                        m.next = "ENTRY_UPDATE"
+                    with m.Case(Ctx.READ):
+                        with m.If(q.head_done & q.head_ok):
+                            m.d.comb += u.entry.start.eq(1)
+                            m.next = "ENTRY_UPDATE"
+                        with m.Elif(q.head_done & h.req.is_alloc):
+                            # The model returns the block to the ring (Readings 10): the ring
+                            # allocator writes it into its slot before we complete.
+                            m.next = "RING_RETURN"
+                        with m.Elif(q.head_done):
+                            m.d.sync += bst.finish(Status.INTERNAL, h.gen, res=bres)
+                            m.next = "COMPLETE"
 
             # Entry update: Data Length (+ Block Offset) before Flags + Generation.
-            run("ENTRY_UPDATE", u.entry, "COMPLETE",
-                *finish(Status.OK, Mux(req.is_alloc, ent.next_gen, ent.gen), req.dd_len, u.boff))
+            bst.run("ENTRY_UPDATE", u.entry, "COMPLETE",
+                    *bst.finish(Status.OK, Mux(h.req.is_alloc, h.next_gen, h.gen), h.req.dd_len,
+                                h.boff, res=bres))
 
-            def returned():
-                m.d.comb += regs.usage_dec.eq(1)
-                m.d.sync += finish(Status.INTERNAL, ent.gen)
-                m.next = "COMPLETE"
-            ring_op("RING_RETURN", RingOp.RETURN, "RING_RETURN_WAIT", returned)
+            with m.State("RING_RETURN"):
+                m.d.comb += [u.b_ring_start.eq(1), u.b_grant.eq(1)]
+                with m.If(ring.ack & u.ring_sel_back):
+                    m.next = "RING_RETURN_WAIT"
+            with m.State("RING_RETURN_WAIT"):
+                m.d.comb += u.b_grant.eq(1)
+                with m.If(ring.done & u.ring_back):
+                    m.d.comb += regs.usage_dec.eq(1)
+                    m.d.sync += bst.finish(Status.INTERNAL, h.gen, res=bres)
+                    m.next = "COMPLETE"
 
             # -------- completion: record by WRITE_IMM, else COMPLETION Send
             with m.State("COMPLETE"):
@@ -282,24 +342,21 @@ class KbtpEngine(wiring.Component):
                     m.next = "COMPLETING"
 
             with m.State("COMPLETING"):
-                m.d.comb += [issuer.cmd.valid.eq(cpl.wr.valid),
-                             issuer.cmd.payload.eq(cpl.wr.payload),
-                             cpl.wr.ready.eq(issuer.cmd.ready)]
-                bus_to(cpl)
+                bst.bus_to(cpl)
                 with m.If(cpl.done):
                     m.next = "DONE"
 
             with m.State("DONE"):
                 m.d.comb += [self.repost.valid.eq(regs.count_ready),
-                             self.repost.payload.qp.eq(cur.qp)]
+                             self.repost.payload.qp.eq(h.qp)]
                 with m.If(self.repost.valid & self.repost.ready):
-                    m.d.comb += regs.finished.eq(1)
+                    m.d.comb += [regs.finished.eq(1), q.pop.eq(1)]
                     m.next = "IDLE"
         return m
 
     def _blocks(self, m):
         """The blocks, the request's registers, and the wiring that does not depend on the
-        FSM's state."""
+        FSMs' states."""
         sm = m.submodules
         sm.regs = regs = EngineRegs(self.n_qp, self.n_ranges, self.base)
         sm.dec = dec = RequestDecoder(self.n_ranges)
@@ -308,52 +365,90 @@ class KbtpEngine(wiring.Component):
         sm.entry = entry = EntryWriter()
         sm.issuer = issuer = WorkIssuer()
         sm.cpl = cpl = Completion()
-        # The ring allocator (hw/kbtp/ring_alloc.py) does every ring access: ALLOC, RETURN and
-        # the host commands; it owns the memory bus while the FSM waits for it or is idle.
+        # The ring allocator (hw/kbtp/ring_alloc.py) does every ring access: ALLOC (front),
+        # RETURN (back) and the host commands, on a memory-bus master of its own.
         sm.ring = ring = self.ring_cls()
+        sm.q = q = ContextQueue(CTX_DEPTH)
+        # Three masters: the front's units, the back's units, the ring allocator.
+        sm.arb = arb = MemArbiter(3)
+        wiring.connect(m, wiring.flipped(self.mem), arb.bus)
+        wiring.connect(m, ring.mem, arb.masters[2])
         wiring.connect(m, wiring.flipped(self.bus), regs.bus)
         wiring.connect(m, wiring.flipped(self.wr), issuer.wr)
         wiring.connect(m, wiring.flipped(self.wc), issuer.wc)
         cfg, sess, req, ent = regs.cfg, regs.session, dec.req, dec.entry
 
-        # The request: its RecvNotify, message, table entry, block and result.
+        # The front's request: its RecvNotify, message, table entry, block and result; the
+        # back's: the head context and its result.
         u = SimpleNamespace(regs=regs, dec=dec, reader=reader, copy=copy, entry=entry,
-                            issuer=issuer, cpl=cpl, ring=ring,
+                            issuer=issuer, cpl=cpl, ring=ring, q=q,
+                            front_bus=arb.masters[0], back_bus=arb.masters[1],
                             cur=Signal(RecvNotify), msg=Signal(len(dec.msg)),
-                            ent_raw=Signal(128), boff=Signal(64), res=Signal(RESULT))
-        qp, baddr = u.cur.qp, Signal(ADDR_BITS)
+                            ent_raw=Signal(128), boff=Signal(64), res=Signal(RESULT),
+                            kind=Signal(Ctx), bres=Signal(RESULT), head=Signal(CTX),
+                            f_grant=Signal(), b_grant=Signal(),
+                            f_ring_start=Signal(), b_ring_start=Signal(),
+                            ring_sel_back=Signal(), ring_back=Signal(),
+                            f_cmd_valid=Signal(), f_cmd_ready=Signal(), issuer_back=Signal())
+        qp, baddr, h = u.cur.qp, Signal(ADDR_BITS), u.head
         m.d.comb += [
             baddr.eq(cfg.pool_base + (u.boff - cfg.pool_to_base)[:ADDR_BITS]),
-            regs.qp.eq(qp), regs.range_idx.eq(dec.range_idx),
-            regs.count_k.eq(Cat(u.res.status[:4], req.op_idx)),
+            regs.qp.eq(qp), regs.dec_qp.eq(h.qp), regs.range_idx.eq(dec.range_idx),
+            regs.count_k.eq(Cat(u.bres.status[:4], h.req.op_idx)),
             regs.wr_fire.eq(self.wr.valid & self.wr.ready),
             dec.msg.eq(u.msg), dec.length.eq(u.cur.length), dec.cfg.eq(cfg),
             dec.session.eq(sess), dec.range.eq(regs.range), dec.ent.eq(u.ent_raw),
             copy.src.eq(u.cur.addr + req.pos), copy.dst.eq(baddr), copy.length.eq(req.dd_len),
-            entry.alloc.eq(req.is_alloc), entry.seal.eq(req.seal), entry.addr.eq(dec.entry_addr),
-            entry.dlen.eq(req.dd_len), entry.boff.eq(u.boff), entry.flags.eq(ent.flags),
-            entry.next_gen.eq(ent.next_gen), entry.le.eq(cfg.ctrl[2]),
-            cpl.req.eq(req), cpl.result.eq(u.res), cpl.granted.eq(sess.record),
-            cpl.wr_done.eq(issuer.done), cpl.wr_ok.eq(issuer.ok),
+            entry.alloc.eq(h.req.is_alloc), entry.seal.eq(h.req.seal), entry.addr.eq(h.entry_addr),
+            entry.dlen.eq(h.req.dd_len), entry.boff.eq(h.boff), entry.flags.eq(h.flags),
+            entry.next_gen.eq(h.next_gen), entry.le.eq(cfg.ctrl[2]),
+            cpl.req.eq(h.req), cpl.result.eq(u.bres), cpl.granted.eq(h.granted),
+            cpl.wr_done.eq(issuer.done & u.issuer_back), cpl.wr_ok.eq(issuer.ok),
         ]
+        # The context the front pushes (state PUSH), and the entry it is about to read.
+        pc = q.push_ctx
+        m.d.comb += [pc.kind.eq(u.kind), pc.qp.eq(qp), pc.req.eq(req), pc.res.eq(u.res),
+                     pc.entry_addr.eq(dec.entry_addr), pc.flags.eq(ent.flags),
+                     pc.gen.eq(ent.gen), pc.next_gen.eq(ent.next_gen), pc.boff.eq(u.boff),
+                     pc.granted.eq(sess.record), pc.scratch.eq(sess.scratch),
+                     q.probe.eq(dec.entry_addr),
+                     q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
+                     q.wc_ok.eq(issuer.ctx_ok)]
         self._in_flight(m, u, baddr)
-        # The RDMA transfer of the data (the completion's WorkRequest goes through the issuer
-        # too, in state COMPLETING): LOAD writes the block to the initiator, STORE and
-        # ALLOC_STORE read the initiator's data into it.
-        data_wr = issuer.cmd.payload
-        m.d.comb += data_wr.wr_id.eq(Mux(req.is_load, WR_LOCK | u.locks.free_idx, WR_SYNC))
-        m.d.comb += [issuer.qp.eq(qp), data_wr.op.eq(Mux(req.is_load, WrOp.WRITE, WrOp.READ)),
+        # The WorkIssuer: the front's data transfer (LOAD writes the block to the initiator,
+        # STORE and ALLOC_STORE read the initiator's data into it), or the back's completion
+        # (its WorkRequest first: the back drains the pipeline).
+        data_wr, back_wr = Signal(WorkRequest), cpl.wr
+        sel_back = back_wr.valid
+        m.d.comb += [data_wr.wr_id.eq(Mux(req.is_load, WR_LOCK | u.locks.free_idx,
+                                          WR_CTX | q.push_idx)),
+                     data_wr.op.eq(Mux(req.is_load, WrOp.WRITE, WrOp.READ)),
                      data_wr.rkey.eq(req.dd_stag), data_wr.va.eq(req.dd_to),
                      data_wr.length.eq(Mux(req.is_load, ent.dlen, req.dd_len)),
-                     data_wr.laddr.eq(baddr)]
+                     data_wr.laddr.eq(baddr),
+                     issuer.cmd.valid.eq(back_wr.valid | u.f_cmd_valid),
+                     issuer.cmd.payload.eq(Mux(sel_back, back_wr.payload, data_wr)),
+                     back_wr.ready.eq(issuer.cmd.ready),
+                     u.f_cmd_ready.eq(issuer.cmd.ready & ~sel_back),
+                     issuer.qp.eq(Mux(u.issuer_back, h.qp, qp))]
+        with m.If(issuer.cmd.valid & issuer.cmd.ready):
+            m.d.sync += u.issuer_back.eq(sel_back)
         # Ring: configuration and host commands go to the ring allocator, its state to the
-        # registers.
+        # registers; ALLOC from the front, RETURN from the back (first: it drains).
+        m.d.comb += [u.ring_sel_back.eq(u.b_ring_start),
+                     ring.start.eq(u.f_ring_start | u.b_ring_start),
+                     ring.op.eq(Mux(u.b_ring_start, RingOp.RETURN, RingOp.ALLOC)),
+                     ring.block_in.eq(Mux(u.b_ring_start, h.boff, u.boff)),
+                     ring.grant.eq(u.f_grant | u.b_grant)]
+        with m.If(ring.ack):
+            m.d.sync += u.ring_back.eq(u.b_ring_start)
+        m.d.comb += self.returning.eq(ring.ack & u.b_ring_start)
         m.d.comb += [ring.ring_base.eq(cfg.ring_base), ring.ring_order.eq(cfg.ring_order),
                      ring.head_addr.eq(cfg.head_addr), ring.tail_addr.eq(cfg.tail_addr),
                      ring.masked.eq(cfg.ctrl[1]), ring.le.eq(cfg.ctrl[2]),
                      ring.cmd_valid.eq(regs.cmd_valid),
                      ring.cmd_kind.eq(regs.cmd_kind), ring.cmd_arg.eq(regs.cmd_arg),
-                     ring.block_in.eq(u.boff), regs.cmd_ack.eq(ring.cmd_ack),
+                     regs.cmd_ack.eq(ring.cmd_ack),
                      regs.deferred.eq(ring.deferred), regs.cmd_result.eq(ring.cmd_result),
                      regs.occupancy.eq(ring.occupancy), regs.stall.eq(ring.stall)]
         u.notify_free = self._host_order(m, qp, regs.to_host)
@@ -363,7 +458,7 @@ class KbtpEngine(wiring.Component):
         """What the engine has on the wire without waiting for it: the blocks of LOADs
         (LoadLocks) and the SCRATCH slots of completions, per QP a ring of SCRATCH_SLOTS taken
         in issue order and freed in completion order (one RC QP completes in order)."""
-        issuer, wr = u.issuer, self.wr.payload
+        issuer, wr, h = u.issuer, self.wr.payload, u.head
         m.submodules.locks = u.locks = locks = LoadLocks()
         m.d.comb += [locks.take.eq(issuer.issued & (wr.wr_id & WR_LOCK != 0)),
                      locks.take_idx.eq(wr.wr_id), locks.take_addr.eq(wr.laddr),
@@ -374,17 +469,17 @@ class KbtpEngine(wiring.Component):
         freed = [Signal(range(2 * k), name=f"slots_freed{q}") for q in range(self.n_qp)]
         take = issuer.issued & (wr.wr_id & WR_SCRATCH != 0)
         for q in range(self.n_qp):
-            with m.If(take & (u.cur.qp == q)):
+            with m.If(take & (wr.qp == q)):
                 m.d.sync += taken[q].eq(Mux(taken[q] == 2 * k - 1, 0, taken[q] + 1))
             with m.If(issuer.release_scratch & (issuer.release_qp == q)):
                 m.d.sync += freed[q].eq(Mux(freed[q] == 2 * k - 1, 0, freed[q] + 1))
         n_qp_bits = max(1, (self.n_qp - 1).bit_length())
-        t, f = Array(taken)[u.cur.qp[:n_qp_bits]], Array(freed)[u.cur.qp[:n_qp_bits]]
+        t, f = Array(taken)[h.qp[:n_qp_bits]], Array(freed)[h.qp[:n_qp_bits]]
         slot = Signal(range(k))
         u.slot_free = Signal()
         m.d.comb += [slot.eq(Mux(t >= k, t - k, t)),
                      u.slot_free.eq((t != f + k) & (t + k != f)),
-                     u.cpl.scratch.eq(u.regs.session.scratch + slot * SLOT_SIZE)]
+                     u.cpl.scratch.eq(h.scratch + slot * SLOT_SIZE)]
 
     def _host_order(self, m, qp, to_host):
         """Messages forwarded to the host and not yet finished there, per QP; returns "the QP
@@ -404,18 +499,18 @@ class KbtpEngine(wiring.Component):
 
 
 class _Steps:
-    """The engine FSM's building blocks: the memory bus handed to the block a state runs, states
-    that wait for a block, the request's result."""
+    """A stage's building blocks: the stage's memory-bus master handed to the unit a state
+    runs, states that wait for a unit, the request's result."""
 
-    def __init__(self, m, u, mem):
-        self.m, self.u, self.mem = m, u, mem
-        for unit in (u.reader, u.copy, u.entry, u.cpl, u.ring):
-            m.d.comb += unit.mem.rsp.payload.eq(mem.rsp.payload)
+    def __init__(self, m, u, port, units):
+        self.m, self.u, self.port = m, u, port
+        for unit in units:
+            m.d.comb += unit.mem.rsp.payload.eq(port.rsp.payload)
 
     def bus_to(self, unit):
-        """The memory bus belongs to ``unit`` in this state. (None of the units has an access
+        """The stage's bus belongs to ``unit`` in this state. (None of the units has an access
         in flight when the bus changes hands: each finishes its reads first.)"""
-        req, rsp = self.mem.req, self.mem.rsp
+        req, rsp = self.port.req, self.port.rsp
         self.m.d.comb += [req.valid.eq(unit.mem.req.valid), req.payload.eq(unit.mem.req.payload),
                           unit.mem.req.ready.eq(req.ready), unit.mem.rsp.valid.eq(rsp.valid),
                           rsp.ready.eq(unit.mem.rsp.ready)]
@@ -434,24 +529,8 @@ class _Steps:
         r = self.u.reader
         self.m.d.comb += [r.start.eq(1), r.addr.eq(addr), r.words.eq(words)]
 
-    def finish(self, status, gen=0, dlen=0, bo=0):
-        """The request's result (not a decode-level error)."""
-        res = self.u.res
+    def finish(self, status, gen=0, dlen=0, bo=0, res=None):
+        """A request's result (not a decode-level error): the front's, or ``res``."""
+        res = self.u.res if res is None else res
         return [res.status.eq(status.value), res.gen.eq(gen), res.dlen.eq(dlen),
                 res.boff.eq(bo), res.raw.eq(0)]
-
-    def ring_op(self, state, op, wait, done):
-        """A state that starts a ring allocator operation (ALLOC, RETURN) when the allocator
-        takes it (it may still be serving a host command), and one that waits for its end (the
-        allocator owns the memory bus in both), then runs ``done()``."""
-        m, ring = self.m, self.u.ring
-        with m.State(state):
-            self.bus_to(ring)
-            m.d.comb += [ring.start.eq(1), ring.op.eq(op), ring.grant.eq(1)]
-            with m.If(ring.ack):
-                m.next = wait
-        with m.State(wait):
-            self.bus_to(ring)
-            m.d.comb += ring.grant.eq(1)
-            with m.If(ring.done):
-                done()

@@ -62,8 +62,10 @@ class EngineRegs(wiring.Component):
     cfg : Out(CONFIG)                   configuration registers
     qp : In(QP_INDEX_BITS), session : Out(SESSION)
         the session of QP ``qp`` (the request's)
-    usage_inc, usage_dec : In(1)        add / remove one block of QP ``qp``'s USAGE (a host
-                                        write of that USAGE in the same cycle wins)
+    usage_inc, usage_dec : In(1), dec_qp : In(QP_INDEX_BITS)
+                                        add one block to QP ``qp``'s USAGE / remove one from
+                                        QP ``dec_qp``'s (a host write of that USAGE in the
+                                        same cycle wins)
     range_idx : In, range : Out(9)      RANGE[range_idx]
     cmd_valid : Out(1), cmd_kind : Out(2), cmd_arg : Out(64), cmd_ack : In(1)
         a host command (:class:`~hw.kbtp.ring_alloc.Cmd`) for the ring allocator, held until
@@ -89,7 +91,7 @@ class EngineRegs(wiring.Component):
             "bus": In(HostBusSignature()),
             "cfg": Out(CONFIG, init=cfg_init),
             "qp": In(QP_INDEX_BITS), "session": Out(SESSION),
-            "usage_inc": In(1), "usage_dec": In(1),
+            "usage_inc": In(1), "usage_dec": In(1), "dec_qp": In(QP_INDEX_BITS),
             "range_idx": In(max(1, (n_ranges - 1).bit_length())), "range": Out(9),
             "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_arg": Out(64), "cmd_ack": In(1),
             "deferred": In(1), "cmd_result": In(64), "occupancy": In(32),
@@ -195,11 +197,16 @@ class EngineRegs(wiring.Component):
         sess = self.session
         m.d.comb += [rp.addr.eq(qp), sess.valid.eq(s_valid[qp]), sess.record.eq(s_record[qp]),
                      sess.addr_le.eq(s_le[qp]), sess.domain.eq(s_domain[qp]), sess.usage.eq(s_usage[qp])]
-        # The engine's USAGE updates come first: a host write in the same cycle wins.
-        with m.If(self.usage_inc):
-            m.d.sync += s_usage[qp].eq(s_usage[qp] + 1)
-        with m.If(self.usage_dec):
-            m.d.sync += s_usage[qp].eq(s_usage[qp] - 1)
+        # The engine's USAGE updates come first: a host write in the same cycle wins. (The
+        # engine's front stage adds, at QP ``qp``; its back stage removes, at ``dec_qp``; both
+        # in one cycle may be one QP.)
+        for q in range(nq):
+            inc = self.usage_inc & (qp == q)
+            dec = self.usage_dec & (self.dec_qp == q)
+            with m.If(inc & ~dec):
+                m.d.sync += s_usage[q].eq(s_usage[q] + 1)
+            with m.Elif(dec & ~inc):
+                m.d.sync += s_usage[q].eq(s_usage[q] - 1)
 
         store, w0 = {}, 0
         for f in _QP_MEM:

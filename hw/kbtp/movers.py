@@ -25,7 +25,7 @@ from hw.iface import ADDR_BITS, MemBusSignature, WcStatus, WorkCompletion, WorkR
 from hw.lib.membus import bswap64
 
 __all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer", "LoadLocks",
-           "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS"]
+           "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS", "WR_CTX", "CTX_BITS"]
 
 
 def _write(m, req, addr, wdata, wstrb):
@@ -226,7 +226,9 @@ class BufferWriter(wiring.Component):
 WR_SYNC = 1 << 14       # the engine waits for it (an RDMA READ of store data, a record)
 WR_SCRATCH = 1 << 13    # it carries a SCRATCH slot of its QP: the completion frees the oldest
 WR_LOCK = 1 << 12       # a LOAD's WRITE: the completion frees LoadLocks entry wr_id[:LOCK_BITS]
+WR_CTX = 1 << 11        # a store's RDMA READ: the completion resolves request context wr_id[:CTX_BITS]
 LOCK_BITS = 4
+CTX_BITS = 3
 
 
 class WorkIssuer(wiring.Component):
@@ -250,7 +252,10 @@ class WorkIssuer(wiring.Component):
     issued : Out(1)     the requester took the request shown on ``wr``
     release_lock : Out(1), lock_idx : Out(LOCK_BITS)
     release_scratch : Out(1), release_qp : Out(QP_INDEX_BITS)
-    async_err : Out(1)  a WorkCompletion nobody waited for failed
+    release_ctx : Out(1), ctx_idx : Out(CTX_BITS), ctx_ok : Out(1)
+                        the WorkCompletion of a store's READ (``WR_CTX``) and its status: the
+                        engine's back stage waits for it, not the issuer
+    async_err : Out(1)  a WorkCompletion nobody waits for failed
     """
 
     def __init__(self):
@@ -261,6 +266,7 @@ class WorkIssuer(wiring.Component):
                           "done": Out(1), "ok": Out(1), "issued": Out(1),
                           "release_lock": Out(1), "lock_idx": Out(LOCK_BITS),
                           "release_scratch": Out(1), "release_qp": Out(qp),
+                          "release_ctx": Out(1), "ctx_idx": Out(CTX_BITS), "ctx_ok": Out(1),
                           "async_err": Out(1)})
 
     def elaborate(self, platform):
@@ -270,12 +276,15 @@ class WorkIssuer(wiring.Component):
         wc, tag = self.wc.payload, self.wc.payload.wr_id
         good = wc.status == WcStatus.OK
         sync = tag & WR_SYNC != 0
+        ctx = tag & WR_CTX != 0
         m.d.comb += [self.wc.ready.eq(1),
                      self.release_lock.eq(self.wc.valid & (tag & WR_LOCK != 0)),
                      self.lock_idx.eq(tag[:LOCK_BITS]),
                      self.release_scratch.eq(self.wc.valid & (tag & WR_SCRATCH != 0)),
                      self.release_qp.eq(wc.qp),
-                     self.async_err.eq(self.wc.valid & ~sync & ~good)]
+                     self.release_ctx.eq(self.wc.valid & ctx), self.ctx_idx.eq(tag[:CTX_BITS]),
+                     self.ctx_ok.eq(good),
+                     self.async_err.eq(self.wc.valid & ~sync & ~ctx & ~good)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)

@@ -346,8 +346,12 @@ class RingHarness(Elaboratable):
             m.d.sync += g.rd_out.eq(1)
         with m.If(wc_fire & g.rd_out):
             m.d.sync += g.rd_out.eq(0)
-            with m.If(self.i_wc_status != WcStatus.OK.value):
-                m.d.sync += g.ret_pending.eq(1)
+        # ... which failed: the engine's back stage hands the block to the ring allocator
+        # (RETURN). A host command may take its Tail ticket between the READ's failure and
+        # that hand-over (the front grants the ring while the READ is out), so the next Tail
+        # FetchAdd is the return's only from the allocator's ack of the RETURN on.
+        with m.If(eng.returning):
+            m.d.sync += g.ret_pending.eq(1)
         self.notify_event = eng.notify.valid & eng.notify.ready
         return eng.mem.req, eng.mem.rsp
 
