@@ -12,24 +12,38 @@ slow-path messages the host returns the receive buffer itself.
 
 Fast path, in the golden model's order (model/target.py Readings 6-10)::
 
-    read message (7 words) -> decode (codec strictness: MALFORMED / TOO_LARGE)
-    -> handle range -> table entry -> Block Size -> Generation -> VALID/SEALED/ALREADY_BOUND
-    -> [ALLOC_STORE: quota, ring empty, masked FetchAdd on Head, slot poll, consume]
-    -> data (RDMA WRITE to the initiator | inline copy | RDMA READ into the block)
-    -> entry update (Data Length + Block Offset before Flags + Generation)
-    -> completion (COMPLETION Send / Send with Invalidate, or record by WRITE_IMM)
-    -> RecvRepost
+    FRONT: read message (7 words) -> decode (codec strictness: MALFORMED / TOO_LARGE)
+      -> handle range -> table entry -> Block Size -> Generation -> VALID/SEALED/ALREADY_BOUND
+      -> [ALLOC_STORE: quota, ring empty, masked FetchAdd on Head, slot poll, consume]
+      -> data: RDMA WRITE to the initiator (LOAD) | inline copy | RDMA READ into the block,
+         handed to the requester -> a context into the queue
+    BACK, in the order the front took them:
+      [READ: its WorkCompletion] -> entry update (Data Length + Block Offset before Flags +
+      Generation) -> completion (COMPLETION Send / Send with Invalidate, or record by
+      WRITE_IMM) -> RecvRepost
 
-The FSM takes one request at a time, all QPs. Why: the draft requires in-order processing per
-connection, and one ring allocator (hw/kbtp/ring_alloc.py, started by this FSM) makes the ring
-counters atomic for free (every counter update, the host's included, goes through it, so Head
-FetchAdds and Tail FetchAdds serialise without locking the memory arbiter).
+Two stages (issue 20), each an FSM, joined by a queue of CTX_DEPTH request contexts
+(hw/kbtp/context.py). The front takes one request at a time, all QPs, and never waits for the
+network: a LOAD's WRITE and a store's READ are handed to the requester and the front takes the
+next message. The back waits only where the draft needs a result: a store's RDMA READ before
+its entry update and COMPLETION, and the record's WRITE_IMM (a failed one falls back to a
+Send). It finishes requests in the front's order, so each connection's COMPLETIONs leave in
+its request order ("A target processes the requests of one connection in order"; one queue for
+all QPs, so a QP's COMPLETION also waits behind an earlier READ of another QP). One ring
+allocator (hw/kbtp/ring_alloc.py), started by the front (ALLOC) and the back (RETURN), makes the
+ring counters atomic for free: every counter update, the host's included, goes through it.
 
-It waits for a WorkCompletion only where the draft needs the result (issue 20): the RDMA READ
-of a store's data (before the entry update and the COMPLETION) and the record's WRITE_IMM (a
-failed one falls back to a Send). A LOAD's WRITE and a COMPLETION Send go to the requester and
-the next request is taken at once: on one RC QP the initiator sees the WRITE before the Send
-behind it. What they still read stays put until their WorkCompletions (``_in_flight``): each
+What a request in the queue has not done yet, the front must not see undone (the hazards,
+tests/hw/kbtp/test_engine_pipeline.py):
+
+* a table entry a queued STORE / ALLOC_STORE will write is not read until it is written (a
+  LOAD after a STORE of the same handle sees the stored block);
+* an ALLOC_STORE that finds the ring empty or its quota used up waits while an earlier
+  ALLOC_STORE's READ may still fail and give its block and quota back (model Readings 10);
+* a slow-path message goes to the host only when the queue is empty (its connection's order;
+  a FREE of a block a READ still fills).
+
+What the transport still reads stays put until its WorkCompletion (``_in_flight``): each
 completion has its own SCRATCH slot (SCRATCH_SLOTS per QP), and a STORE or ALLOC_STORE into a
 block a LOAD is still sending waits (hw/kbtp/movers.py LoadLocks; tests/hw/kbtp/
 test_engine_hazards.py). tests/hw/kbtp/test_kbtp_engine.py prints the per-request cycle counts.
@@ -42,8 +56,9 @@ Tail ticket u and writes the slot only when it is consumed AND its Sequence == u
 (model/ring.py ``slot_free_for``: the draft's "consumed" alone loses blocks under concurrent
 frees), Block Offset first, then Sequence. A free that cannot write yet is deferred (one
 deferred free at a time; the command register reads busy) and retried whenever the engine is
-idle or polling a slot. The allocator owns the memory bus while this FSM is idle or waits for it.
-Host commands, queued frees included, go before a message waiting in IDLE: a burst of queued
+idle or polling a slot. The allocator has a memory-bus master of its own; it starts host
+commands while the front is idle or waits for it, and while the back returns a block. Host
+commands, queued frees included, go before a message waiting in the front's IDLE: a burst of queued
 frees that do not defer delays the next message by their run (about 15 cycles each).
 
 ADDR_LE: CTRL bit 2 says the structures' Block Offsets (table entries, ring slots) are
@@ -68,9 +83,10 @@ Register map: docs/registers.md, rendered from the table in hw/kbtp/regmap.py (w
 The blocks (issue 19): hw/kbtp/engine_regs.py (registers, sessions, statistics, host commands),
 hw/kbtp/decode.py (message fields, decode checks, authorization, entry checks),
 hw/kbtp/movers.py (word reads, inline copy, entry update, WorkRequest / WorkCompletion),
-hw/kbtp/completion.py (COMPLETION Send or record), hw/kbtp/ring_alloc.py (the ring). This file
-sequences them: one FSM, each state starting a block or waiting for its ``done``, and the
-memory bus given to the block that runs.
+hw/kbtp/completion.py (COMPLETION Send or record), hw/kbtp/ring_alloc.py (the ring),
+hw/kbtp/context.py (the queue between the stages). This file sequences them: two FSMs, each
+state starting a block or waiting for its ``done``, each stage's memory-bus master given to
+the block that runs, and a MemArbiter of the front's, the back's and the ring allocator's.
 """
 
 from types import SimpleNamespace
@@ -127,7 +143,7 @@ class KbtpEngine(wiring.Component):
     Per-connection order: a message of a QP that still has a message at the host is not taken
     until the host has finished it (``host_done``), so "FREE h; ALLOC_STORE h" on one
     connection can never run in the other order, and the host's USAGE update after a FREE
-    cannot race an allocation of the same QP. Other QPs wait too (the engine is serial).
+    cannot race an allocation of the same QP. Other QPs wait too (the front is serial).
     """
 
     #: The ring allocator's class (a mutant's, for the negative tests of
