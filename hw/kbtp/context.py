@@ -15,7 +15,15 @@ still in it (the hazards, issue 20):
 
 * ``entry_hit``: a context that will write the table entry at ``probe`` (a STORE or
   ALLOC_STORE past its checks). The front reads no entry that a request before it has yet to
-  write: a LOAD after a STORE of the same handle sees the stored block.
+  write: a LOAD after a STORE of the same handle sees the stored block. One exception keeps
+  a stream of STOREs into one handle (an initiator rewriting a block it has not sealed)
+  pipelined: a *plain* context (a STORE without SEAL) changes only the entry's Data Length,
+  whether its READ succeeds or fails, so no check of a later request depends on it. A later
+  LOAD or ALLOC_STORE passes it (they get NOT_SEALED / ALREADY_BOUND either way and touch no
+  data), and so does a later STORE by RDMA READ *of the same QP* (one RC QP's READ responses
+  land in order, so the later data overwrites the earlier as in the serial order; an inline
+  copy would land first, and another QP's READ in any order, so those wait). The pass is asked
+  with ``probe_qp`` / ``pass_any`` / ``pass_same_qp``.
 * ``alloc_pending``: an ALLOC_STORE whose RDMA READ may still fail. Its block and its quota go
   back when it does (model Readings 10), so a later ALLOC_STORE that finds the ring empty or
   its quota used up waits for it: the answer is the serial order's.
@@ -75,7 +83,8 @@ class ContextQueue(wiring.Component):
     pop : In(1)                         the back has finished the head
     wc : In(1), wc_idx : In(CTX_BITS), wc_ok : In(1)
         a READ's WorkCompletion for context ``wc_idx``
-    probe : In(ADDR_BITS), entry_hit : Out(1), alloc_pending : Out(1)
+    probe : In(ADDR_BITS), probe_qp : In(QP_INDEX_BITS), pass_any : In(1),
+    pass_same_qp : In(1), entry_hit : Out(1), alloc_pending : Out(1)
         the hazards (module docstring)
     """
 
@@ -88,7 +97,8 @@ class ContextQueue(wiring.Component):
             "head_valid": Out(1), "head_rd": Out(CTX), "head_done": Out(1), "head_ok": Out(1),
             "pop": In(1),
             "wc": In(1), "wc_idx": In(CTX_BITS), "wc_ok": In(1),
-            "probe": In(ADDR_BITS), "entry_hit": Out(1), "alloc_pending": Out(1),
+            "probe": In(ADDR_BITS), "probe_qp": In(QP_INDEX_BITS), "pass_any": In(1),
+            "pass_same_qp": In(1), "entry_hit": Out(1), "alloc_pending": Out(1),
         })
 
     def elaborate(self, platform):
@@ -97,9 +107,10 @@ class ContextQueue(wiring.Component):
         # (LUT RAM on the ECP5: one 16-deep row of cells per 4 bits)
         m.submodules.ctxs = ctxs = memory.Memory(shape=CTX, depth=n, init=[])
         wp, rp = Signal(CTX_BITS), Signal(CTX_BITS)
-        valid, writes, alloc, done, ok = (Signal(n, name=x) for x in
-                                          ("valid", "writes", "alloc", "done", "ok"))
+        valid, writes, plain, alloc, done, ok = (
+            Signal(n, name=x) for x in ("valid", "writes", "plain", "alloc", "done", "ok"))
         eaddr = Array(Signal(ADDR_BITS, name=f"eaddr{i}") for i in range(n))
+        qps = Array(Signal(QP_INDEX_BITS, name=f"qp{i}") for i in range(n))
         w = ctxs.write_port()
         r = ctxs.read_port(domain="comb")
         c = self.push_ctx
@@ -109,14 +120,18 @@ class ContextQueue(wiring.Component):
                      self.head_valid.eq(valid.bit_select(rp, 1)),
                      self.head_done.eq(done.bit_select(rp, 1)),
                      self.head_ok.eq(ok.bit_select(rp, 1)),
-                     self.entry_hit.eq(Cat(valid[i] & writes[i] & (eaddr[i] == self.probe)
-                                           for i in range(n)).any()),
+                     self.entry_hit.eq(Cat(
+                         valid[i] & writes[i] & (eaddr[i] == self.probe) &
+                         ~(plain[i] & (self.pass_any |
+                                       (self.pass_same_qp & (qps[i] == self.probe_qp))))
+                         for i in range(n)).any()),
                      self.alloc_pending.eq((valid & alloc).any())]
         for i in range(n):
             with m.If(self.push & (wp == i)):
                 m.d.sync += [valid[i].eq(1), writes[i].eq(c.kind != Ctx.RESULT),
+                             plain[i].eq(~c.req.seal & ~c.req.is_alloc),
                              alloc[i].eq((c.kind == Ctx.READ) & c.req.is_alloc),
-                             eaddr[i].eq(c.entry_addr)]
+                             eaddr[i].eq(c.entry_addr), qps[i].eq(c.qp)]
             with m.If(self.pop & (rp == i)):
                 m.d.sync += [valid[i].eq(0), done[i].eq(0), ok[i].eq(0)]
             with m.If(self.wc & (self.wc_idx == i)):

@@ -37,7 +37,8 @@ What a request in the queue has not done yet, the front must not see undone (the
 tests/hw/kbtp/test_engine_pipeline.py):
 
 * a table entry a queued STORE / ALLOC_STORE will write is not read until it is written (a
-  LOAD after a STORE of the same handle sees the stored block);
+  LOAD after a STORE of the same handle sees the stored block), except past a STORE without
+  SEAL where no later answer depends on it (hw/kbtp/context.py says when);
 * an ALLOC_STORE that finds the ring empty or its quota used up waits while an earlier
   ALLOC_STORE's READ may still fail and give its block and quota back (model Readings 10);
 * a slow-path message goes to the host only when the queue is empty (its connection's order;
@@ -427,7 +428,9 @@ class KbtpEngine(wiring.Component):
                      pc.entry_addr.eq(dec.entry_addr), pc.flags.eq(ent.flags),
                      pc.gen.eq(ent.gen), pc.next_gen.eq(ent.next_gen), pc.boff.eq(u.boff),
                      pc.granted.eq(sess.record), pc.scratch.eq(sess.scratch),
-                     q.probe.eq(dec.entry_addr),
+                     q.probe.eq(dec.entry_addr), q.probe_qp.eq(qp),
+                     q.pass_any.eq(req.is_load | req.is_alloc),
+                     q.pass_same_qp.eq(req.is_store & ~req.inline & (req.dd_len != 0)),
                      q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
                      q.wc_ok.eq(issuer.ctx_ok)]
         self._in_flight(m, u, baddr)

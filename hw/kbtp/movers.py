@@ -223,7 +223,7 @@ class BufferWriter(wiring.Component):
 
 #: Tags in a WorkRequest's ``wr_id`` (bit 15 is the target's: host work requests,
 #: hw/target/target.py). They say what its WorkCompletion does when it comes back.
-WR_SYNC = 1 << 14       # the engine waits for it (an RDMA READ of store data, a record)
+WR_SYNC = 1 << 14       # the issuer waits for it (a record: a failed one falls back to a Send)
 WR_SCRATCH = 1 << 13    # it carries a SCRATCH slot of its QP: the completion frees the oldest
 WR_LOCK = 1 << 12       # a LOAD's WRITE: the completion frees LoadLocks entry wr_id[:LOCK_BITS]
 WR_CTX = 1 << 11        # a store's RDMA READ: the completion resolves request context wr_id[:CTX_BITS]

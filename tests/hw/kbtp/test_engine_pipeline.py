@@ -16,7 +16,7 @@ _quota_back, (c) test_slow_path_waits_for_pipeline, (d) COMPLETION order, in all
 from host import codec
 from hw.headers import Opcode, Status
 from hw.iface import WcStatus, WrOp
-from hw.kbtp import movers
+from hw.kbtp.movers import WR_CTX
 from hw.kbtp.engine import Cmd, reg
 from model.target import AccessError, InitiatorMemory
 
@@ -27,7 +27,6 @@ from tests.hw.kbtp.test_kbtp_engine import (RECV_BASE, build, compare_image, con
 from tests.hw.kbtp.test_kbtp_engine_ring import host_command, host_free, wait_cmd_idle
 from tests.hw.kbtp.test_kbtp_engine_ring import setup as ring_setup
 
-WR_CTX = getattr(movers, "WR_CTX", None)        # the back stage's READ tag (when it exists)
 BAD_STAG = 0x99                                 # registered nowhere: the READ fails
 SRC = TO + 0x2000                               # where the stores' data sit (LOADs write at TO)
 
@@ -189,8 +188,7 @@ def test_reads_overlap():
         assert two, "the second READ was not issued while the first's WorkCompletion was held"
         r1, r2 = wire.issued(WrOp.READ)
         print(f"READ 1 at cycle {r1['cycle']}, READ 2 at cycle {r2['cycle']}, WC 1 held")
-        if WR_CTX is not None:
-            assert r1["wr_id"] & WR_CTX and r2["wr_id"] & WR_CTX and r1["wr_id"] != r2["wr_id"]
+        assert r1["wr_id"] & WR_CTX and r2["wr_id"] & WR_CTX and r1["wr_id"] != r2["wr_id"]
         await wire.go(ctx, 300)
         assert not wire.issued(WrOp.SEND), "a COMPLETION before the first READ's WorkCompletion"
         wire.finish(ctx)                                    # READ 1 and its WC
