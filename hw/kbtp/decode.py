@@ -165,7 +165,10 @@ class RequestDecoder(wiring.Component):
         # What to do with the message, first answer first (the model's order).
         d, D, S = self.d_result, Dispatch, Status
         raw = [d.raw.eq(1)]
-        _first(m, [(~(is_load | is_store | is_alloc), [self.dispatch.eq(D.HOSTQ)]),
+        # (ALLOC_STORE of a session with a DIRECT_ALLOC partition: the host allocates from the
+        # partition's ring, which the initiator's own atomics FetchAdd too)
+        _first(m, [(~(is_load | is_store | is_alloc) | (is_alloc & sess.host_alloc),
+                    [self.dispatch.eq(D.HOSTQ)]),
                    (mal, raw + [d.status.eq(S.MALFORMED.value)]),
                    (too_large_inline, raw + [d.status.eq(S.TOO_LARGE.value)]),
                    # A Write with Immediate cannot invalidate (model Readings 9).

@@ -41,7 +41,8 @@ from hw.kbtp.ring_alloc import Cmd
 __all__ = ["EngineRegs", "SESSION"]
 
 #: The session of the request's QP, as the register bank shows it.
-SESSION = data.StructLayout({"valid": 1, "record": 1, "addr_le": 1, "domain": 8,
+SESSION = data.StructLayout({"valid": 1, "record": 1, "addr_le": 1, "host_alloc": 1,
+                             "domain": 8,
                              "handle_base": 64,
                              "handle_count": 32, "quota": 32, "usage": 32,
                              "scratch": ADDR_BITS})
@@ -184,6 +185,7 @@ class EngineRegs(wiring.Component):
         s_valid = Array(Signal(name=f"s_valid{q}") for q in range(nq))
         s_record = Array(Signal(name=f"s_record{q}") for q in range(nq))
         s_le = Array(Signal(name=f"s_addr_le{q}") for q in range(nq))
+        s_ha = Array(Signal(name=f"s_host_alloc{q}") for q in range(nq))
         s_domain = Array(Signal(8, name=f"s_domain{q}") for q in range(nq))
         s_usage = Array(Signal(32, name=f"s_usage{q}") for q in range(nq))
         # The other session words live in a memory (LUT RAM on the ECP5, one row per QP) read at
@@ -196,7 +198,8 @@ class EngineRegs(wiring.Component):
         wp = sessions.write_port(granularity=32)    # host writes, one word at a time
         sess = self.session
         m.d.comb += [rp.addr.eq(qp), sess.valid.eq(s_valid[qp]), sess.record.eq(s_record[qp]),
-                     sess.addr_le.eq(s_le[qp]), sess.domain.eq(s_domain[qp]), sess.usage.eq(s_usage[qp])]
+                     sess.addr_le.eq(s_le[qp]), sess.host_alloc.eq(s_ha[qp]),
+                     sess.domain.eq(s_domain[qp]), sess.usage.eq(s_usage[qp])]
         # The engine's USAGE updates come first: a host write in the same cycle wins. (The
         # engine's front stage adds, at QP ``qp``; its back stage removes, at ``dec_qp``; both
         # in one cycle may be one QP.)
@@ -216,8 +219,9 @@ class EngineRegs(wiring.Component):
 
         def session_write(q):
             return lambda wd: [s_valid[q].eq(wd[0]), s_record[q].eq(wd[1]), s_le[q].eq(wd[2]),
-                               s_domain[q].eq(wd[8:16])]
-        store["QP_SESSION"] = [(Cat(s_valid[q], s_record[q], s_le[q], Const(0, 5), s_domain[q]),
+                               s_ha[q].eq(wd[3]), s_domain[q].eq(wd[8:16])]
+        store["QP_SESSION"] = [(Cat(s_valid[q], s_record[q], s_le[q], s_ha[q], Const(0, 4),
+                                    s_domain[q]),
                                 session_write(q)) for q in range(nq)]
         store["QP_USAGE"] = [(s_usage[q], s_usage[q]) for q in range(nq)]
         return store

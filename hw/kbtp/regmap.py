@@ -98,8 +98,9 @@ REGS = (
         "2 ALLOC_STORE)", count=3 * 16),
     Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x40, fields=(
         Reg("SESSION", 0x00, "RW", "bit 0 valid, bit 1 RECORD_COMPLETION granted, bit 2 "
-            "ADDR_LE granted (Block Handle and descriptors little-endian), bits 15..8 trust "
-            "domain", width=16),
+            "ADDR_LE granted (Block Handle and descriptors little-endian), bit 3 host "
+            "allocates (the session owns a DIRECT_ALLOC partition: its ALLOC_STOREs go to the "
+            "host, its LOADs and STOREs run here), bits 15..8 trust domain", width=16),
         Reg("HANDLE_BASE", 0x04, "RW", "first handle the session owns", width=64,
             reset=None),
         Reg("HANDLE_COUNT", 0x0C, "RW", "handles the session owns", reset=None),
