@@ -11,9 +11,15 @@ serially: per QP, the data transfers and the COMPLETIONs, each in the engine's i
 New behaviour: test_reads_overlap, test_other_qp_overlaps (fail on the serial engine). Hazards
 (a) test_load_waits_for_store_of_same_handle, (b) test_failed_alloc_read_gives_block_back /
 _quota_back, (c) test_slow_path_waits_for_pipeline, (d) COMPLETION order, in all of them.
+STOREs into one handle (hw/kbtp/context.py ``entry_hit``): past a STORE without SEAL, a STORE
+by READ of the same QP goes on (test_stores_into_one_handle_overlap); an inline STORE
+(test_inline_store_waits_for_read_of_same_handle), anything after a STORE with SEAL
+(test_store_after_sealing_store_waits) and another QP's STORE (test_other_qp_store_waits) wait.
 """
 
 from host import codec
+from host.config import ENTRY_SIZE
+from host.policy import SEALED, VALID, decode_entry
 from hw.headers import Opcode, Status
 from hw.iface import WcStatus, WrOp
 from hw.kbtp.movers import WR_CTX
@@ -366,6 +372,186 @@ def test_slow_path_waits_for_pipeline():
         ram_write(ctx, top.ram, blk, bytes(model.mem[blk:blk + BS]))
         await host_command(ctx, top.eng.bus, Cmd.FREE_BLOCK, boff)
         await wait_cmd_idle(ctx, top.eng.bus)
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+# ---------------------------------------------------------------- STOREs into one handle
+# (hw/kbtp/context.py ``entry_hit``: past a plain STORE (no SEAL) a later STORE by RDMA READ of
+# the same QP reads the entry at once; an inline STORE, another QP's STORE and anything after a
+# STORE with SEAL wait for it.)
+
+def entry_of(ctx, top, model, handle):
+    """The engine's table entry of ``handle``, decoded as the model decodes its own."""
+    raw = ram_read(ctx, top.ram, model.entry_addr(handle), ENTRY_SIZE)
+    return decode_entry(model.cfg, raw)
+
+
+def test_stores_into_one_handle_overlap():
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    a, b = bytes(range(1, 81)), bytes(range(150, 190))      # B shorter: A's tail stays
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        put(model, imems[0], "y", SRC, a)
+        put(model, imems[0], "y", SRC + 0x100, b)
+        s1 = read_raw(Opcode.STORE, h, 2, len(a), seal=False)
+        s2 = read_raw(Opcode.STORE, h, 3, len(b), to=SRC + 0x100, seal=False)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(c) for c in split(want)[1]] == [Status.OK, Status.OK]
+        wire.post(ctx, 0, s1)
+        wire.post(ctx, 0, s2)
+        two = await wire.go(ctx, 3000, until=lambda: len(wire.issued(WrOp.READ)) == 2)
+        assert two, "the second STORE of h waited for the first's READ (a plain STORE's)"
+        r1, r2 = wire.issued(WrOp.READ)
+        print(f"READ 1 at cycle {r1['cycle']}, READ 2 (same handle) at cycle {r2['cycle']}, "
+              f"WC 1 held")
+        assert (r1["va"], r2["va"]) == (SRC, SRC + 0x100)
+        assert r1["laddr"] == r2["laddr"] == block_of(model, h)
+        await wire.go(ctx, 300)
+        assert not wire.issued(WrOp.SEND), "a COMPLETION before the first READ's WorkCompletion"
+        wire.finish(ctx)                                    # READ 1 (data A) and its WC
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.SEND))
+        assert [w["op"] for w in wire.held] == [WrOp.READ, WrOp.SEND]
+        await wire.drain(ctx, 2)                            # READ 2 (data B), the COMPLETIONs
+        sent = [c for _, _, x, c in wire.done if x[0] == "SEND"]
+        print(f"COMPLETIONs issued at cycles {sent}")
+        assert wire.answers(0) == split(want)
+        assert [codec.decode(x[1]).request_id for x in wire.answers(0)[1]] == [2, 3]
+        e = entry_of(ctx, top, model, h)
+        assert e == model.read_entry(h) and e["data_length"] == len(b)
+        assert e["flags"] & VALID and not e["flags"] & SEALED
+        blk = ram_read(ctx, top.ram, block_of(model, h), len(a))
+        assert blk == b + a[len(b):], "the block does not hold B (over A's tail)"
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_inline_store_waits_for_read_of_same_handle():
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    a, c = bytes(range(1, 65)), b"inline C" * 3
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        put(model, imems[0], "y", SRC, a)
+        s1 = read_raw(Opcode.STORE, h, 2, len(a), seal=False)
+        s2 = build(Opcode.STORE, flags=INLINE, rid=3, handle=h, length=len(c), inline=c)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(x) for x in split(want)[1]] == [Status.OK, Status.OK]
+        blk = block_of(model, h)
+        wire.post(ctx, 0, s1)
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.READ))
+        wire.post(ctx, 0, s2)
+        await wire.go(ctx, 600)
+        assert not wire.notifies, "the engine did not take the inline STORE"
+        assert ram_read(ctx, top.ram, blk, len(c)) != c, \
+            "the inline copy landed while the READ of the same block was held"
+        assert not wire.issued(WrOp.SEND), "a COMPLETION before the READ's WorkCompletion"
+        assert len(wire.issued(WrOp.READ)) == 1
+        print(f"cycle {wire.now}: READ (cycle {wire.issued(WrOp.READ)[0]['cycle']}) held, "
+              f"no inline copy yet")
+        wire.finish(ctx)                                    # the READ (data A) and its WC
+        await wire.drain(ctx, 2)
+        sent = [cy for _, _, x, cy in wire.done if x[0] == "SEND"]
+        print(f"COMPLETIONs issued at cycles {sent}")
+        assert wire.answers(0) == split(want)
+        assert [codec.decode(x[1]).request_id for x in wire.answers(0)[1]] == [2, 3]
+        assert ram_read(ctx, top.ram, blk, len(c)) == c, "the READ's data landed over C"
+        assert entry_of(ctx, top, model, h)["data_length"] == len(c)
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_store_after_sealing_store_waits():
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    a, b = bytes(range(1, 49)), bytes(range(99, 131))
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        put(model, imems[0], "y", SRC, a)
+        put(model, imems[0], "y", SRC + 0x100, b)
+        s1 = read_raw(Opcode.STORE, h, 2, len(a))               # seals the block
+        s2 = read_raw(Opcode.STORE, h, 3, len(b), to=SRC + 0x100, seal=False)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(x) for x in split(want)[1]] == [Status.OK, Status.SEALED]
+        assert len(split(want)[0]) == 1                         # no READ for the second
+        wire.post(ctx, 0, s1)
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.READ))
+        wire.post(ctx, 0, s2)
+        await wire.go(ctx, 600)
+        assert len(wire.issued(WrOp.READ)) == 1, \
+            "a STORE's READ went out behind a held STORE with SEAL of the same handle"
+        assert not wire.issued(WrOp.SEND)
+        print(f"cycle {wire.now}: READ (cycle {wire.issued(WrOp.READ)[0]['cycle']}) of the "
+              f"sealing STORE held, the next STORE waits")
+        wire.finish(ctx)
+        await wire.drain(ctx, 2)
+        sent = [cy for _, _, x, cy in wire.done if x[0] == "SEND"]
+        print(f"COMPLETIONs issued at cycles {sent}")
+        got = wire.answers(0)
+        assert [status_of(x) for x in got[1]] == [Status.OK, Status.SEALED]
+        assert got == split(want)
+        assert ram_read(ctx, top.ram, block_of(model, h), len(a)) == a
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_other_qp_store_waits():
+    # The golden model cannot have two sessions store into one handle: a STORE is authorized
+    # only in its session's own range, ranges are handed out disjoint, and a session lives on
+    # one connection (a second HELLO with its Initiator ID is refused ALREADY_BOUND). The
+    # engine's registers can give QP 1 the same session as QP 0 ("y" twice); the answers are
+    # then the model's for both requests on "y" in the engine's order, each compared on the QP
+    # that sent it.
+    model, top, imems = setup()
+    im1 = InitiatorMemory()
+    im1.register(STAG, 64 * 1024, base_to=TO)
+    wire = Pipe(top, [imems[0], im1])
+    h = model.session_of("y").handle_base
+    a, b = bytes(range(1, 57)), bytes(range(180, 220))
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y", "y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        put(model, imems[0], "y", SRC, a)
+        put(model, im1, "y", SRC + 0x100, b)                   # QP 1's data, in "y"'s model
+        s0 = read_raw(Opcode.STORE, h, 2, len(a), seal=False)
+        s1 = read_raw(Opcode.STORE, h, 3, len(b), to=SRC + 0x100, seal=False)
+        want0, want1 = norm_model(model.receive("y", s0)), norm_model(model.receive("y", s1))
+        assert status_of(want0[-1]) == status_of(want1[-1]) == Status.OK
+        mark, n = len(wire.done), len(wire.reposts)
+        wire.post(ctx, 0, s0)
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.READ))
+        wire.post(ctx, 1, s1)
+        await wire.go(ctx, 600)
+        assert not wire.issued(WrOp.READ, qp=1), \
+            "QP 1's READ into h went out while QP 0's READ into h was held"
+        assert not wire.issued(WrOp.SEND)
+        print(f"cycle {wire.now}: QP 0's READ (cycle {wire.issued(WrOp.READ)[0]['cycle']}) "
+              f"held, QP 1's STORE of the same handle waits")
+        wire.finish(ctx, qp=0)
+        await wire.drain(ctx, n + 2)
+        r0, r1 = (w for w in sorted(wire.done[mark:]) if w[2][0] == "READ")
+        print(f"READs issued at cycles {r0[3]} (QP {r0[1]}), {r1[3]} (QP {r1[1]})")
+        assert (r0[1], r1[1]) == (0, 1)
+        assert wire.answers(0, mark) == split(want0)
+        assert wire.answers(1, mark) == split(want1)
+        e = entry_of(ctx, top, model, h)
+        assert e == model.read_entry(h) and e["data_length"] == len(b)
+        assert ram_read(ctx, top.ram, block_of(model, h), len(a)) == b + a[len(b):]
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
