@@ -555,3 +555,51 @@ def test_other_qp_store_waits():
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
+
+
+def test_store_waits_for_alloc_store_of_same_handle():
+    # An ALLOC_STORE is never plain (hw/kbtp/context.py): it binds the entry, so a STORE of
+    # the same handle behind it, even by READ of the same QP, waits for its entry update; read
+    # earlier, the entry is still unbound and the STORE answers NOT_VALID.
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    a, b = bytes(range(1, 73)), bytes(range(120, 160))      # B shorter: A's tail stays
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        put(model, imems[0], "y", SRC, a)
+        put(model, imems[0], "y", SRC + 0x100, b)
+        s1 = read_raw(Opcode.ALLOC_STORE, h, 2, len(a), seal=False)
+        s2 = read_raw(Opcode.STORE, h, 3, len(b), to=SRC + 0x100, seal=False)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(x) for x in split(want)[1]] == [Status.OK, Status.OK]
+        assert len(split(want)[0]) == 2                         # a READ for each
+        wire.post(ctx, 0, s1)
+        wire.post(ctx, 0, s2)
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.READ))
+        await wire.go(ctx, 600)
+        assert len(wire.issued(WrOp.READ)) == 1, \
+            "a STORE's READ went out behind a held ALLOC_STORE of the same handle"
+        assert not wire.issued(WrOp.SEND)
+        print(f"cycle {wire.now}: READ (cycle {wire.issued(WrOp.READ)[0]['cycle']}) of the "
+              f"ALLOC_STORE held, the STORE of the same handle waits")
+        wire.finish(ctx)                                    # the ALLOC_STORE's READ (data A)
+        await wire.drain(ctx, 2)
+        r = [cy for _, _, x, cy in wire.done if x[0] == "READ"]
+        sent = [cy for _, _, x, cy in wire.done if x[0] == "SEND"]
+        print(f"READs issued at cycles {r}, COMPLETIONs at cycles {sent}")
+        got = wire.answers(0)
+        print("COMPLETIONs:", [status_of(x).name for x in got[1]])
+        assert [status_of(x) for x in got[1]] == [Status.OK, Status.OK], \
+            "the STORE read the entry before the ALLOC_STORE bound it"
+        assert got == split(want)
+        assert [codec.decode(x[1]).request_id for x in got[1]] == [2, 3]
+        e = entry_of(ctx, top, model, h)
+        assert e == model.read_entry(h) and e["data_length"] == len(b)
+        assert e["flags"] & VALID and not e["flags"] & SEALED
+        assert ram_read(ctx, top.ram, block_of(model, h), len(a)) == b + a[len(b):], \
+            "the block does not hold B (over A's tail)"
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
