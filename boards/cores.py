@@ -281,7 +281,7 @@ class KbtpCore(wiring.Component):
         # with 4 the board could not serve the configuration kbtp-sim serve runs.
         kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory),
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
-                      engine=True, udp_link=True)
+                      mac_rx_depth=memory.mac_rx_bytes, engine=True, udp_link=True)
         kwargs.update(overrides)
         return kwargs
 
@@ -300,7 +300,7 @@ class KbtpCore(wiring.Component):
         wiring.connect(m, bus_reg.down, t.host)
         m.submodules.maccdc = cdc = MacCdc(t.width, mac_domain="sync",
                                            core_domain=self.core_domain,
-                                           rx_depth=self.memory.mac_fifo_bytes,
+                                           rx_depth=self.memory.mac_rx_bytes,
                                            tx_depth=self.memory.mac_fifo_bytes)
         wiring.connect(m, cdc.rx, t.rx)
         wiring.connect(m, t.tx, cdc.tx)

@@ -37,8 +37,14 @@ class BoardMemoryConfig:
     table_entries : int         block table entries (TableEntry each)
     ring_slots : int            request ring slots (RingSlot each)
     completion_slots : int      completion records (CompletionRecord each)
-    mac_fifo_bytes : int        each of the MAC's receive and transmit frame buffers: 8192
-                                holds one path-MTU-4096 frame (4096 + 82 octets) and the next
+    mac_fifo_bytes : int        the MAC's transmit frame buffer (and both buffers of the
+                                stand-in cores): 8192 holds one path-MTU-4096 frame (4096 + 82
+                                octets) and the next
+    mac_rx_bytes : int          the KBTP core's MAC receive buffer: the responses of the RDMA
+                                READs the engine keeps out (its READ window,
+                                hw/kbtp/engine.py read_window_for: 26,760 octets of data at
+                                32768)
+                                and one largest frame of other traffic
     hostlink_words : int        host-link frame buffer (words of 32 bits)
     demo_mem_words : int        RAM of the stand-in cores' bus target
     """
@@ -50,6 +56,7 @@ class BoardMemoryConfig:
     ring_slots: int
     completion_slots: int
     mac_fifo_bytes: int = 8192
+    mac_rx_bytes: int = 32768
     hostlink_words: int = 64
     demo_mem_words: int = 1024
 
@@ -64,7 +71,7 @@ class BoardMemoryConfig:
             "table": ebr_blocks(self.table_entries, 8 * size_of(TableEntry)),
             "ring": ebr_blocks(self.ring_slots, 8 * size_of(RingSlot)),
             "completions": ebr_blocks(self.completion_slots, 8 * size_of(CompletionRecord)),
-            "mac_fifos": 2 * ebr_blocks(self.mac_fifo_bytes, 8),
+            "mac_fifos": ebr_blocks(self.mac_rx_bytes, 8) + ebr_blocks(self.mac_fifo_bytes, 8),
             "hostlink": ebr_blocks(self.hostlink_words, 32),
         }
 

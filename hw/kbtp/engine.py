@@ -109,7 +109,8 @@ from hw.kbtp.movers import (WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy
 from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
-__all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE"]
+__all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE",
+           "read_window_for"]
 
 #: Fast-path opcodes, in counter order (op index 0, 1, 2).
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
@@ -127,6 +128,12 @@ class KbtpEngine(wiring.Component):
         Handle ranges in the LOAD authorization table.
     base : int
         Byte address of the register window.
+    read_window : int
+        Data octets of RDMA READs the engine keeps out at once (0: no limit; a READ that does
+        not fit waits for earlier ones, a READ alone always goes). The responses of the READs
+        out land in the MAC's receive buffer faster than a core at line rate may drain it;
+        with no more out than the buffer holds (:func:`read_window_for`), none is dropped for
+        want of room (a dropped response waits for the QP's retransmission timer).
 
     Ports
     -----
@@ -151,8 +158,9 @@ class KbtpEngine(wiring.Component):
     #: tests/hw/kbtp/test_formal_ring.py).
     ring_cls = RingAllocator
 
-    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=16, base=REG_KBTP):
+    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=16, base=REG_KBTP, read_window=0):
         self.n_qp = n_qp
+        self.read_window = read_window
         self.n_ranges = n_ranges
         self.base = base
         #: (not a port) the ring allocator takes a RETURN this cycle: for the ghost checks of
@@ -285,7 +293,7 @@ class KbtpEngine(wiring.Component):
                 with m.Elif(req.inline):
                     m.d.comb += u.copy.start.eq(1)
                     m.next = "COPY"
-                with m.Else():
+                with m.Elif(u.window_ok):
                     # The RDMA READ: the back stage waits for its WorkCompletion, not us.
                     m.d.comb += u.f_cmd_valid.eq(1)
                     with m.If(u.f_cmd_ready):
@@ -434,6 +442,12 @@ class KbtpEngine(wiring.Component):
                      q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
                      q.wc_ok.eq(issuer.ctx_ok)]
         self._in_flight(m, u, baddr)
+        u.window_ok = Signal()
+        if self.read_window:
+            m.d.comb += u.window_ok.eq((q.read_bytes == 0) |
+                                       (q.read_bytes + req.dd_len <= self.read_window))
+        else:
+            m.d.comb += u.window_ok.eq(1)
         # The WorkIssuer: the front's data transfer (LOAD writes the block to the initiator,
         # STORE and ALLOC_STORE read the initiator's data into it), or the back's completion
         # (its WorkRequest first: the back drains the pipeline).
@@ -515,6 +529,16 @@ class KbtpEngine(wiring.Component):
         n_qp_bits = max(1, (self.n_qp - 1).bit_length())
         m.d.comb += notify_free.eq(Array(at_host)[self.notify.payload.qp[:n_qp_bits]] == 0)
         return notify_free
+
+
+def read_window_for(rx_buffer, pmtu=1024, frame_overhead=70):
+    """The READ window (data octets) that a MAC receive buffer of ``rx_buffer`` octets holds:
+    the buffer less one largest frame of other traffic (a path-MTU-4096 SEND, 4096 + 82
+    octets), each ``pmtu`` octets of response data taking ``frame_overhead`` more (Ethernet,
+    IPv4, UDP, BTH, AETH, ICRC, FCS: 66, rounded up). ``pmtu`` 1024: the smallest path MTU the
+    bench and the board use; a smaller one needs a smaller window."""
+    room = rx_buffer - (4096 + 82)
+    return max(0, room * pmtu // (pmtu + frame_overhead))
 
 
 class _Steps:

@@ -67,7 +67,7 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT,
                      REG_UDPLINK, RecvNotify, RecvRepost, Space, WorkRequest)
 from hw.net.icrc import IcrcCheck, IcrcInsert
-from hw.kbtp.engine import KbtpEngine
+from hw.kbtp.engine import KbtpEngine, read_window_for
 from hw.lib.stream import PacketStream, RecordMerge
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.net.arp import ArpResponder
@@ -140,8 +140,14 @@ class KbtpTarget(wiring.Component):
         Depth of the RecvNotify FIFO in front of the engine (default 16 per QP). The host must
         post no more receive buffers in all (sum of the QPs' ``recv_count``) than this.
     mac_depth : int
-        Octets of each of the MAC's receive and transmit frame buffers (``mac=True``; a power of
-        two): the largest frame is path MTU 4096 + 82 octets of headers, so 8192.
+        Octets of the MAC's transmit frame buffer (``mac=True``; a power of two): the largest
+        frame is path MTU 4096 + 82 octets of headers, so 8192.
+    mac_rx_depth : int
+        Octets of the MAC's receive frame buffer (a power of two; ``mac=False``: of the MAC
+        outside). The engine keeps no more RDMA READ data out than it holds besides one largest
+        frame (:func:`~hw.kbtp.engine.read_window_for`): READ responses come back at line rate
+        whatever the core drains, and one dropped for want of room waits for the QP's
+        retransmission timer.
     mac : bool
         ``True`` (default): the GMII MAC is inside and the ports are GMII pins. ``False``: no
         MAC; the frame streams and the MAC's counters are ports instead (for a MAC in another
@@ -171,7 +177,7 @@ class KbtpTarget(wiring.Component):
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
-                 mac_depth=8192, ram=None, udp_link=False):
+                 mac_depth=8192, mac_rx_depth=32768, ram=None, udp_link=False):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -182,7 +188,7 @@ class KbtpTarget(wiring.Component):
         self.engine, self.n_ranges = engine, n_ranges
         #: Receive buffers the host may post in all (sum of recv_count over the QPs).
         self.notify_depth = notify_depth or 16 * n_qp
-        self.mac_depth = mac_depth
+        self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         self.mac = mac
@@ -204,7 +210,7 @@ class KbtpTarget(wiring.Component):
         w, nq = self.width, self.n_qp
         sm = m.submodules
         if self.mac:
-            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_depth, tx_depth=self.mac_depth)
+            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_rx_depth, tx_depth=self.mac_depth)
         else:
             # The MAC lives outside: its user-side streams and counters are our ports.
             mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
@@ -246,7 +252,8 @@ class KbtpTarget(wiring.Component):
             [(Space.QUEUE, Q_RAW_RX, Q_RAW_TX - Q_RAW_RX + 1)],
         ]
         if self.engine:
-            sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP)
+            sm.eng = eng = KbtpEngine(nq, self.n_ranges, base=REG_KBTP,
+                                      read_window=read_window_for(self.mac_rx_depth))
             windows.append([(Space.REG, REG_KBTP, 0x1000)])
         if self.udp_link:
             windows.append([(Space.REG, REG_UDPLINK, 0x1000)])

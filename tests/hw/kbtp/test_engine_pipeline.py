@@ -23,7 +23,7 @@ from host.policy import SEALED, VALID, decode_entry
 from hw.headers import Opcode, Status
 from hw.iface import WcStatus, WrOp
 from hw.kbtp.movers import WR_CTX
-from hw.kbtp.engine import Cmd, reg
+from hw.kbtp.engine import Cmd, KbtpEngine, reg
 from model.target import AccessError, InitiatorMemory
 
 from tests.hw.kbtp.test_engine_hazards import (BS, INLINE, SEAL, STAG, TO, Wire, alloc_raw,
@@ -600,6 +600,58 @@ def test_store_waits_for_alloc_store_of_same_handle():
         assert e["flags"] & VALID and not e["flags"] & SEALED
         assert ram_read(ctx, top.ram, block_of(model, h), len(a)) == b + a[len(b):], \
             "the block does not hold B (over A's tail)"
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_read_window():
+    """With a READ window of 100 octets (hw/kbtp/engine.py ``read_window``): a READ of 48
+    octets goes, a second of 64 waits for the first's WorkCompletion (48 + 64 > 100), and a
+    READ of 160 alone (more than the window) goes when nothing is out. Answers as the model's."""
+    model, top, imems = setup()
+    top.eng = KbtpEngine(n_qp=4, n_ranges=8, read_window=100)
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    d1, d2, d3 = bytes(range(1, 49)), bytes(range(101, 165)), bytes(range(0, 160))
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        for i in (0, 1, 2):
+            await through(ctx, wire, model, alloc_raw(h + i, 1 + i, b"old" * 5, seal=False))
+        put(model, imems[0], "y", SRC, d1)
+        put(model, imems[0], "y", SRC + 0x100, d2)
+        put(model, imems[0], "y", SRC + 0x200, d3)
+        raws = [read_raw(Opcode.STORE, h, 4, len(d1)),
+                read_raw(Opcode.STORE, h + 1, 5, len(d2), to=SRC + 0x100),
+                read_raw(Opcode.STORE, h + 2, 6, len(d3), to=SRC + 0x200)]
+        want = sum((norm_model(model.receive("y", r)) for r in raws), [])
+        assert [status_of(a) for a in split(want)[1]] == [Status.OK] * 3
+        for r in raws:
+            wire.post(ctx, 0, r)
+        done, cycles = [0], []
+
+        def reads():            # READs issued so far (held ones and those finished)
+            return done[0] + len(wire.issued(WrOp.READ))
+
+        def finish_read():
+            cycles.append(wire.issued(WrOp.READ)[0]["cycle"])
+            wire.finish(ctx)
+            done[0] += 1
+
+        assert await wire.go(ctx, 3000, until=lambda: reads() == 1)
+        await wire.go(ctx, 600)
+        assert reads() == 1, "a READ beyond the window went out"
+        finish_read()                                       # READ 1 and its WC
+        assert await wire.go(ctx, 3000, until=lambda: reads() == 2)
+        await wire.go(ctx, 600)
+        assert reads() == 2, "the READ of 160 went out beside another"
+        finish_read()
+        assert await wire.go(ctx, 3000, until=lambda: reads() == 3)
+        cycles.append(wire.issued(WrOp.READ)[0]["cycle"])
+        print("READs at cycles", cycles)
+        await wire.drain(ctx, 3)
+        assert wire.answers(0) == split(want)
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
