@@ -60,6 +60,10 @@ class TargetConfig:
         ADDR_LE memory structures; masked (draft) or unmasked (InfiniBand) counters.
     request_credits, max_inline, ticket_timeout_ms, retention_ms
         HELLO_ACK values and the retention time of bindings after a disconnect.
+        ``request_credits`` is also the number of receive buffers the host driver posts per
+        QP (host/driver.py ``memory_plan``: each ``2**ceil(log2(56 + max_inline))`` octets;
+        at most 16 per QP on a target built with the default RecvNotify FIFO): a
+        configuration whose credits' buffers do not fit the target's memory is refused there.
     trust_domains, default_trust_domain, direct_domains
         Initiator ID -> domain; the domain of unknown IDs; domains trusted with direct modes.
     initial_free_order : list[int] or None

@@ -22,8 +22,10 @@ API
     ``layout()`` places counters, table, rings and pool). Options: ``n_qp`` (QPs of the target),
     ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
     engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
-    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP),
-    ``max_messages`` (messages :meth:`poll_all` takes in one pass).
+    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP: always
+    ``cfg.request_credits``, see "Receive buffers" below), ``notify_depth`` (the target's
+    RecvNotify FIFO, default :data:`NOTIFY_DEPTH_PER_QP` per QP), ``max_messages`` (messages
+    :meth:`poll_all` takes in one pass).
 ``await init()``
     Write the table (all entries invalid), the shared ring and the DIRECT_ALLOC partition rings
     (draft initialization rules), the Head/Tail counters and a zero pool as one bulk image
@@ -69,8 +71,24 @@ Target memory plan (:attr:`plan`, after ``cfg.layout()["size"]``, each 64-octet 
                     buffers of SLOT_SIZE octets, one per completion on the wire);
 ``host_scratch``    256 octets per QP: the driver's reply buffer (HELLO_ACK <= 152 octets);
 ``recv``            receive buffers: ``recv_count`` per QP of ``2**recv_log2`` octets, enough for
-                    the longest request (56-octet header + descriptors + Max Inline).
+                    the longest request (24-octet header, Data and Completion Descriptors of 16
+                    octets each, Max Inline octets of data; 64 octets at least).
 A reply buffer is reused only after the WorkCompletion of the previous reply of its QP.
+
+Receive buffers (issue 20 item 5)
+---------------------------------
+The HELLO_ACK's Request Credits (``cfg.request_credits``, :func:`host.policy.hello_ack_fields`)
+are the receive buffers posted per QP: the draft's target pre-posts one receive buffer per
+request credit (§Target Execution Model, §Flow Control), and an initiator that keeps its
+credits' worth of requests outstanding (host/initiator.py) must never meet an RNR NAK. So
+``recv_count`` *is* ``cfg.request_credits``: the configuration is the one source of both (the
+golden model, which has no buffers, advertises the same credits from it), and
+:func:`memory_plan` refuses a ``recv_count`` that differs. Two limits bound the credits: the
+buffers must fit the target's memory (``mem_size``), and the sum of ``recv_count`` over the QPs
+must not exceed the target's RecvNotify FIFO (``notify_depth``: hw/target/target.py
+``KbtpTarget``, 16 per QP unless built otherwise, i.e. 64 on the 4-QP ECPIX-5 core and on the
+unit-test target): the responder then never waits for the engine. :func:`memory_plan` names the
+figures to lower when either is exceeded.
 
 Actions (what :meth:`poll` reports, in order; ``Handled.actions``)
 ------------------------------------------------------------------
@@ -83,8 +101,9 @@ forgets the connection and turns its engine session off. After GOODBYE the calle
 
 Limits (v1)
 -----------
-* Slow-path LOAD / STORE / ALLOC_STORE (fast path off, sessions owning a DIRECT_ALLOC
-  partition) are executed here with RDMA work requests, one at a time. ADDR_LE sessions run in
+* Slow-path LOAD / STORE / ALLOC_STORE (fast path off; and the ALLOC_STOREs of a session
+  owning a DIRECT_ALLOC partition, QP_SESSION bit 3, whose LOADs and STOREs the engine runs)
+  are executed here with RDMA work requests, one at a time. ADDR_LE sessions run in
   the engine (CTRL bit 2 = ``cfg.addr_le`` for the structures, QP_SESSION bit 2 for the
   session's requests). The shared ring's counters are touched by the host only while the fast
   path is off (with it on, frees go through the engine's free queue, and no session the driver
@@ -113,14 +132,14 @@ from hw.headers import (Features, Opcode, ReqFlags, RingSlot, SLOT_EMPTY, Status
                         CommonHeader, RING_ADD_DATA, RING_ADD_DATA_UNMASKED, wire_fields)
 from host import codec, policy
 from host.policy import PartitionState, SessionState, next_generation
-from hw.iface import (REG_KBTP, REG_MR, QpState, RecvNotify, WcStatus, WorkCompletion,
-                      WrOp)
+from hw.iface import (REG_KBTP, REG_MR, QpConfig, QpState, RecvNotify, WcStatus,
+                      WorkCompletion, WrOp)
 from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, reg as ENG
 from hw.rdma.qp import MR_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_WC
 
 __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
-           "ENGINE_SCRATCH"]
+           "ENGINE_SCRATCH", "NOTIFY_DEPTH_PER_QP"]
 
 #: How long a server holds its own DREQ after GOODBYE (ms). GOODBYE has no reply (draft
 #: §Operations), so the initiator learns that it arrived only from the RC ACK. If that ACK is
@@ -143,6 +162,12 @@ ENTRY = TableEntry.SIZE
 SLOT = RingSlot.SIZE
 HOST_SCRATCH = 256
 ENGINE_SCRATCH = SCRATCH_SLOTS * SLOT_SIZE
+#: RecvNotify FIFO entries per QP of a :class:`hw.target.target.KbtpTarget` built with its
+#: default ``notify_depth`` (16 * n_qp): the host must post no more receive buffers in all (the
+#: sum of the QPs' ``recv_count``, i.e. ``n_qp * request_credits``) than the FIFO holds.
+NOTIFY_DEPTH_PER_QP = 16
+#: The most receive buffers one QP can have (QpConfig ``recv_count`` field).
+RECV_COUNT_MAX = (1 << QpConfig["recv_count"].width) - 1
 _VALID = policy.VALID
 _ACCESS = {"r": "read", "w": "write", "a": "atomic"}      # Window.access -> set_mr right
 _SLOT_F = {n: (off, bits // 8) for n, off, bits, _ in wire_fields(RingSlot)}
@@ -173,17 +198,59 @@ def _log2_ceil(x):
     return n
 
 
-def memory_plan(cfg, n_qp, *, recv_count=4, mem_size=None):
-    """Addresses of the driver's areas after the KBTP structures (see the module docstring)."""
+def _engine_usage(s):
+    """The engine counts the session's USAGE (QP_USAGE): it runs the session's ALLOC_STOREs
+    (no DIRECT_ALLOC partition, see ``KbtpDriver._engine_session``)."""
+    return s.engine and s.partition is None
+
+
+def memory_plan(cfg, n_qp, *, recv_count=None, mem_size=None, notify_depth=None):
+    """Addresses of the driver's areas after the KBTP structures (see the module docstring).
+
+    ``recv_count`` receive buffers per QP: ``cfg.request_credits``, what HELLO_ACK advertises
+    (module docstring, "Receive buffers"). It is derived, never chosen: a different value is
+    refused (ValueError) rather than followed, since the credits also reach the initiators
+    through the golden model and the policy, which know nothing of buffers; lower
+    ``request_credits`` in the configuration instead. ``mem_size`` (octets of target memory)
+    and ``notify_depth`` (the target's RecvNotify FIFO; default :data:`NOTIFY_DEPTH_PER_QP` per
+    QP) are checked: ValueError naming the figures to lower.
+    """
+    credits = cfg.request_credits
+    if recv_count is None:
+        recv_count = credits
+    elif recv_count != credits:
+        raise ValueError(f"recv_count {recv_count} receive buffers per QP, but the target "
+                         f"advertises request_credits {credits} in HELLO_ACK: the two must be "
+                         f"equal (set request_credits={recv_count} in the configuration)")
+    if not 1 <= recv_count <= RECV_COUNT_MAX:
+        raise ValueError(f"request_credits {credits}: a QP has 1..{RECV_COUNT_MAX} receive "
+                         f"buffers")
+    if notify_depth is None:
+        notify_depth = NOTIFY_DEPTH_PER_QP * n_qp
+    if n_qp * recv_count > notify_depth:
+        raise ValueError(f"{n_qp} QPs x request_credits {recv_count} = {n_qp * recv_count} "
+                         f"receive buffers exceed the target's RecvNotify FIFO of {notify_depth} "
+                         f"(hw/target/target.py notify_depth): lower request_credits to at most "
+                         f"{notify_depth // n_qp}")
     lay = cfg.layout()
     es = _align(lay["size"], 64)
     hs = es + ENGINE_SCRATCH * n_qp
     # longest request: header + Data Descriptor + Completion Descriptor + inline data
     recv_log2 = max(6, _log2_ceil(CommonHeader.SIZE + 32 + cfg.max_inline))
-    recv = _align(hs + HOST_SCRATCH * n_qp, 1 << recv_log2)
-    end = recv + n_qp * recv_count * (1 << recv_log2)
+    size = 1 << recv_log2
+    recv = _align(hs + HOST_SCRATCH * n_qp, size)
+    end = recv + n_qp * recv_count * size
     if mem_size is not None and end > mem_size:
-        raise ValueError(f"memory plan needs {end:#x} octets, the target has {mem_size:#x}")
+        fit = max(0, (mem_size - recv) // (n_qp * size))
+        raise ValueError(
+            f"memory plan needs {end:#x} octets, the target has {mem_size:#x}: receive "
+            f"buffers from {recv:#x}, {n_qp} QPs x request_credits (recv_count) {recv_count} x "
+            f"{size} octets (the longest request with max_inline {cfg.max_inline}); "
+            + (f"lower request_credits to {fit}, or max_inline, or the pool "
+               f"(num_blocks {cfg.num_blocks} x block_size {cfg.block_size})" if fit else
+               f"the KBTP structures and scratch areas leave no room for one buffer per QP: "
+               f"lower max_inline or the pool (num_blocks {cfg.num_blocks} x block_size "
+               f"{cfg.block_size})"))
     return {"engine_scratch": es, "host_scratch": hs, "recv": recv, "recv_count": recv_count,
             "recv_log2": recv_log2, "end": end}
 
@@ -246,7 +313,8 @@ class KbtpDriver:
     """KBTP slow path over a :class:`host.port.TargetPort` (see the module docstring)."""
 
     def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
-                 mr_base=0, n_mr=None, recv_count=4, wc_polls=100000, max_messages=16):
+                 mr_base=0, n_mr=None, recv_count=None, notify_depth=None, wc_polls=100000,
+                 max_messages=16):
         self.port = port
         self.max_messages = max_messages
         self._backlog = deque()     # (RecvNotify, raw message or None) popped, not handled
@@ -254,7 +322,9 @@ class KbtpDriver:
         self.lay = cfg.layout()
         self.n_qp = n_qp
         self.n_ranges = n_ranges
-        self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size)
+        # recv_count: cfg.request_credits (memory_plan refuses another figure)
+        self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size,
+                                notify_depth=notify_depth)
         self.wc_polls = wc_polls
         self.host_actions = 0
         self.stats: dict[tuple[str, str], int] = {}
@@ -859,9 +929,11 @@ class KbtpDriver:
         return int(fast) | int(self.cfg.masked) << 1 | int(self.cfg.addr_le) << 2
 
     async def _engine_session(self, qp, s):
-        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine when it can run them: no
-        partition (the engine allocates from the shared ring only)."""
-        s.engine = bool(self.fast_ok and s.partition is None)
+        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine. A session owning a
+        DIRECT_ALLOC partition keeps its ALLOC_STOREs here (QP_SESSION bit 3): the engine
+        allocates from the shared ring only, and the partition's Head is also FetchAdded by
+        the initiator's own atomics. Its USAGE is then the driver's count, not the engine's."""
+        s.engine = bool(self.fast_ok)
         if not s.engine:
             await self._ereg(self._qreg(qp, "QP_SESSION"), 0)
             return
@@ -873,8 +945,10 @@ class KbtpDriver:
         await self._ereg(self._qreg(qp, "QP_SCRATCH"),
                          self.plan["engine_scratch"] + ENGINE_SCRATCH * qp)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
+        host_alloc = s.partition is not None
         await self._ereg(self._qreg(qp, "QP_SESSION"),
-                         1 | rec << 1 | int(s.addr_le) << 2 | (s.domain & 0xFF) << 8)
+                         1 | rec << 1 | int(s.addr_le) << 2 | host_alloc << 3
+                         | (s.domain & 0xFF) << 8)
 
     async def _entries(self, s):
         raw = await self.port.mem_read(self.entry_addr(s.handle_base), ENTRY * s.handle_count)
@@ -975,7 +1049,7 @@ class KbtpDriver:
         entry = [rs.mem(self.entry_addr(msg.handle), ENTRY) if a is None else None
                  for (_, msg, _), a in zip(frees, auth)]
         usage = {c.qp: rs.reg(REG_KBTP + self._qreg(c.qp, "QP_USAGE"))
-                 for (c, _, _), a in zip(frees, auth) if a is None and c.session.engine}
+                 for (c, _, _), a in zip(frees, auth) if a is None and _engine_usage(c.session)}
         fq = rs.reg(REG_KBTP + ENG["FREE_QUEUE"]) if self.fast_ok and usage else None
         got = await rs.run()
         for wc in got[wcs] if wcs is not None else ():
@@ -1181,7 +1255,7 @@ class KbtpDriver:
         out["free_blocks"] = occ
         quota = {}
         for iid, s in self._sessions.items():
-            if s.engine:
+            if _engine_usage(s):
                 used = await self._erd(self._qreg(s.conn, "QP_USAGE"))
             else:
                 used = await self._usage(s)

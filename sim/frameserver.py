@@ -35,11 +35,16 @@ def model_config(**overrides):
 
     20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 4 blocks, quota 4
     per shared-ring initiator (12 shared blocks), 256 handles, long retention and ticket timeout (a TCG guest is
-    slow). Request Credits 4: the host driver posts 4 receive buffers per QP
-    (:func:`host.driver.memory_plan`), and the draft's target pre-posts one receive buffer per
-    request credit (§Target Execution Model); with more credits than buffers a pipelining
-    initiator meets RNR NAKs. :func:`large_config` is the 4 MiB one of the one-clock
-    unit-test target (the fuzzer's).
+    slow). Request Credits 4: the host driver posts one receive buffer per request credit and QP
+    (:func:`host.driver.memory_plan`, as the draft's target pre-posts one per credit, §Target
+    Execution Model; more credits than buffers and a pipelining initiator meets RNR NAKs), and
+    4 is the most that fit the ECPIX-5 with Max Inline 1024: the structures end at 90112
+    octets (pool 81920 of them), the engine's and the driver's scratch (4 x 512 + 4 x 256)
+    at 93184, so the buffers start at 94208 (2048-aligned); each holds 24 + 32 + 1024 = 1080
+    octets, so 2048; 131072 - 94208 = 36864 octets = 18 buffers, 4 per QP for the 4 QPs (5 per
+    QP needs 20 buffers; 16 per QP would take 131072 octets, the whole memory). More credits
+    would take pool blocks or a lower Max Inline. :func:`large_config` is the 4 MiB one of the
+    one-clock unit-test target (the fuzzer's).
     """
     kw = dict(block_size=4096, num_blocks=20, num_handles=256, handles_per_initiator=64,
               direct_partitions=2, direct_quota=4, quota_per_initiator=4, masked=False,
@@ -51,8 +56,14 @@ def model_config(**overrides):
 
 def large_config(**overrides):
     """:func:`model_config` with 64 blocks of 64 KiB, partitions of 8 blocks and quota 16: for
-    the one-clock unit-test target's 4 MiB memory (``sim.vltarget.HW_DEFAULT``), not a board."""
-    kw = dict(block_size=65536, num_blocks=64, direct_quota=8, quota_per_initiator=16)
+    the one-clock unit-test target's 4 MiB memory (``sim.vltarget.HW_DEFAULT``), not a board.
+
+    Request Credits 6, the most receive buffers per QP that fit beside the 4 MiB pool (Max
+    Inline 1024, 2048-octet buffers): the target has 532480 words = 4259840 octets, the
+    structures end at 4202496, the buffers start at 4206592 after the scratch areas; 53248
+    octets = 26 buffers, 6 per QP for the 4 QPs (16 per QP would take 131072 octets)."""
+    kw = dict(block_size=65536, num_blocks=64, direct_quota=8, quota_per_initiator=16,
+              request_credits=6)
     kw.update(overrides)
     return model_config(**kw)
 

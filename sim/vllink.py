@@ -400,7 +400,7 @@ class VlUdpSystemBench(VlSystemBench):
     host bus; the link is brought up over the direct bus first (:meth:`_start`).
     ``poll_all``: the wait loop's host step is :meth:`KbtpDriver.poll_all` (every pending
     message in one pass) instead of one :meth:`~KbtpDriver.poll`. ``driver_kw``: extra
-    KbtpDriver options (``recv_count``, ``max_messages``); ``link_kw``: :func:`sim_udp_link`
+    KbtpDriver options (e.g. ``max_messages``); ``link_kw``: :func:`sim_udp_link`
     options (``timeout``, ``retries``); ``transport_kw``: :class:`VlUdpTransport` options (the
     impairments ``loss`` / ``corrupt`` / ``dup`` and their ``seed``)."""
 

@@ -96,9 +96,9 @@ from sim.system import run_sync
 
 __all__ = [
     "PREAMBLE_SFD", "FCS", "IFG", "ICRC", "MIN_FRAME", "ROCE_HEADERS", "PACKET_OVERHEAD",
-    "CLOCK_HZ", "DEPTH", "MULTI_QPS", "FAIRNESS_GOAL", "frame_wire", "theory_goodput",
-    "op_plan", "OPS", "Bench", "run_bench", "run_multi", "resources", "write_results", "plot",
-    "format_table", "main",
+    "CLOCK_HZ", "DEPTH", "SIZING_CREDITS", "MAX_CREDITS", "MULTI_QPS", "FAIRNESS_GOAL",
+    "frame_wire", "theory_goodput", "op_plan", "OPS", "Bench", "run_bench", "run_multi",
+    "resources", "write_results", "plot", "format_table", "main",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -115,10 +115,18 @@ ROCE_HEADERS = EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
 #: Wire octets of one RoCEv2 packet besides its payload (no extended header): 82.
 PACKET_OVERHEAD = PREAMBLE_SFD + ROCE_HEADERS + ICRC + FCS + IFG
 CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
-#: Requests one initiator keeps outstanding in the goodput series (receive buffers: 4 per QP,
-#: host/driver.py memory_plan; kept at 3, as the figures before the engine stopped waiting for
-#: its completions' WorkCompletions (issue 20) were measured, so before and after compare).
+#: Requests one initiator keeps outstanding in the goodput series (receive buffers: at least
+#: :data:`SIZING_CREDITS` per QP, see :class:`Bench`; kept at 3, as the figures before the engine
+#: stopped waiting for its completions' WorkCompletions (issue 20) were measured, so before and
+#: after compare).
 DEPTH = 3
+#: Request credits, and so receive buffers per QP (host/driver.py ``memory_plan``), that Max
+#: Inline and the pool are sized for: the figures measured before the credits matched the
+#: buffers (issue 20 item 5) were measured with 4 buffers per QP, so Max Inline and the pool
+#: stay as they were. The configuration then advertises the most credits up to
+#: :data:`MAX_CREDITS` that fit beside them (:class:`Bench`).
+SIZING_CREDITS = 4
+MAX_CREDITS = 16
 #: Initiators of the multi-QP goodput and fairness series (every one with DEPTH outstanding).
 MULTI_QPS = 4
 #: Fairness goal: every QP's operation rate within this fraction of the mean of them all.
@@ -246,12 +254,12 @@ class Bench:
         mem = p["mem_words"] * 8
         # Max Inline: at most ``max_inline``, less where the target's memory is small (each
         # QP's receive buffers hold the longest request): the largest that leaves room for
-        # two blocks.
+        # two blocks beside SIZING_CREDITS buffers per QP.
         while True:
             base = dict(block_size=block_size, num_handles=256, handles_per_initiator=64,
                         table_base_handle=0x4000, pool_to_base=0x150000,
                         max_inline=max_inline, ticket_timeout_ms=100_000, retention_ms=1e9)
-            probe = TargetConfig(num_blocks=1, **base)
+            probe = TargetConfig(num_blocks=1, request_credits=SIZING_CREDITS, **base)
             # the probe's plan holds one block: what is left besides it goes to the pool
             spare = mem - (memory_plan(probe, n_qp)["end"] - block_size) - 8192
             if spare >= 2 * block_size or max_inline <= 256:
@@ -262,9 +270,20 @@ class Bench:
                               f"{mem // 1024} KiB")
         self.max_inline = max_inline
         nb = max(1, min(max_blocks, spare // block_size))
-        # every initiator may use the whole pool (the bench frees between series)
-        self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb, overcommit_quotas=True,
-                                **base)
+        # Request credits = receive buffers per QP: the most up to MAX_CREDITS that fit beside
+        # that pool and Max Inline (SIZING_CREDITS always do). The unit-test target's 4 MiB
+        # holds 16 everywhere (Max Inline 16384: 32 KiB buffers, 4 QPs x 16 x 32 KiB = 2 MiB
+        # beside pools of the same size as before). The ECPIX-5's 128 KiB holds 4 to 7, e.g.
+        # 4096-octet blocks on one QP: Max Inline 8192 (16 KiB buffers), 10 blocks, the
+        # structures end at 49152, the buffers start at 65536 (16 KiB-aligned):
+        # (131072 - 65536) / 16384 = 4; at 65536-octet blocks Max Inline falls to 256 and 16
+        # fit. Every series keeps DEPTH requests outstanding, so none needs more than 4.
+        for credits in range(MAX_CREDITS, SIZING_CREDITS - 1, -1):
+            # every initiator may use the whole pool (the bench frees between series)
+            self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb,
+                                    overcommit_quotas=True, request_credits=credits, **base)
+            if memory_plan(self.cfg, n_qp)["end"] <= mem:
+                break
         self.num_blocks = nb
         self.port = TargetPort(self.vt.port_access(self.net_step))
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr)

@@ -9,8 +9,10 @@ in) under Verilator; the host driver (:class:`host.driver.KbtpDriver`, as it is)
 :class:`host.udplink.UdpLink` on :class:`sim.vllink.VlUdpTransport`: every exchange is a UDP
 datagram on the target's GMII and its response datagram back. Four initiators
 (:class:`roce.rc.RoceEndpoint` RC QPs, the system benches' peer) send KBTP requests as SENDs.
-Configuration: 4 KiB blocks, ``--blocks`` of them (quota ``blocks / 4`` per initiator), the
-driver with ``recv_count`` 8 and ``max_messages`` 32.
+Configuration: 4 KiB blocks, ``--blocks`` of them (quota ``blocks / 4`` per initiator), 16
+request credits and so 16 receive buffers of 512 octets per QP (:func:`sim.system.model_config`;
+with the default 20 blocks the plan ends at 121856 of the core's 131072 octets, 22 is the most
+blocks that fit), the driver with ``max_messages`` 32.
 
 Time: the host's own processing takes **zero simulated time**; the wire and the target run at
 the board's clocks (GMII 125 MHz, core 20.83 MHz). ``--turnaround-ns`` adds a *modelled* host
@@ -69,7 +71,8 @@ __all__ = ["TARGET_RATE", "UART_BAUD", "run", "burst_run", "cycle_run", "main"]
 TARGET_RATE = 28_000
 UART_BAUD = 115_200
 BLOCK = 4096
-DRIVER_KW = {"recv_count": 8, "max_messages": 32}
+#: KbtpDriver options (its receive buffers per QP are the configuration's request credits).
+DRIVER_KW = {"max_messages": 32}
 STAG0 = 0x5100
 
 

@@ -419,7 +419,7 @@ def test_init_image_equals_model(over):
     # receive buffers of each QP lie after the KBTP structures and the scratch areas
     for q in range(w.n_qp):
         base, count, log2 = f.recv_buffers(q)
-        assert base >= w.plan["host_scratch"] + 256 * w.n_qp and count == 4
+        assert base >= w.plan["host_scratch"] + 256 * w.n_qp and count == cfg.request_credits
         assert base + (count << log2) <= w.plan["end"]
         assert (1 << log2) >= 24 + 32 + cfg.max_inline
         assert f.rd(REG_QP + QP_STRIDE * q) == 3        # RTS
@@ -478,7 +478,9 @@ def test_hello_features_and_direct_descriptors(features):
         assert part["length"] == 3 * 256
         assert w.fake.mr(ack.ring.stag)["laddr"] == w.lay["direct"][0]["ring"]
         assert w.fake.mr(ack.head.stag)["laddr"] == w.lay["direct"][0]["head"]
-        assert w.session_reg(0) == 0        # partition sessions stay on the slow path
+        # a partition session's LOADs and STOREs run in the engine, its ALLOC_STOREs at the
+        # host (QP_SESSION bit 3: the host allocates from the partition's ring)
+        assert w.session_reg(0) & 0b1001 == 0b1001
 
 
 def test_hello_rejections():
@@ -886,9 +888,10 @@ def test_random_sessions_against_model(seed):
         base = s.handle_base
         h = base + rng.randrange(5) if rng.random() < 0.9 else 0x4000 + rng.randrange(256)
         fast = w.session_reg(q) & 1
+        host_alloc = w.session_reg(q) & 8           # a partition session's ALLOC_STORE
         if kind == "alloc":
             raw = alloc_inline(k, h, bytes([k & 0xFF]) * rng.randrange(1, 60))
-            w.engine(q, raw) if fast else w.slow(q, raw)
+            w.engine(q, raw) if fast and not host_alloc else w.slow(q, raw)
         elif kind == "load":
             w.buffer(q, 0x500 + k, 128)
             raw = codec.encode(codec.Load(flags=ReqFlags.ALLOW_UNSEALED.value, request_id=k,
@@ -927,10 +930,12 @@ def test_random_sessions_against_model(seed):
             assert w.image_ok()
         elif kind == "tick":
             w.tick(now)
-        # the engine's USAGE of every engine session equals the model's quota use
+        # the engine's USAGE of every session the engine allocates for equals the model's
+        # quota use (a partition session's, QP_SESSION bit 3, is the driver's count)
         for qq in range(3):
             ss = w.model.session_of(qq)
-            if open_[qq] and ss is not None and ss.conn == qq and w.session_reg(qq) & 1:
+            if (open_[qq] and ss is not None and ss.conn == qq
+                    and w.session_reg(qq) & 0b1001 == 1):
                 assert w.usage_reg(qq) == w.model.usage(ss.initiator_id), (k, qq)
     # operations only the driver runs: its counts equal the model's
     only = ("HELLO", "FREE", "BIND", "GOODBYE", "RECLAIM", "RETENTION_EXPIRY")

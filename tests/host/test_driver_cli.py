@@ -54,7 +54,8 @@ def test_init_counters_serve(board, capsys):
     model = TargetModel(cfg)
     model.connect(0)
     want = [a.payload for a in model.receive(0, hello(7)) if isinstance(a, SendMsg)]
-    fake.regs.update({0x1000 + 0x34: memory_plan(cfg, 2)["recv"], 0x1000 + 0x38: 4,
+    fake.regs.update({0x1000 + 0x34: memory_plan(cfg, 2)["recv"],
+                      0x1000 + 0x38: memory_plan(cfg, 2)["recv_count"],
                       0x1000 + 0x3C: memory_plan(cfg, 2)["recv_log2"]})
     fake.deliver(0, hello(7))
     assert kbtp("serve", "--qp", "0:local_qpn=0x11,peer_ip=10.0.0.2", "--count", "1") == 0

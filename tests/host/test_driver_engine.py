@@ -307,3 +307,62 @@ def test_addr_le_sessions_in_the_engine():
     c = out["counters"]["engine"]
     for op in ("ALLOC_STORE", "STORE", "LOAD"):
         assert c[(op, "OK")] == N_QP, (op, c)
+
+
+def test_direct_alloc_session_in_the_engine():
+    """A session granted DIRECT_ALLOC (a partition of its own) on QP 0 beside a plain one on
+    QP 1: QP 0's LOAD and STORE run in the engine (the engine's Send, no driver action), its
+    ALLOC_STORE goes to the driver, which allocates from the partition's ring (QP_SESSION bit 3);
+    QP 1's ALLOC_STORE runs in the engine from the shared ring. Every answer and the image of
+    the structures equal the golden model's (issue 20, item 3)."""
+    b = Bench(direct_partitions=1, direct_quota=2)
+    da = Features.DIRECT_ALLOC.value
+    out = {}
+
+    async def bench(ctx):
+        b.ctx = ctx
+        drv = b.drv
+        await drv.init()
+        for q in range(N_QP):
+            await drv.open_qp(q, local_qpn=0x11 + q)
+            b.model.connect(q)
+        for q, feats in ((0, da), (1, 0)):
+            want, res, src = await b.deliver(q, hello(q + 1, feats))
+            ack = codec.decode(want[0])
+            assert ack.status == 0 and bool(ack.features & da) == (q == 0) and src == [1]
+        for q in range(N_QP):
+            h = 0x4000 + 32 * q
+            for m in (b.imem[q], b.model.initiator_memory(q)):
+                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
+            steps = [
+                (codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
+                                  data=codec.DataDesc(0, 0, 20), inline=b"allocated by %d ....." % q),
+                 "host" if q == 0 else "engine"),
+                (codec.Store(flags=ReqFlags.INLINE.value | ReqFlags.SEAL.value, request_id=2,
+                             handle=h, data=codec.DataDesc(0, 0, 12),
+                             inline=b"sealed now!%d" % q), "engine"),
+                (codec.Load(request_id=3, handle=h,
+                            data=codec.DataDesc(0x70 + q, 0x1_0000_0000, 256)), "engine"),
+            ]
+            for msg, where in steps:
+                before = drv.host_actions
+                want, res, src = await b.deliver(q, codec.encode(msg))
+                c = codec.decode(want[0])
+                assert c.status == 0, (q, msg, c)
+                if where == "engine":
+                    assert src == [0] and res is None and drv.host_actions == before, \
+                        (q, msg, src, res)
+                else:
+                    assert src == [1] and drv.host_actions == before + 1, (q, msg, src, res)
+            assert b.imem[q].contents(0x70 + q)[:12] == b"sealed now!%d" % q
+        # QP 0's block is the partition's first (the model's answer said where; the shared
+        # ring's first free block would be another)
+        out["counters"] = await drv.counters(transport=False)
+        out["done"] = True
+
+    b.simulate(bench)
+    assert out.get("done")
+    c = out["counters"]["engine"]
+    assert c[("LOAD", "OK")] == N_QP and c[("STORE", "OK")] == N_QP, c
+    assert c[("ALLOC_STORE", "OK")] == 1, c          # QP 1's; QP 0's went to the driver
+    assert out["counters"]["slow_path"].get(("ALLOC_STORE", "OK")) == 1, out["counters"]

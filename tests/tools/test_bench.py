@@ -179,3 +179,53 @@ def test_quick_multi_qp(quick):
         assert sum(x["ratio_to_mean"] for x in r["per_qp"]) == pytest.approx(4, abs=1e-3)
         assert r["peer_burst_gap_max"] == 0 and r["retransmits_peer"] == 0
     assert m["retransmits"] == [{"mtu": 1024, "n_qp": 4, "target": 0, "peer": 0}]
+
+
+class _SizingOnly:
+    """What :class:`tools.bench.Bench` reads of a VlTarget before bring-up (no simulation)."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def port_access(self, step):
+        return None
+
+
+@pytest.mark.parametrize("config", bench.CONFIGS)
+def test_request_credits_are_the_receive_buffers(config):
+    """Issue 20 item 5: every Bench configuration advertises as many request credits as its
+    driver posts receive buffers per QP, the most up to MAX_CREDITS that fit its memory beside
+    the pool and Max Inline sized for SIZING_CREDITS buffers (the figures measured before):
+    all 16 on the unit-test target's 4 MiB, 4 to 16 on the ECPIX-5's 128 KiB."""
+    from host.driver import memory_plan
+    from model.target import TargetConfig
+    from sim.vltarget import HW_DEFAULT, board_params
+    p = board_params("ecpix5") if config == "ecpix5" else dict(HW_DEFAULT, width=int(config))
+    mem = p["mem_words"] * 8
+    runs = [(size, 1, max(bench._n_ops(size, quick) + 2, 8))
+            for size in bench.SIZES for quick in (False, True)]
+    runs += [(size, bench.MULTI_QPS, bench.MULTI_QPS * (bench._n_ops_multi(size, quick) + 1) + 2)
+             for size in bench.MULTI_SIZES for quick in (False, True)]
+    runs += [(64, 4, 32), (1024, 1, 8)]                                     # run_latency
+    seen = set()
+    for size, n_qp, max_blocks in runs:
+        try:
+            b = bench.Bench(_SizingOnly(p), size, mtus=(1024,), n_init=n_qp,
+                            max_blocks=max_blocks)
+        except MemoryError:
+            continue
+        credits = b.cfg.request_credits
+        seen.add(credits)
+        assert b.driver.plan["recv_count"] == credits
+        assert bench.SIZING_CREDITS <= credits <= bench.MAX_CREDITS
+        assert b.driver.plan["end"] <= mem
+        if credits < bench.MAX_CREDITS:         # one more buffer per QP would not fit
+            more = TargetConfig(**{**b.cfg.__dict__, "request_credits": credits + 1})
+            assert memory_plan(more, n_qp)["end"] > mem
+        # Max Inline and the pool were sized for SIZING_CREDITS buffers, which fit too
+        fewer = TargetConfig(**{**b.cfg.__dict__, "request_credits": bench.SIZING_CREDITS})
+        assert memory_plan(fewer, n_qp)["end"] <= mem
+    if config == "ecpix5":
+        assert min(seen) == bench.SIZING_CREDITS and max(seen) <= bench.MAX_CREDITS
+    else:
+        assert seen == {bench.MAX_CREDITS}
