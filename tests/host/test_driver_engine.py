@@ -152,6 +152,21 @@ class Bench:
             self.reposts[0] += a
             self.reposts[1] += b
 
+    async def two_sessions(self, feature):
+        """Driver up, both QPs open; QP 0's HELLO asks for ``feature`` (granted), QP 1's for
+        none; each QP's initiator memory has STag 0x70 + q (256 octets at 2**32)."""
+        await self.drv.init()
+        for q in range(N_QP):
+            await self.drv.open_qp(q, local_qpn=0x11 + q)
+            self.model.connect(q)
+        for q, feats in ((0, feature), (1, 0)):
+            want, res, src = await self.deliver(q, hello(q + 1, feats))
+            ack = codec.decode(want[0])
+            assert ack.status == 0 and bool(ack.features & feature) == (q == 0) and src == [1]
+        for q in range(N_QP):
+            for m in (self.imem[q], self.model.initiator_memory(q)):
+                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
+
     # ---- one message ------------------------------------------------------------------------
     async def deliver(self, q, raw):
         """Both sides get ``raw`` on QP ``q``; returns the model's SEND payloads, after checking
@@ -270,19 +285,10 @@ def test_addr_le_sessions_in_the_engine():
     async def bench(ctx):
         b.ctx = ctx
         drv = b.drv
-        await drv.init()
-        for q in range(N_QP):
-            await drv.open_qp(q, local_qpn=0x11 + q)
-            b.model.connect(q)
-        for q, feats in ((0, le), (1, 0)):
-            want, res, src = await b.deliver(q, hello(q + 1, feats))
-            ack = codec.decode(want[0])
-            assert ack.status == 0 and bool(ack.features & le) == (q == 0) and src == [1]
+        await b.two_sessions(le)
         actions = drv.host_actions
         for q in range(N_QP):
             h = 0x4000 + 32 * q
-            for m in (b.imem[q], b.model.initiator_memory(q)):
-                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
             steps = [
                 codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
                                  data=codec.DataDesc(0, 0, 24), inline=b"little or big endian? ok"),
@@ -322,18 +328,9 @@ def test_direct_alloc_session_in_the_engine():
     async def bench(ctx):
         b.ctx = ctx
         drv = b.drv
-        await drv.init()
-        for q in range(N_QP):
-            await drv.open_qp(q, local_qpn=0x11 + q)
-            b.model.connect(q)
-        for q, feats in ((0, da), (1, 0)):
-            want, res, src = await b.deliver(q, hello(q + 1, feats))
-            ack = codec.decode(want[0])
-            assert ack.status == 0 and bool(ack.features & da) == (q == 0) and src == [1]
+        await b.two_sessions(da)
         for q in range(N_QP):
             h = 0x4000 + 32 * q
-            for m in (b.imem[q], b.model.initiator_memory(q)):
-                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
             steps = [
                 (codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
                                   data=codec.DataDesc(0, 0, 20), inline=b"allocated by %d ....." % q),
