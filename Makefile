@@ -94,6 +94,15 @@ program:
 synth-check: $(VENV)/.installed
 	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
+# Logic depth of every core-clock register input of the last build's netlist, worst first
+# (tools/depth.py): the paths to pipeline for a faster core clock, found in one pass rather
+# than one place-and-route each. Needs build/$(BOARD)/top.json (`make bitstream`, or
+# `python -m boards build --pack-only`). DEPTH_ARGS="--clock core --top 40 --path 5".
+DEPTH_ARGS ?=
+.PHONY: depth
+depth: $(VENV)/.installed
+	$(PY) -m tools.depth build/$(BOARD)/top.json $(DEPTH_ARGS)
+
 # Cycle-exact goodput / op rate / latency / resources (tools/bench.py; Verilated target via
 # sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.
 # BENCH_ARGS="--quick" for two sizes; "--widths 8" for one width.
