@@ -187,6 +187,8 @@ class KbtpEngine(wiring.Component):
         st = _Steps(m, u, u.front_bus, (reader, u.copy))
         run, finish, read = st.run, st.finish, st.read
         kind = u.kind
+        # (the session lookup is registered: it follows the QP ``cur`` holds next cycle)
+        m.d.comb += regs.qp_next.eq(cur.qp)
 
         # ================= front: take, decode, check, allocate, move or issue the data
         with m.FSM(name="front"):
@@ -196,7 +198,8 @@ class KbtpEngine(wiring.Component):
                 # granted).
                 with m.If(~regs.cmd_valid & ring.idle & self.notify.valid & u.notify_free &
                           ~q.full):
-                    m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1)]
+                    m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1),
+                                 regs.qp_next.eq(self.notify.payload.qp)]
                     m.d.sync += cur.eq(self.notify.payload)
                     m.next = "NOTIFIED"
                 with m.Else():

@@ -61,8 +61,13 @@ class EngineRegs(wiring.Component):
     -----
     bus : In(HostBusSignature())        the host's accesses (window at ``base``)
     cfg : Out(CONFIG)                   configuration registers
-    qp : In(QP_INDEX_BITS), session : Out(SESSION)
-        the session of QP ``qp`` (the request's)
+    qp : In(QP_INDEX_BITS), qp_next : In(QP_INDEX_BITS), session : Out(SESSION)
+        the session of QP ``qp`` (the request's). ``qp_next`` is the QP ``qp`` will hold in
+        the next cycle: every field but USAGE is looked up at it and registered, so the
+        session shows the request's QP from the cycle ``qp`` takes it, from flops. (The
+        lookup behind ``qp``, a LUT RAM row and flip-flop multiplexers feeding the request's
+        checks, began the core clock's longest path on the ECPIX-5.) USAGE stays a
+        multiplexer at ``qp``: the engine changes it in the very cycles it is compared.
     usage_inc, usage_dec : In(1), dec_qp : In(QP_INDEX_BITS)
                                         add one block to QP ``qp``'s USAGE / remove one from
                                         QP ``dec_qp``'s (a host write of that USAGE in the
@@ -91,7 +96,7 @@ class EngineRegs(wiring.Component):
         super().__init__({
             "bus": In(HostBusSignature()),
             "cfg": Out(CONFIG, init=cfg_init),
-            "qp": In(QP_INDEX_BITS), "session": Out(SESSION),
+            "qp": In(QP_INDEX_BITS), "qp_next": In(QP_INDEX_BITS), "session": Out(SESSION),
             "usage_inc": In(1), "usage_dec": In(1), "dec_qp": In(QP_INDEX_BITS),
             "range_idx": In(max(1, (n_ranges - 1).bit_length())), "range": Out(9),
             "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_arg": Out(64), "cmd_ack": In(1),
@@ -193,13 +198,18 @@ class EngineRegs(wiring.Component):
         # not clear them (the host writes a session before it sets its VALID bit).
         n_words = sum(f.n_words for f in _QP_MEM)
         m.submodules.sessions = sessions = memory.Memory(shape=32 * n_words, depth=nq, init=[])
-        rp = sessions.read_port(domain="comb")      # the request's QP
-        bus_rp = sessions.read_port(domain="comb")  # host reads
         wp = sessions.write_port(granularity=32)    # host writes, one word at a time
-        sess = self.session
-        m.d.comb += [rp.addr.eq(qp), sess.valid.eq(s_valid[qp]), sess.record.eq(s_record[qp]),
-                     sess.addr_le.eq(s_le[qp]), sess.host_alloc.eq(s_ha[qp]),
-                     sess.domain.eq(s_domain[qp]), sess.usage.eq(s_usage[qp])]
+        # the request's QP, registered (see ``qp_next``); a host write shows a cycle later
+        rp = sessions.read_port(domain="sync", transparent_for=(wp,))
+        bus_rp = sessions.read_port(domain="comb")  # host reads
+        sess, qn = self.session, self.qp_next
+        flops = Signal(SESSION)
+        m.d.sync += [flops.valid.eq(s_valid[qn]), flops.record.eq(s_record[qn]),
+                     flops.addr_le.eq(s_le[qn]), flops.host_alloc.eq(s_ha[qn]),
+                     flops.domain.eq(s_domain[qn])]
+        m.d.comb += [rp.addr.eq(qn), sess.valid.eq(flops.valid), sess.record.eq(flops.record),
+                     sess.addr_le.eq(flops.addr_le), sess.host_alloc.eq(flops.host_alloc),
+                     sess.domain.eq(flops.domain), sess.usage.eq(s_usage[qp])]
         # The engine's USAGE updates come first: a host write in the same cycle wins. (The
         # engine's front stage adds, at QP ``qp``; its back stage removes, at ``dec_qp``; both
         # in one cycle may be one QP.)

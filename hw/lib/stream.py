@@ -96,10 +96,13 @@ class RegisterSlice(wiring.Component):
     Ports
     -----
     i : In(PacketStream(width)), o : Out(PacketStream(width))
+        or, with ``signature`` (any :class:`amaranth.lib.stream.Signature`, e.g. a stream of
+        :func:`hw.net.ip.roce_rx_layout` with its metadata), streams of that signature.
     """
 
-    def __init__(self, width):
-        super().__init__({"i": In(PacketStream(width)), "o": Out(PacketStream(width))})
+    def __init__(self, width=None, *, signature=None):
+        sig = signature if signature is not None else PacketStream(width)
+        super().__init__({"i": In(sig), "o": Out(sig)})
 
     def elaborate(self, platform):
         m = Module()

@@ -262,7 +262,15 @@ class UdpLinkRx(wiring.Component):
             with m.If(i.p.last):
                 m.d.sync += [fin.hdr.eq(hdr.now), fin.len.eq(frame_end), fin.sum.eq(acc_next)]
         decided = self._decide(m, cap, fin, flush, flush_side)
-        self._store(m, packer, store, decided)
+        # The packer's beats go through a register before the frame walker and the store: the
+        # packer's lane shifter and the walker's eight chained octet steps (at width 64) made
+        # one of the core clock's longest paths (tools/depth.py). ``o.ready`` is always high,
+        # so a plain register is the whole stage.
+        pk = SimpleNamespace(valid=Signal(name="pk_valid"),
+                             p=Signal(packer.o.p.shape(), name="pk"))
+        m.d.comb += packer.o.ready.eq(1)
+        m.d.sync += [pk.valid.eq(packer.o.valid), pk.p.eq(packer.o.p)]
+        self._store(m, pk, store, decided)
         return m
 
     def _header_verdict(self, m, cap, pos):
@@ -326,11 +334,10 @@ class UdpLinkRx(wiring.Component):
         ]
         return {c: fin.decide & v for c, v in outcome.items()}
 
-    def _store(self, m, packer, store, decided):
-        """Packed beats -> store, frame walker; commit or discard at the packed last beat;
-        counters (``decided``: the decision cycle's strobes, and the store's)."""
-        o = packer.o
-        m.d.comb += o.ready.eq(1)            # a beat the store cannot take is dropped (overrun)
+    def _store(self, m, o, store, decided):
+        """Packed beats (``o``: registered, always taken) -> store, frame walker; commit or
+        discard at the packed last beat; counters (``decided``: the decision cycle's strobes,
+        and the store's). A beat the store cannot take is dropped (overrun)."""
         lost = Signal()                      # a beat of this datagram found the store full
         drop = o.valid & (lost | ~store.w.ready)
         walk_ok = self._walker(m, o)
