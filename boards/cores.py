@@ -30,8 +30,8 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
            "DEFAULT_MAC", "default_core_name", "kbtp_mem_words"]
 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
-#: divided by 30. At width 64 that is 1.33 Gb/s of datapath for the 1 Gb/s line.
-CORE_FREQ = 625e6 / 30
+#: divided by 25. At width 64 that is 1.6 Gb/s of datapath for the 1 Gb/s line.
+CORE_FREQ = 625e6 / 25
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
 DEFAULT_IP = 0xC0A80132                # 192.168.1.50

@@ -42,7 +42,7 @@ __all__ = ["HW_DEFAULT", "SHIPPED", "VlTarget", "TxFrame", "build", "export_veri
 HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scale": 16}
 
 #: The configuration the ECPIX-5 bitstream holds: boards/cores.py ``KbtpCore`` for that board,
-#: gate for gate (GMII MAC at 125 MHz behind MacCdc, the target at width 64 in its own 20.83 MHz
+#: gate for gate (GMII MAC at 125 MHz behind MacCdc, the target at width 64 in its own 25 MHz
 #: clock, PipelinedRam, the host bus behind HostBusRegister). ``params={"board": name}``
 #: selects it; :func:`board_params` fills in the figures the benches read.
 SHIPPED = {"board": "ecpix5"}

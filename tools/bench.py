@@ -10,7 +10,7 @@ Everything is counted in simulated clock cycles of the Verilated target
 
 ``ecpix5`` (the default, first)
     The core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`): GMII MAC at
-    125 MHz, the target at width 64 in its 20.83 MHz core clock, 128 KiB of block RAM.
+    125 MHz, the target at width 64 in its 25 MHz core clock, 128 KiB of block RAM.
 ``8``, ``64``
     The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
     *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
@@ -18,7 +18,7 @@ Everything is counted in simulated clock cycles of the Verilated target
 The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles are GMII
 cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
 close to the wire arithmetic is *wire-bound*. Latencies are also given in nanoseconds at the
-board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (48 ns each on the
+board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (40 ns each on the
 ECPIX-5). The block sizes a configuration's memory cannot hold are listed as not run.
 
 Figures

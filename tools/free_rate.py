@@ -15,7 +15,7 @@ with the default 20 blocks the plan ends at 121856 of the core's 131072 octets, 
 blocks that fit), the driver with ``max_messages`` 32.
 
 Time: the host's own processing takes **zero simulated time**; the wire and the target run at
-the board's clocks (GMII 125 MHz, core 20.83 MHz). ``--turnaround-ns`` adds a *modelled* host
+the board's clocks (GMII 125 MHz, core 25 MHz). ``--turnaround-ns`` adds a *modelled* host
 turnaround per link exchange (default runs: 0 and 20,000 ns, a plausible Linux UDP round trip
 through the socket API). Figures in GMII cycles (8 ns) and at the board's real clocks.
 

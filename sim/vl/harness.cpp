@@ -24,8 +24,8 @@
 // - default: hw/target/target.py KbtpTarget, one clock (clk), GMII ports rxd.., host bus host__*;
 // - KBTP_CORE_DIV=n: the board's core (boards/cores.py KbtpCore, as the bitstream holds it):
 //   GMII (gmii__*) and the MAC in ``sync`` (clk), everything after the MAC and the host bus
-//   (bus__*) in ``core`` (core_clk), whose period is n GMII cycles (ECPIX-5: 125 MHz / 6 =
-//   20.83 MHz). The core clock rises at the falling edge of clk in every n-th GMII cycle, so
+//   (bus__*) in ``core`` (core_clk), whose period is n GMII cycles (ECPIX-5: 125 MHz / 5 =
+//   25 MHz). The core clock rises at the falling edge of clk in every n-th GMII cycle, so
 //   the two domains never share an edge. Cycle counts stay GMII cycles (8 ns); a host-bus
 //   access is held from one core edge to the core edge after the one that showed ack, as the
 //   board's host link does.

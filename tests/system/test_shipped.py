@@ -5,8 +5,8 @@
 """The ECPIX-5 core as the bitstream holds it, simulated whole under Verilator.
 
 ``VlTarget(SHIPPED)`` is :class:`boards.cores.KbtpCore` built by the board's own factory: the
-GMII MAC at 125 MHz behind ``MacCdc``, the target at width 64 in its own 20.83 MHz clock (one
-core cycle every 6 GMII cycles), the pipelined block RAM, 4 QPs, 8 memory regions, a 128 KiB memory, the host bus
+GMII MAC at 125 MHz behind ``MacCdc``, the target at width 64 in its own 25 MHz clock (one
+core cycle every 5 GMII cycles), the pipelined block RAM, 4 QPs, 8 memory regions, a 128 KiB memory, the host bus
 behind ``HostBusRegister``; its timers run at the board's real rate (no timer scaling). The
 system bench (4 initiators, loss, duplication and corruption, every round matched to the golden
 model, the final memory image and counters compared) and a short soak run on it. The
@@ -20,6 +20,10 @@ from tools.soak import report, soak
 from sim.system import VlSystemBench, mixed, mixed_checks, run_sync
 from sim.vltarget import SHIPPED, VlTarget, board_params
 
+#: GMII cycles per core cycle of the shipped core (boards.cores.CORE_FREQ; checked exactly in
+#: test_shipped_is_the_board_core).
+DIV = board_params("ecpix5")["core_div"]
+
 pytestmark = pytest.mark.xdist_group("shipped")
 
 
@@ -32,8 +36,8 @@ def test_shipped_is_the_board_core():
     kw = KbtpCore.target_kwargs_of(spec.memory)
     assert (p["width"], p["n_qp"], p["n_mr"], p["mem_words"]) == \
         (kw["width"], kw["n_qp"], kw["n_mr"], kw["mem_words"]) == (64, 4, 8, 16384)
-    assert p["core_div"] == 6 and p["mac_hz"] == 125e6
-    assert abs(p["core_hz"] - 125e6 / 6) < 1
+    assert p["core_div"] == 5 and p["mac_hz"] == 125e6
+    assert abs(p["core_hz"] - 125e6 / 5) < 1
     assert p["timer_scale"] == 1
 
 
@@ -54,7 +58,7 @@ def test_shipped_clocks(built):
         run_sync(TargetPort(vt.aaccess).set_own(T_MAC, T_IP))
         c0 = vt.cycle
         vt.access(1, 0, 0, 0)                       # one read of target memory
-        assert (vt.cycle - c0) % 6 == 0 and vt.cycle - c0 >= 6 * 3
+        assert (vt.cycle - c0) % DIV == 0 and vt.cycle - c0 >= DIV * 3
         req = bytes(Ether(dst="ff:ff:ff:ff:ff:ff", src=P_MAC)
                     / ARP(op=1, hwsrc=P_MAC, psrc=P_IP, pdst=T_IP)).ljust(60, b"\0")
         vt.send(req)
@@ -64,7 +68,7 @@ def test_shipped_clocks(built):
         assert rep[ARP].op == 2 and rep[ARP].psrc == T_IP and rep.src == T_MAC
         first, last = vt.rx_log[-1]
         assert last - first == 8 + 60 + 4 - 1       # one octet per GMII cycle
-        assert vt.core_cycle == vt.cycle // 6
+        assert vt.core_cycle == vt.cycle // DIV
 
 
 def test_shipped_system_bench(built):

@@ -1,6 +1,6 @@
 # Ref: MAC at 125 MHz, core on its own clock; IEEE 802.3 §3.1.1, §4.2.3.3
 #      (frame, FCS, 60-octet minimum); hw/net/maccdc.py; hw/target/target.py (mac=False).
-"""MacCdc: GMII at 125 MHz on one side, 64-bit frame streams on a 20.83 MHz clock on the other.
+"""MacCdc: GMII at 125 MHz on one side, 64-bit frame streams on a 25 MHz clock on the other.
 
 Oracles: the frames put in, their FCS from ``zlib.crc32`` (not the gateware's
 ``amaranth.lib.crc``), the number of frames deliberately corrupted, and the wire time of
@@ -16,7 +16,7 @@ from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
 from sim.hdl import gmii_drive, gmii_wire, packet_get, packet_put, run_until_done
 
 GMII_PERIOD = 8e-9
-CORE_PERIOD = 48e-9          # 625 MHz / 30, boards.cores.CORE_FREQ
+CORE_PERIOD = 40e-9          # 625 MHz / 25, boards.cores.CORE_FREQ
 CNT = {name: k for k, name in enumerate(MAC_COUNTER_NAMES)}
 
 
@@ -94,7 +94,7 @@ def test_tx_frames_cross_with_fcs():
 def test_core_clock_keeps_up_with_line_rate():
     """Back-to-back frames at the minimum gap, read as fast as the core clock allows: the
     MAC's buffer never overflows and the last frame leaves the core side soon after its end on
-    the wire (the 20.83 MHz x 64-bit side is faster than 1 Gb/s)."""
+    the wire (the 25 MHz x 64-bit side is faster than 1 Gb/s)."""
     rng = random.Random(3)
     dut, sim = make()
     pkts = [rng.randbytes(n) for n in (1514, 60, 61, 1000, 64, 1514)]
