@@ -21,7 +21,8 @@ import re
 import sys
 from collections import defaultdict
 
-#: cell type -> {input port: {output port: levels}}; ports not listed start or end paths.
+#: combinational cell type -> (input ports, output ports, levels from any input to any output).
+#: Other cells' outputs start paths; register, LUT RAM write and block RAM inputs end them.
 _COMB = {
     "LUT4": ({"A", "B", "C", "D"}, {"Z"}, 1.0),
     "PFUMX": ({"ALUT", "BLUT", "C0"}, {"Z"}, 0.3),
