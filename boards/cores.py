@@ -171,9 +171,14 @@ class HostBusRegister(wiring.Component):
         return m
 
 
-def _board_ram(mem_words, pipelined):
+def _board_ram(mem_words, pipelined, dram=None, core_freq=None):
     """The target memory of a board core: :class:`boards.ram.PipelinedRam` (same bus contract
-    as the target's one-cycle ``MemRam``), or None for the target's own."""
+    as the target's one-cycle ``MemRam``), None for the target's own, or with ``dram`` (a
+    :class:`boards.dram.DramTiming`) the DRAM timing model :class:`boards.dram.DramModel` at
+    ``core_freq`` (simulation only: it stands where the DRAM controller will)."""
+    if dram is not None:
+        from .dram import DramModel
+        return DramModel(mem_words, dram.cycles(core_freq))
     from .ram import PipelinedRam
     return PipelinedRam(mem_words) if pipelined else None
 
@@ -255,20 +260,25 @@ class KbtpCore(wiring.Component):
     core_freq : float
         Frequency of the ``core`` domain (must be the PLL's VCO over an integer).
     pipelined_ram : bool
+    dram : boards.dram.DramTiming or None
+        Simulation only: the target memory is :class:`boards.dram.DramModel` with these DRAM
+        costs (issue 22: what the pool in DDR3 will cost) instead of block RAM.
     **overrides
         Extra / replacement ``KbtpTarget`` keyword arguments.
     """
 
     core_domain = "core"
 
-    def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, **overrides):
+    def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, dram=None,
+                 **overrides):
         from hw.target.target import KbtpTarget
 
         self.memory = memory
         self.core_freq = core_freq
         kwargs = self.target_kwargs_of(memory, core_freq=core_freq, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
-        self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram))
+        self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
+                                                          dram, core_freq))
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 

@@ -47,6 +47,11 @@ HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scal
 #: selects it; :func:`board_params` fills in the figures the benches read.
 SHIPPED = {"board": "ecpix5"}
 
+#: Simulation-only memories of a board's core (``params={"board": name, "dram": key}``): the
+#: board's core gate for gate but for its target memory, :class:`boards.dram.DramModel` with
+#: these DRAM costs in place of the block RAM (issue 22). Not a configuration a board builds.
+DRAMS = {"ddr3": "ECPIX5_DDR3"}
+
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 
 TOP = "kbtp_vl"
@@ -61,12 +66,17 @@ VERILATOR_ARGS = ["-O3", "--x-initial", "0", "--x-assign", "0", "-Wno-fatal", "-
 MAKE_OPT = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
 
 
-def _board_core(name):
-    """The board's default core, built by the board's own factory (boards/cores.py)."""
+def _board_core(name, dram=None):
+    """The board's default core, built by the board's own factory (boards/cores.py); with
+    ``dram`` (a key of :data:`DRAMS`) its memory is the DRAM timing model."""
     from boards import BOARDS
     from boards.cores import CORES
     spec = BOARDS[name]
-    return spec.core_factory("kbtp", CORES["kbtp"][0])(spec.memory)
+    factory = spec.core_factory("kbtp", CORES["kbtp"][0])
+    if dram is None:
+        return factory(spec.memory)
+    import boards.dram
+    return factory(spec.memory, dram=getattr(boards.dram, DRAMS[dram]))
 
 
 def board_params(name):
@@ -96,9 +106,14 @@ def _params(params):
     params = dict(params or {})
     if "board" in params:
         p = board_params(params["board"])
+        dram = params.pop("dram", None)
         other = {k: v for k, v in params.items() if p.get(k) != v}
         if other:
             raise ValueError(f"the board configuration takes no overrides: {other}")
+        if dram is not None:
+            if dram not in DRAMS:
+                raise ValueError(f"dram {dram!r}: not one of {sorted(DRAMS)}")
+            p["dram"] = dram
         return p
     p = dict(HW_DEFAULT)
     p.update(params)
@@ -109,7 +124,7 @@ def make_target(params):
     """The :class:`~hw.target.target.KbtpTarget` of ``params`` (HW_DEFAULT keys + any kwargs), or
     the board's core for ``params["board"]``."""
     if "board" in params:
-        return _board_core(params["board"])
+        return _board_core(params["board"], params.get("dram"))
     from hw.target.target import KbtpTarget
     p = dict(params)
     width = p.pop("width")
@@ -166,7 +181,8 @@ def _harness_digest():
 
 def build_dir_of(params):
     if "board" in params:
-        return ROOT / "sim_build" / f"vl_board_{params['board']}"
+        dram = f"_{params['dram']}" if params.get("dram") else ""
+        return ROOT / "sim_build" / f"vl_board_{params['board']}{dram}"
     slug = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
     return ROOT / "sim_build" / f"vl_{slug}"
 

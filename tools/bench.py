@@ -11,6 +11,11 @@ Everything is counted in simulated clock cycles of the Verilated target
 ``ecpix5`` (the default, first)
     The core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`): GMII MAC at
     125 MHz, the target at width 64 in its 25 MHz core clock, 128 KiB of block RAM.
+``ecpix5-ddr3``
+    The same core with its target memory replaced by the DDR3 timing model of
+    :mod:`boards.dram` (simulation only, issue 22: what the pool in the board's DDR3 will
+    cost; same memory size, so the difference from ``ecpix5`` is DRAM latency, row misses and
+    refresh alone). Not what the board builds today: run it by name.
 ``8``, ``64``
     The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
     *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
@@ -819,9 +824,15 @@ def label(config):
     return config if not str(config).isdigit() else f"unit-w{config}"
 
 
+#: Board configurations by name: the shipped core, and simulation-only variants of it.
+BOARD_CONFIGS = {"ecpix5": {}, "ecpix5-ddr3": {"dram": "ddr3"}}
+
+
 def _params(config):
     from sim.vltarget import SHIPPED
-    return SHIPPED if config == "ecpix5" else {"width": int(config)}
+    if config in BOARD_CONFIGS:
+        return {**SHIPPED, **BOARD_CONFIGS[config]}
+    return {"width": int(config)}
 
 
 def _vt(config, log):
@@ -833,7 +844,7 @@ def clocks_of(config):
     """The clocks of a configuration: ``gmii_hz`` (cycles of every figure) and ``core_hz``
     (the engine's LAST_LATENCY), as the board runs them (the unit target: both 125 MHz)."""
     from sim.vltarget import board_params
-    if config == "ecpix5":
+    if config in BOARD_CONFIGS:
         p = board_params("ecpix5")
         return {"gmii_hz": p["mac_hz"], "core_hz": p["core_hz"], "width": p["width"]}
     return {"gmii_hz": CLOCK_HZ, "core_hz": CLOCK_HZ, "width": int(config)}
@@ -871,7 +882,7 @@ def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run
                           max_blocks=max_blocks)
             except MemoryError as e:
                 out["unfit"] = str(e)
-                log(f"{label(width):<8} {size:>8}:{what} not run, {e}")
+                log(f"{label(width):<11} {size:>8}:{what} not run, {e}")
                 return out
             b.bring_up()
             try:
@@ -881,7 +892,7 @@ def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run
                                                                "rx_frames_ok", "tx_frames")}
                 out["failed"].append({"width": width, "size": size, "mtu": mtu, **extra,
                                       "op": b.current_op, "error": str(e)[:200], "mac": mac})
-                log(f"{label(width):<8} {b.current_op:<19} {size:>8} {mtu:>5}{what} FAILED: "
+                log(f"{label(width):<11} {b.current_op:<19} {size:>8} {mtu:>5}{what} FAILED: "
                     f"no completion (MAC {mac})")
             out["retransmits"].append({"mtu": mtu, **extra,
                                        "target": _req_counter(b, "cnt_retransmits"),
@@ -961,7 +972,7 @@ def _mtu_multi(b, width, size, n, ops, out, log):
             alt = "STORE_READ" if kind == "STORE" else None
             out["skipped"].append({"op": op, "size": size, "mtu": mtu, "why": why,
                                    "instead": alt if alt not in done else None})
-            log(f"{label(width):<8} {op:<19} {size:>8} {mtu:>5} x{len(qs)} QPs not run: {why}"
+            log(f"{label(width):<11} {op:<19} {size:>8} {mtu:>5} x{len(qs)} QPs not run: {why}"
                 + (f"; {alt} instead" if alt and alt not in done else ""))
             if alt is None or alt in done:
                 continue
@@ -1227,14 +1238,14 @@ CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_
 
 
 def _row(r):
-    return (f"{label(r.get('width', '?')):<8} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
+    return (f"{label(r.get('width', '?')):<11} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
             f"{r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
             f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
             f"{r['ops_per_s']:>9} "
             f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
 
 
-HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
+HEADER = (f"{'config':<11} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
           f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
           f"{'':>4}")
 
@@ -1246,13 +1257,13 @@ MULTI_CSV_FIELDS = ["config", "op", "size", "mtu", "n_qp", "n_ops_per_qp", "wind
                     "latency_p99", "latency_max", "min_outstanding", "bytes_asked",
                     "bytes_moved"]
 
-MULTI_HEADER = (f"{'config':<8} {'op':<19} {'size':>8} {'mtu':>5} {'QPs':>3} {'cyc/op':>8} "
+MULTI_HEADER = (f"{'config':<11} {'op':<19} {'size':>8} {'mtu':>5} {'QPs':>3} {'cyc/op':>8} "
                 f"{'Mb/s':>8} {'/theo':>6} {'/bound':>6} {'ops/s':>9} {'maxdev':>7} "
                 f"{'lat mean':>8} {'lat p99':>8}   (aggregate of every QP)")
 
 
 def _multi_row(r):
-    return (f"{label(r.get('width', '?')):<8} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
+    return (f"{label(r.get('width', '?')):<11} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
             f"{r['n_qp']:>3} {r['cycles_per_op']:>8.1f} {r['goodput_mbps']:>8.1f} "
             f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['ops_per_s']:>9} "
             f"{100 * r['fairness_max_dev']:>6.1f}% {r['latency_mean']!s:>8} "
@@ -1286,18 +1297,18 @@ def format_table(res):
             lines.append(_multi_row(dict(r, width=w)))
             lines.append(_fair_line(r))
         for f in wr.get("multi_skipped", []):
-            lines.append(f"{label(w):<8} {f.get('op', '(all)'):<19} {f['size']:>8} "
+            lines.append(f"{label(w):<11} {f.get('op', '(all)'):<19} {f['size']:>8} "
                          f"{f['mtu']:>5} {MULTI_QPS:>3} not run: {f['why']}"
                          + (f"; {f['instead']} instead" if f.get("instead") else ""))
         for f in wr.get("multi_failed", []):
-            lines.append(f"{label(w):<8} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} "
+            lines.append(f"{label(w):<11} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} "
                          f"{f['n_qp']:>3} FAILED: no completion; MAC counters {f['mac']}")
     for w, wr in res["widths"].items():
         for f in wr.get("skipped", []):
-            lines.append(f"{label(w):<8} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
+            lines.append(f"{label(w):<11} {'(all)':<19} {f['size']:>8} {f['mtu']:>5} not run: "
                          f"{f['why']}")
         for f in wr.get("failed", []):
-            lines.append(f"{label(w):<8} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: "
+            lines.append(f"{label(w):<11} {f['op']:<19} {f['size']:>8} {f['mtu']:>5} FAILED: "
                          f"no completion; MAC counters {f['mac']}")
         rt = [x for x in wr.get("retransmits", []) if x["target"] or x["peer"]]
         lines.append(f"{label(w)}: retransmissions (target, peer) "
@@ -1401,7 +1412,8 @@ def plot(res, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--configs", "--widths", dest="widths", default=",".join(CONFIGS),
-                    help="ecpix5 (the board's core), 8 / 64 (the one-clock unit target)")
+                    help="ecpix5 (the board's core), ecpix5-ddr3 (its memory the DDR3 timing "
+                         "model), 8 / 64 (the one-clock unit target)")
     ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
     ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
     ap.add_argument("--out", default="build/bench")

@@ -1,0 +1,227 @@
+# Ref: issue 22 item 2 (the shipped configuration simulated with what DRAM costs: refresh, bank
+#      conflicts, read latency); hw/iface.py MemBusSignature (split transactions, in-order
+#      responses, a write visible to every request accepted after it); Micron MT41K256M16 data
+#      sheet (4 Gb DDR3 x16: 8 banks, 32K rows of 1K columns = 2 KiB pages; tREFI 7.8 us,
+#      tRFC 260 ns, tRP = tRCD = 13.75 ns at -125); LiteDRAM (litedram.core.crossbar native
+#      port, ROW_BANK_COL address mapping; litedram.phy.ECP5DDRPHY, 1:2 rate).
+"""A cycle timing model of DDR3 behind the target's memory bus, for simulation.
+
+The ECPIX-5 carries 512 MB of DDR3 (MT41K256M16). On the board the target's memory bus will
+reach it through a LiteDRAM controller in its own clock and an asynchronous FIFO each way
+(issue 22). :class:`DramModel` stands where that bridge and controller will stand, in the core
+clock, with the costs a master sees on the bus:
+
+- **read latency**: a read of an open row answers ``hit`` core cycles after it is accepted
+  (crossing into the controller's clock, the controller's pipeline and CAS latency, crossing
+  back);
+- **bank conflicts**: a request to a bank whose open row is another one (or none: after reset
+  and after every refresh) first closes and opens a row: the port takes no request for ``miss``
+  more cycles and the request's answer comes ``miss`` cycles later;
+- **refresh**: every ``refi`` core cycles the port takes no request for ``rfc`` cycles, and
+  every bank is closed afterwards.
+
+Reads answer in order, at most one per cycle; a write takes one cycle of the port (plus a
+miss). Addresses map as LiteDRAM's ROW_BANK_COL does on this module with its 16-octet native
+port: octets 0-3 of the byte address within the native word, column bits 4-10 (a 2 KiB page),
+bank bits 11-13, row bits 14 and up.
+
+Simplifications, on the side of the pessimist where they are not exact: one command at a time
+(a miss holds the port even when the next request is to another bank; LiteDRAM's bank machines
+would overlap it); responses already scheduled are not delayed by a refresh that starts after
+them. The data: one block-RAM-like array of ``depth`` words (a simulation holds it in host
+memory), read and written when the request is accepted, so the bus's order rule holds by
+construction whatever the timing.
+
+Why our own model and not LiteDRAM's ``SDRAMPHYModel`` behind the real controller: that needs
+the controller generated as Verilog by migen/LiteX into every simulation of the shipped core;
+this model keeps the simulation in one Amaranth design while the board side is built. Its
+figures come from :data:`ECPIX5_DDR3` (the controller's own latencies, measured on LiteDRAM's
+simulation, in the controller's clock).
+"""
+
+import math
+from dataclasses import dataclass
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import fifo, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In
+
+from hw.iface import MEM_DATA_BITS, MemBusSignature
+
+__all__ = ["DramTiming", "DramCycles", "ECPIX5_DDR3", "DramModel", "dram_address"]
+
+#: Octets of a native-port word, of a page (one row of one bank), and banks (MT41K256M16 x16
+#: with LiteDRAM's 16-octet native port).
+NATIVE_OCTETS = 16
+PAGE_OCTETS = 2048
+N_BANKS = 8
+
+
+def dram_address(addr):
+    """(bank, row) of byte address ``addr`` (ROW_BANK_COL on MT41K256M16)."""
+    page = addr // PAGE_OCTETS
+    return page % N_BANKS, page // N_BANKS
+
+
+@dataclass(frozen=True)
+class DramCycles:
+    """The model's figures in core cycles (see the module docstring)."""
+    hit: int
+    miss: int
+    refi: int
+    rfc: int
+
+    def __post_init__(self):
+        if self.hit < 3 or self.miss < 0 or self.rfc < 1 or self.refi <= self.rfc:
+            raise ValueError(f"impossible DRAM timing {self}")
+
+
+@dataclass(frozen=True)
+class DramTiming:
+    """A DRAM controller's costs, in its own clock, and the crossing to and from the core.
+
+    Attributes
+    ----------
+    name : str
+    ctrl_hz : float             the controller's clock (LiteDRAM's ``sys``)
+    hit_ctrl : int              native command accepted -> read data, row open (controller cycles)
+    miss_ctrl : int             extra cycles when the row must be opened (precharge + activate)
+    refi_ns, rfc_ns : float     refresh interval, and the time the port stops for one refresh
+    cdc_core : int              core cycles of the two clock crossings (request + response)
+    """
+    name: str
+    ctrl_hz: float
+    hit_ctrl: int
+    miss_ctrl: int
+    refi_ns: float
+    rfc_ns: float
+    cdc_core: int
+
+    def cycles(self, core_hz):
+        """The figures in core cycles at ``core_hz``, each rounded up."""
+        ctrl_ns = 1e9 / self.ctrl_hz
+        core_ns = 1e9 / core_hz
+
+        def up(ns):
+            return max(0, math.ceil(ns / core_ns - 1e-9))
+        return DramCycles(hit=self.cdc_core + up(self.hit_ctrl * ctrl_ns),
+                          miss=up(self.miss_ctrl * ctrl_ns),
+                          refi=int(self.refi_ns // core_ns), rfc=max(1, up(self.rfc_ns)))
+
+
+#: The ECPIX-5's DDR3 behind LiteDRAM as LiteX builds it for this board (sys 75 MHz, ECP5DDRPHY
+#: 1:2, MT41K256M16). hit/miss: see tools/litedram_timing.py; refresh: the data sheet (tREFI
+#: 7.8 us, tRFC 260 ns for 4 Gb, rounded up to the controller's clock with its precharge-all);
+#: cdc_core: one synchroniser of two core-clock flops on the response, and the request's crossing
+#: into a three times faster clock, about one core cycle.
+ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=75e6, hit_ctrl=12, miss_ctrl=5,
+                         refi_ns=7800.0, rfc_ns=300.0, cdc_core=3)
+
+
+class DramModel(wiring.Component):
+    """Word memory of ``depth`` 8-octet words behind :class:`~hw.iface.MemBusSignature`, with
+    the DRAM timing ``cycles`` (:class:`DramCycles`, core cycles).
+
+    Parameters
+    ----------
+    depth : int
+        Words; addresses at or above ``8 * depth`` wrap.
+    cycles : DramCycles
+    credits : int
+        Reads accepted and not yet handed out (the response queue's depth); at least ``hit``
+        for a master reading back to back to get one word per cycle.
+
+    Ports
+    -----
+    bus : In(MemBusSignature)
+
+    Counters (for tests and benches): ``n_miss`` rows opened, ``n_refresh`` refreshes.
+    """
+
+    def __init__(self, depth, cycles, *, credits=16):
+        if depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth {depth} is not a power of two >= 2")
+        self.depth, self.timing, self.credits = depth, cycles, credits
+        super().__init__({"bus": In(MemBusSignature())})
+        self.mem = Memory(shape=MEM_DATA_BITS, depth=depth, init=[])
+        self.n_miss = Signal(32)
+        self.n_refresh = Signal(32)
+
+    def elaborate(self, platform):
+        m = Module()
+        t = self.timing
+        req, rsp = self.bus.req, self.bus.rsp
+        abits = (self.depth - 1).bit_length()
+        m.submodules.mem = mem = self.mem
+        wr = mem.write_port(granularity=8)
+        rd = mem.read_port()
+
+        # A free-running cycle count; answers carry the cycle they are due in. 48 bits: wraps
+        # after 130 days of simulated time at 25 MHz.
+        now = Signal(48)
+        m.d.sync += now.eq(now + 1)
+
+        # ---- the port's state: busy after a miss, refresh ------------------------------------
+        busy = Signal(range(t.miss + 2))          # cycles the port still takes no request
+        to_refresh = Signal(range(t.refi), init=t.refi - 1)     # a refresh every `refi` cycles
+        refreshing = Signal(range(t.rfc + 1))
+        reserved = Signal(range(self.credits + 1))
+        m.d.comb += req.ready.eq((busy == 0) & (refreshing == 0) & (reserved != self.credits))
+        accept = req.valid & req.ready
+
+        # ---- open rows ------------------------------------------------------------------------
+        bank = req.payload.addr[11:14]
+        row = req.payload.addr[14:]
+        open_row = [Signal(len(row), name=f"open_row{b}") for b in range(N_BANKS)]
+        is_open = [Signal(name=f"is_open{b}") for b in range(N_BANKS)]
+        miss = Signal()
+        for b in range(N_BANKS):
+            with m.If(bank == b):
+                m.d.comb += miss.eq(~is_open[b] | (open_row[b] != row))
+
+        with m.If(to_refresh == 0):
+            # A refresh is due: this cycle's request is still taken; none for `rfc` cycles from
+            # the next one on.
+            m.d.sync += [to_refresh.eq(t.refi - 1), refreshing.eq(t.rfc),
+                         self.n_refresh.eq(self.n_refresh + 1)]
+        with m.Else():
+            m.d.sync += to_refresh.eq(to_refresh - 1)
+        with m.If(refreshing != 0):
+            m.d.sync += refreshing.eq(refreshing - 1)
+            with m.If(refreshing == 1):
+                m.d.sync += [o.eq(0) for o in is_open]       # every bank closed afterwards
+
+        with m.If(busy != 0):
+            m.d.sync += busy.eq(busy - 1)
+        with m.If(accept & miss):
+            m.d.sync += [busy.eq(t.miss), self.n_miss.eq(self.n_miss + 1)]
+            for b in range(N_BANKS):
+                with m.If(bank == b):
+                    m.d.sync += [open_row[b].eq(row), is_open[b].eq(1)]
+
+        # ---- data: read and written at acceptance --------------------------------------------
+        m.d.comb += [wr.addr.eq(req.payload.addr[3:3 + abits]), wr.data.eq(req.payload.wdata),
+                     rd.addr.eq(req.payload.addr[3:3 + abits]),
+                     rd.en.eq(accept & ~req.payload.we)]
+        with m.If(accept & req.payload.we):
+            m.d.comb += wr.en.eq(req.payload.wstrb)
+
+        # ---- answers: in order, each held until its cycle ------------------------------------
+        # due = acceptance cycle + hit (+ miss); accepted requests are at least 1 + miss apart,
+        # so the due cycles of successive reads rise by at least one.
+        s1_read = Signal()
+        s1_due = Signal(len(now))
+        m.d.sync += [s1_read.eq(accept & ~req.payload.we),
+                     s1_due.eq(now + t.hit + (miss * t.miss))]
+        m.submodules.q = q = fifo.SyncFIFOBuffered(width=MEM_DATA_BITS + len(now),
+                                                   depth=self.credits)
+        m.d.comb += [q.w_data.eq(Cat(rd.data, s1_due)), q.w_en.eq(s1_read)]
+        head_due = q.r_data[MEM_DATA_BITS:]
+        # The FIFO's output lags the request by three cycles; `hit` >= 3 keeps answers on time.
+        m.d.comb += [rsp.valid.eq(q.r_rdy & (head_due <= now)),
+                     rsp.payload.rdata.eq(q.r_data[:MEM_DATA_BITS]),
+                     q.r_en.eq(rsp.valid & rsp.ready)]
+        pop = rsp.valid & rsp.ready
+        m.d.sync += reserved.eq(reserved + (accept & ~req.payload.we) - pop)
+        return m

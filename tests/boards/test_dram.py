@@ -1,0 +1,158 @@
+# Ref: boards/dram.py (DramModel: the rules in its docstring); hw/iface.py MemBusSignature.
+"""The DRAM timing model: every read returns what the bus's order rule says (a dict of words
+is the oracle), and each timing rule (hit latency, row miss, one read per cycle in a row,
+refresh) shows in exact cycle counts."""
+
+import random
+
+import pytest
+from amaranth.sim import Simulator
+
+from boards.dram import ECPIX5_DDR3, DramCycles, DramModel, dram_address
+
+T = DramCycles(hit=5, miss=3, refi=200, rfc=9)
+
+
+def _run(dut, *benches):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    for b in benches:
+        sim.add_testbench(b)
+    sim.run()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_dram_model_data_follows_the_bus_order(seed):
+    """Random reads and byte-masked writes over several banks and rows, with the reader
+    stalling at random and refreshes every 60 cycles: every read returns the word the writes
+    accepted before it made."""
+    depth = 4096                                   # 32 KiB: 16 pages, two rows of each bank
+    dut = DramModel(depth, DramCycles(hit=4, miss=2, refi=60, rfc=5), credits=6)
+    rng = random.Random(seed)
+    model = {}
+    expected, got = [], []
+    n_ops = 800
+    state = {"sent": 0}
+
+    async def master(ctx):
+        req = dut.bus.req
+        for _ in range(n_ops):
+            # Mostly near the last address (row hits), sometimes anywhere (misses, conflicts).
+            addr = rng.randrange(depth) * 8
+            we = rng.random() < 0.5
+            wdata = rng.getrandbits(64)
+            wstrb = rng.choice([0xFF, rng.randrange(256)])
+            ctx.set(req.payload, {"addr": addr, "we": we, "wdata": wdata, "wstrb": wstrb})
+            ctx.set(req.valid, 1)
+            await ctx.tick().until(req.ready)
+            ctx.set(req.valid, 0)
+            w = addr // 8
+            if we:
+                mask = sum(0xFF << (8 * k) for k in range(8) if wstrb >> k & 1)
+                model[w] = (model.get(w, 0) & ~mask) | (wdata & mask)
+            else:
+                expected.append(model.get(w, 0))
+            state["sent"] += 1
+            if rng.random() < 0.2:
+                await ctx.tick().repeat(rng.randrange(1, 4))
+
+    async def reader(ctx):
+        rsp = dut.bus.rsp
+        while state["sent"] < n_ops or len(got) < len(expected):
+            ready = rng.random() < 0.6
+            ctx.set(rsp.ready, ready)
+            if ready and ctx.get(rsp.valid):
+                got.append(ctx.get(rsp.payload.rdata))
+            await ctx.tick()
+        for _ in range(10):                 # nothing extra may come out afterwards
+            ctx.set(rsp.ready, 1)
+            assert not ctx.get(rsp.valid)
+            await ctx.tick()
+
+    _run(dut, master, reader)
+    assert len(expected) > 300
+    assert got == expected
+
+
+def _trace(dut, addrs, cycles_max=400):
+    """Offer reads of ``addrs`` back to back from cycle 0 (rsp.ready high): the cycles each
+    was accepted and answered, and the model's miss and refresh counts."""
+    acc, ans = [], []
+    out = {}
+
+    async def bench(ctx):
+        req, rsp = dut.bus.req, dut.bus.rsp
+        ctx.set(rsp.ready, 1)
+        n = 0
+        for t in range(cycles_max):
+            ctx.set(req.valid, n < len(addrs))
+            if n < len(addrs):
+                ctx.set(req.payload, {"addr": addrs[n], "we": 0, "wdata": 0, "wstrb": 0})
+            if n < len(addrs) and ctx.get(req.ready):
+                acc.append(t)
+                n += 1
+            if ctx.get(rsp.valid):
+                ans.append(t)
+            await ctx.tick()
+        out["miss"] = ctx.get(dut.n_miss)
+        out["refresh"] = ctx.get(dut.n_refresh)
+
+    _run(dut, bench)
+    return acc, ans, out
+
+
+def test_dram_model_hit_miss_and_streaming():
+    """A closed bank costs `miss` more; then 40 reads of the open page come one per cycle,
+    each `hit` cycles after it was taken."""
+    dut = DramModel(1024, T, credits=8)
+    acc, ans, out = _trace(dut, [8 * k for k in range(41)], cycles_max=120)
+    assert ans[0] - acc[0] == T.hit + T.miss                 # first: the row opens
+    assert acc[1] - acc[0] == 1 + T.miss                     # the port waited for it
+    assert [b - a for a, b in zip(acc[1:], ans[1:])] == [T.hit] * 40
+    assert ans[-1] - ans[1] == 39                            # no bubble in 40 row hits
+    assert out["miss"] == 1
+
+
+def test_dram_model_bank_conflict_and_other_banks():
+    """Two rows of one bank alternating: every read opens its row. Pages of different banks
+    each open once and then stay open."""
+    conflict = [0, 2048 * 8, 0, 2048 * 8]                    # bank 0, rows 0 and 1
+    assert {dram_address(a) for a in conflict} == {(0, 0), (0, 1)}
+    acc, ans, out = _trace(DramModel(1 << 16, T), conflict)
+    assert [b - a for a, b in zip(acc, ans)] == [T.hit + T.miss] * 4
+    assert [b - a for a, b in zip(acc, acc[1:])] == [1 + T.miss] * 3
+    assert out["miss"] == 4
+    banks = [2048 * b for b in range(8)] * 2                 # each bank's row 0, twice
+    acc, ans, out = _trace(DramModel(1 << 16, T), banks)
+    assert out["miss"] == 8
+    assert [b - a for a, b in zip(acc[8:], ans[8:])] == [T.hit] * 8
+
+
+def test_dram_model_refresh_stops_the_port_and_closes_rows():
+    """Reads of one open page offered without a break: the port takes none for `rfc` cycles
+    every `refi`, and the first read after each refresh opens its row again."""
+    dut = DramModel(1024, T, credits=8)
+    n = 900
+    acc, ans, out = _trace(dut, [8 * (k % 64) for k in range(n)], cycles_max=1000)
+    gaps = [(a, b - a) for a, b in zip(acc, acc[1:]) if b - a > 1]
+    # The first gap is the first row opening. Then per refresh (due in cycles refi - 1,
+    # 2 refi - 1, ...): the port stops for rfc cycles, and the first read after it opens
+    # the row again.
+    assert gaps[0] == (0, 1 + T.miss)
+    refreshes = len(gaps[1:]) // 2
+    assert refreshes == 4 and len(gaps) == 1 + 2 * refreshes
+    for k in range(1, refreshes + 1):
+        assert gaps[2 * k - 1] == (k * T.refi - 1, 1 + T.rfc)
+        assert gaps[2 * k] == (k * T.refi + T.rfc, 1 + T.miss)
+    assert out["refresh"] == 1000 // T.refi
+    assert out["miss"] == 1 + refreshes
+    assert len(ans) == n
+
+
+def test_ecpix5_ddr3_in_core_cycles():
+    """The board's figures in its core clock (25 MHz = 40 ns): LiteDRAM's 12 cycles at 75 MHz
+    (160 ns) are 4 core cycles, plus 3 of crossing; a miss (5 x 13.3 ns) is 2."""
+    c = ECPIX5_DDR3.cycles(25e6)
+    assert c == DramCycles(hit=7, miss=2, refi=195, rfc=8)
+    with pytest.raises(ValueError):
+        DramCycles(hit=2, miss=0, refi=10, rfc=1)
