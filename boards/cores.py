@@ -178,7 +178,7 @@ def _board_ram(mem_words, pipelined, dram=None, core_freq=None):
     ``core_freq`` (simulation only: it stands where the DRAM controller will)."""
     if dram is not None:
         from .dram import DramModel
-        return DramModel(mem_words, dram.cycles(core_freq))
+        return DramModel(mem_words, dram.cycles(core_freq), external_storage=True)
     from .ram import PipelinedRam
     return PipelinedRam(mem_words) if pipelined else None
 
@@ -275,7 +275,7 @@ class KbtpCore(wiring.Component):
 
         self.memory = memory
         self.core_freq = core_freq
-        kwargs = self.target_kwargs_of(memory, core_freq=core_freq, **overrides)
+        kwargs = self.target_kwargs_of(memory, core_freq=core_freq, dram=dram, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
                                                           dram, core_freq))
@@ -283,13 +283,16 @@ class KbtpCore(wiring.Component):
                           "leds": Out(2)})
 
     @staticmethod
-    def target_kwargs_of(memory, *, core_freq=CORE_FREQ, pipelined_ram=True, **overrides):
+    def target_kwargs_of(memory, *, core_freq=CORE_FREQ, pipelined_ram=True, dram=None,
+                         **overrides):
         """The ``KbtpTarget`` keyword arguments of the core for ``memory`` (without building
-        it: the simulation of the shipped core reads its figures from here)."""
+        it: the simulation of the shipped core reads its figures from here). With ``dram``
+        the target memory is the whole DRAM (``dram.size_bytes``)."""
         # 8 memory regions: a session with DIRECT_LOAD (table and pool) and two DIRECT_ALLOC
         # partitions (counters, ring, blocks each) needs 2 + 3 * 2 of them (host/driver.py);
         # with 4 the board could not serve the configuration kbtp-sim serve runs.
-        kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory),
+        mem_words = dram.size_bytes // 8 if dram is not None else kbtp_mem_words(memory)
+        kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=mem_words,
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
                       mac_rx_depth=memory.mac_rx_bytes, engine=True, udp_link=True)
         kwargs.update(overrides)

@@ -30,7 +30,10 @@ Simplifications, on the side of the pessimist where they are not exact: one comm
 would overlap it); responses already scheduled are not delayed by a refresh that starts after
 them. The data: one block-RAM-like array of ``depth`` words (a simulation holds it in host
 memory), read and written when the request is accepted, so the bus's order rule holds by
-construction whatever the timing.
+construction whatever the timing. At DDR3 size (``external_storage``) the array is the Verilog
+module of ``boards/dram_storage.v`` (:data:`STORAGE_VERILOG`), which the Verilator build of
+:mod:`sim.vltarget` compiles beside the design: an Amaranth ``Memory`` of 64 M words would put
+an initialiser of every word into the exported text.
 
 Why our own model and not LiteDRAM's ``SDRAMPHYModel`` behind the real controller: that needs
 the controller generated as Verilog by migen/LiteX into every simulation of the shipped core;
@@ -41,15 +44,21 @@ simulation, in the controller's clock).
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, ClockSignal, Instance, Module, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
 from hw.iface import MEM_DATA_BITS, MemBusSignature
 
-__all__ = ["DramTiming", "DramCycles", "ECPIX5_DDR3", "DramModel", "dram_address"]
+__all__ = ["DramTiming", "DramCycles", "ECPIX5_DDR3", "DramModel", "dram_address",
+           "STORAGE_VERILOG"]
+
+#: The data array of :class:`DramModel` with ``external_storage`` (module kbtp_dram_storage).
+STORAGE_VERILOG = Path(__file__).resolve().parent / "dram_storage.v"
 
 #: Octets of a native-port word, of a page (one row of one bank), and banks (MT41K256M16 x16
 #: with LiteDRAM's 16-octet native port).
@@ -89,6 +98,7 @@ class DramTiming:
     miss_ctrl : int             extra cycles when the row must be opened (precharge + activate)
     refi_ns, rfc_ns : float     refresh interval, and the time the port stops for one refresh
     cdc_core : int              core cycles of the two clock crossings (request + response)
+    size_bytes : int            capacity (the target memory of a core with this DRAM)
     """
     name: str
     ctrl_hz: float
@@ -97,6 +107,7 @@ class DramTiming:
     refi_ns: float
     rfc_ns: float
     cdc_core: int
+    size_bytes: int
 
     def cycles(self, core_hz):
         """The figures in core cycles at ``core_hz``, each rounded up."""
@@ -116,7 +127,7 @@ class DramTiming:
 #: cdc_core: one synchroniser of two core-clock flops on the response, and the request's crossing
 #: into a three times faster clock, about one core cycle.
 ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=75e6, hit_ctrl=12, miss_ctrl=5,
-                         refi_ns=7800.0, rfc_ns=300.0, cdc_core=3)
+                         refi_ns=7800.0, rfc_ns=300.0, cdc_core=3, size_bytes=512 << 20)
 
 
 class DramModel(wiring.Component):
@@ -131,6 +142,8 @@ class DramModel(wiring.Component):
     credits : int
         Reads accepted and not yet handed out (the response queue's depth); at least ``hit``
         for a master reading back to back to get one word per cycle.
+    external_storage : bool
+        The data array is ``boards/dram_storage.v`` (Verilator only) instead of a ``Memory``.
 
     Ports
     -----
@@ -139,12 +152,14 @@ class DramModel(wiring.Component):
     Counters (for tests and benches): ``n_miss`` rows opened, ``n_refresh`` refreshes.
     """
 
-    def __init__(self, depth, cycles, *, credits=16):
+    def __init__(self, depth, cycles, *, credits=16, external_storage=False):
         if depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth {depth} is not a power of two >= 2")
         self.depth, self.timing, self.credits = depth, cycles, credits
+        self.external_storage = external_storage
         super().__init__({"bus": In(MemBusSignature())})
-        self.mem = Memory(shape=MEM_DATA_BITS, depth=depth, init=[])
+        self.mem = None if external_storage else Memory(shape=MEM_DATA_BITS, depth=depth,
+                                                        init=[])
         self.n_miss = Signal(32)
         self.n_refresh = Signal(32)
 
@@ -153,9 +168,18 @@ class DramModel(wiring.Component):
         t = self.timing
         req, rsp = self.bus.req, self.bus.rsp
         abits = (self.depth - 1).bit_length()
-        m.submodules.mem = mem = self.mem
-        wr = mem.write_port(granularity=8)
-        rd = mem.read_port()
+        if self.external_storage:
+            wr = SimpleNamespace(addr=Signal(abits), data=Signal(MEM_DATA_BITS), en=Signal(8))
+            rd = SimpleNamespace(addr=Signal(abits), data=Signal(MEM_DATA_BITS), en=Signal())
+            m.submodules.mem = Instance("kbtp_dram_storage", p_ABITS=abits,
+                                        i_clk=ClockSignal(), i_addr=rd.addr, i_re=rd.en,
+                                        i_we=wr.en, i_wdata=wr.data, o_rdata=rd.data)
+            # One address for both: a cycle has a read or a write, never both.
+            m.d.comb += rd.addr.eq(wr.addr)
+        else:
+            m.submodules.mem = mem = self.mem
+            wr = mem.write_port(granularity=8)
+            rd = mem.read_port()
 
         # A free-running cycle count; answers carry the cycle they are due in. 48 bits: wraps
         # after 130 days of simulated time at 25 MHz.
@@ -202,8 +226,9 @@ class DramModel(wiring.Component):
 
         # ---- data: read and written at acceptance --------------------------------------------
         m.d.comb += [wr.addr.eq(req.payload.addr[3:3 + abits]), wr.data.eq(req.payload.wdata),
-                     rd.addr.eq(req.payload.addr[3:3 + abits]),
                      rd.en.eq(accept & ~req.payload.we)]
+        if not self.external_storage:
+            m.d.comb += rd.addr.eq(req.payload.addr[3:3 + abits])
         with m.If(accept & req.payload.we):
             m.d.comb += wr.en.eq(req.payload.wstrb)
 

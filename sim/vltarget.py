@@ -75,15 +75,25 @@ def _board_core(name, dram=None):
     factory = spec.core_factory("kbtp", CORES["kbtp"][0])
     if dram is None:
         return factory(spec.memory)
+    return factory(spec.memory, dram=_dram(dram))
+
+
+def _dram(key):
+    if key is None:
+        return None
+    if key not in DRAMS:
+        raise ValueError(f"dram {key!r}: not one of {sorted(DRAMS)}")
     import boards.dram
-    return factory(spec.memory, dram=getattr(boards.dram, DRAMS[dram]))
+    return getattr(boards.dram, DRAMS[key])
 
 
-def board_params(name):
+def board_params(name, dram=None):
     """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
     ``n_mr``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
     (the board's real clocks), ``timer_scale`` (1: the board's timers run in real time) and
-    ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the core)."""
+    ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the core); with
+    ``dram`` (a key of :data:`DRAMS`) those of the core with the DRAM timing model, and
+    ``dram``."""
     from boards import BOARDS
     from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
@@ -91,7 +101,7 @@ def board_params(name):
     if CORES["kbtp"][0] is not KbtpCore:
         raise ValueError("the board's kbtp core is not boards.cores.KbtpCore")
     core_freq = options.get("core_freq", CORE_FREQ)
-    kw = KbtpCore.target_kwargs_of(spec.memory, **options)
+    kw = KbtpCore.target_kwargs_of(spec.memory, dram=_dram(dram), **options)
     div = spec.sys_freq / core_freq
     if abs(div - round(div)) > 1e-9:
         raise ValueError(f"board {name}: core clock {core_freq} Hz is not the GMII clock "
@@ -99,21 +109,17 @@ def board_params(name):
     return {"board": name, "width": kw["width"], "n_qp": kw["n_qp"], "n_mr": kw["n_mr"],
             "mem_words": kw["mem_words"], "core_div": round(div), "mac_hz": spec.sys_freq,
             "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1),
-            "udp_link": bool(kw.get("udp_link", False))}
+            "udp_link": bool(kw.get("udp_link", False)),
+            **({"dram": dram} if dram is not None else {})}
 
 
 def _params(params):
     params = dict(params or {})
     if "board" in params:
-        p = board_params(params["board"])
-        dram = params.pop("dram", None)
+        p = board_params(params["board"], params.get("dram"))
         other = {k: v for k, v in params.items() if p.get(k) != v}
         if other:
             raise ValueError(f"the board configuration takes no overrides: {other}")
-        if dram is not None:
-            if dram not in DRAMS:
-                raise ValueError(f"dram {dram!r}: not one of {sorted(DRAMS)}")
-            p["dram"] = dram
         return p
     p = dict(HW_DEFAULT)
     p.update(params)
@@ -192,6 +198,15 @@ def _defines(params):
     return ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"] if "board" in params else []
 
 
+def _extra_sources(params):
+    """Verilog the exported design instantiates but does not contain (the DRAM model's data
+    array, boards/dram_storage.v)."""
+    if params.get("dram"):
+        from boards.dram import STORAGE_VERILOG
+        return [STORAGE_VERILOG]
+    return []
+
+
 def build(params=None, log=print):
     """Export and Verilate the target (cached); returns the path of the executable."""
     from sim.hdl import verilator_env
@@ -214,7 +229,10 @@ def build(params=None, log=print):
             hw_stamp.write_text(hw_digest)
             log(f"vltarget: export took {time.monotonic() - t0:.0f} s")
         h = hashlib.sha256(vfile.read_bytes())
+        extra = _extra_sources(params)
         h.update(_harness_digest().encode() + repr(_defines(params)).encode())
+        for src in extra:
+            h.update(src.read_bytes())
         digest = h.hexdigest()
         stamp = d / "build.sha256"
         if exe.exists() and stamp.exists() and stamp.read_text() == digest:
@@ -225,7 +243,8 @@ def build(params=None, log=print):
         env.update(verilator_env())
         env["MAKEFLAGS"] = " ".join([env.get("MAKEFLAGS", "")] + MAKE_OPT).strip()
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", *VERILATOR_ARGS, *_defines(params),
-               "--Mdir", str(d / "obj"), "-o", "Vtop", str(vfile), str(VL_DIR / "harness.cpp")]
+               "--Mdir", str(d / "obj"), "-o", "Vtop", str(vfile), *map(str, extra),
+               str(VL_DIR / "harness.cpp")]
         r = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True)
         (d / "build.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0 or not exe.exists():
