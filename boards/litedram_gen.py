@@ -1,0 +1,243 @@
+# Ref: LiteDRAM standalone generator, litedram/gen.py (litedram 2024.12, class LiteDRAMCore,
+#      https://github.com/enjoy-digital/litedram/blob/master/litedram/gen.py) and its examples
+#      (examples/*.yml); LiteDRAM docs https://github.com/enjoy-digital/litedram (README, wiki
+#      "LiteDRAM standalone core"); litedram/phy/ecp5ddrphy.py (ECP5DDRPHY, 1:2 rate, BL8 over
+#      two sys cycles); litedram/phy/model.py (SDRAMPHYModel); litedram/modules.py
+#      (MT41K256M16 = MT41J256M16: 8 banks x 32768 rows x 1024 columns x 16 bits = 512 MiB);
+#      Micron MT41K256M16 datasheet "4Gb: x4, x8, x16 DDR3L SDRAM" (tRCD/tRP 13.75 ns,
+#      tREFI 7.8 us, tRFC 260 ns; LiteDRAM's table gives tRFC as 208 tCK, 260 ns at DDR3-1600,
+#      which at the ECPIX-5's 150 MHz DDR clock is 1387 ns = 104 sys cycles);
+#      LiteX ECPIX-5 target (litex_boards/targets/lambdaconcept_ecpix5.py: ECP5DDRPHY,
+#      MT41K256M16, sys 75 MHz); Lattice FPGA-TN-02035 (ECP5 high-speed I/O: ECLKSYNCB,
+#      CLKDIVF, DDRDLLA).
+"""Standalone LiteDRAM DDR3 controller for the ECPIX-5, as Verilog, from LiteDRAM's generator.
+
+Runs in the LiteDRAM venv (migen/LiteX/LiteDRAM from PyPI: litedram 2024.12, litex 2024.12,
+migen 0.10.0, PyYAML), never in the project's amaranth venv; run it as a file::
+
+    /tmp/ldvenv/bin/python boards/litedram_gen.py --out build/litedram            # ECP5 core
+    /tmp/ldvenv/bin/python boards/litedram_gen.py --out build/litedram_sim --sim  # model core
+
+(``python -m boards.litedram_gen`` does not work there: ``boards/__init__.py`` imports the board
+specs, hence amaranth_boards. The file imports nothing from the project.)
+
+The core is ``litedram.gen.LiteDRAMCore`` (the class behind ``litedram_gen config.yml``) fed the
+dict a YAML file would give; nothing here is hand-written controller glue.
+
+ECP5 core (``litedram_core.v``, top ``litedram_core``)
+    ECP5DDRPHY + MT41K256M16 (x16, 512 MiB), sys 75 MHz, controller at 1:2 rate, one native
+    user port of 128 bits (one DDR3 BL8 burst of the x16 part per word). No CPU and no UART;
+    LiteDRAMCore then exposes ``wb_ctrl_*`` (a 32-bit Wishbone slave onto the CSR bank) so
+    that the user runs DDR3 initialisation and ECP5 read levelling itself (DFII software
+    commands, ``ddrphy_rdly_dq_*``, ``ddrphy_burstdet_*``), then writes ``ddrctrl_init_done``
+    (the user port is held off until then: ``block_until_ready``). The CSR map goes to
+    ``csr.json`` / ``csr.csv``; the init sequence (mode registers) to
+    ``software/include/generated/sdram_phy.h``.
+
+    Clocking: the core contains its own CRG (``LiteDRAMECP5DDRPHYCRG``): ``clk`` (the board's
+    100 MHz oscillator) -> power-on reset counter -> EHXPLLL: 150 MHz (sys2x_i) and 25 MHz
+    (``init``) -> ECLKBRIDGECS -> ECLKSYNCB (``sys2x``, gated by the PHY's init FSM ``stop``)
+    -> CLKDIVF /2 -> ``sys`` 75 MHz. ``rst`` resets the PLL; ``pll_locked`` reports it;
+    ``user_clk`` / ``user_rst`` are sys's clock and reset, and every user port signal is in
+    that domain.
+
+Simulation core (``--sim``, top ``litedram_core``)
+    Same controller on ``SDRAMPHYModel`` (LiteDRAMCore's own ``--sim`` path, SimPlatform and a
+    plain CRG from ``clk``/``rst``), with two changes so that it times like the ECP5 build:
+    the module is made at rate 1:2 (LiteDRAMCore's sim path would pick 1:4) and the model gets
+    the ECP5DDRPHY's PhySettings (nphases 2, cl/cwl and read/write latencies of that PHY)
+    instead of the Series-7-like defaults of ``litex.tools.litex_sim``. Storage: the model
+    keeps a memory array of ``nrows`` rows per bank, so the size is set by the number of rows
+    of the module (``--sim-mib``, default 1 MiB = 64 rows x 8 banks x 1024 columns x 2 octets;
+    the DFI address stays 15 bits wide so A10, the precharge-all bit, exists). All timings
+    stay MT41K256M16's. (SDRAMPHYModel sizes each bank's array for 4 columns per word, as at
+    rate 1:4, so at 1:2 half of its entries stay unused: 1 MiB of storage is 8 x 16384 x 128
+    bits of Verilog arrays.) The user port is not held until ``init_done`` (DFII starts in
+    hardware control; the model needs no initialisation). ``wb_ctrl_*`` is there too.
+    Verilator lints it clean of errors (``--lint-only -Wno-fatal``: COMBDLY and
+    CASEINCOMPLETE warnings only, as in LiteX's own simulations).
+
+Besides the Verilog, ``--out`` receives ``litedram_core.json``: the top's ports (name, width,
+direction, group) and the clocks/resets, for the Amaranth wrapper.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import types
+
+__all__ = ["core_config", "build"]
+
+SYS_CLK_FREQ   = 75e6
+INPUT_CLK_FREQ = 100e6      # ECPIX-5 oscillator
+INIT_CLK_FREQ  = 25e6
+DEVICE         = "LFE5UM5G-85F-8BG554I"
+
+
+def core_config(sim=False):
+    """The dict LiteDRAMCore takes (what ``yaml.load`` of a config file gives after
+    ``litedram.gen.main``'s conversions)."""
+    from litedram import modules, phy
+    return {
+        "device":          DEVICE,
+        "cpu":             None,
+        "memtype":         "DDR3",
+        "sdram_module":    modules.MT41K256M16,
+        "sdram_module_nb": 2,           # x16 = two byte lanes
+        "sdram_rank_nb":   1,
+        "sdram_phy":       phy.ECP5DDRPHY,
+        "cmd_delay":       0,
+        "input_clk_freq":  INPUT_CLK_FREQ,
+        "sys_clk_freq":    SYS_CLK_FREQ,
+        "init_clk_freq":   INIT_CLK_FREQ,
+        "user_ports": {
+            "0": {"type": "native", "block_until_ready": not sim},
+        },
+    }
+
+
+def _sim_module(mib):
+    """MT41K256M16 timings at rate 1:2 with ``mib`` MiB of rows (the model's storage)."""
+    from litedram.modules import MT41K256M16
+    rows = mib * 2**20 // (MT41K256M16.nbanks * MT41K256M16.ncols * 2)
+    if rows < 2 or rows & (rows - 1):
+        raise ValueError(f"--sim-mib {mib}: {rows} rows per bank is not a power of two >= 2")
+
+    class MT41K256M16Sim(MT41K256M16):
+        nrows = rows
+
+        def __init__(self, clk_freq, rate, **kwargs):
+            super().__init__(clk_freq, "1:2", **kwargs)    # the ECP5DDRPHY's rate
+            self.geom_settings.addressbits = 15             # the part's A[14:0]
+
+    return MT41K256M16Sim
+
+
+def ecp5_phy_settings(sys_clk_freq=SYS_CLK_FREQ):
+    """The PhySettings an ECP5DDRPHY for an x16 part at ``sys_clk_freq`` has (made by building
+    one on dummy pads, so they cannot drift from the PHY's code)."""
+    from migen import Record
+    from litedram.phy.ecp5ddrphy import ECP5DDRPHY
+    pads = Record([("a", 15), ("ba", 3), ("ras_n", 1), ("cas_n", 1), ("we_n", 1), ("cs_n", 1),
+                   ("dm", 2), ("dq", 16), ("dqs_p", 2), ("clk_p", 1), ("cke", 1), ("odt", 1),
+                   ("reset_n", 1)])
+    return ECP5DDRPHY(pads, sys_clk_freq=sys_clk_freq).settings
+
+
+def _ports(verilog, top):
+    """(name, direction, width) of ``top``'s ports, from the generated Verilog header."""
+    m = re.search(r"module\s+%s\s*\((.*?)\);" % re.escape(top), verilog, re.S)
+    ports = []
+    for line in m.group(1).splitlines():
+        line = line.split("//")[0].strip().rstrip(",")
+        pm = re.match(r"(input|output|inout)\s+(?:wire|reg)?\s*(?:\[(\d+):(\d+)\])?\s*(\w+)$",
+                      line)
+        if pm:
+            d, hi, lo, name = pm.groups()
+            # migen declares pads that feed a TRELLIS_IO's B as inputs; they are bidirectional.
+            if re.search(r"\.B \(%s[\[)]" % name, verilog):
+                d = "inout"
+            ports.append((name, d, int(hi) - int(lo) + 1 if hi is not None else 1))
+    return ports
+
+
+def _group(name):
+    for prefix, group in (("user_port_", "user_port"), ("wb_ctrl_", "wb_ctrl"),
+                          ("ddram_", "ddram")):
+        if name.startswith(prefix):
+            return group
+    return "control"
+
+
+def build(out, sim=False, sim_mib=1, name="litedram_core"):
+    from litex.build.lattice import LatticePlatform
+    from litex.build.sim import SimPlatform
+    from litex.soc.integration.builder import Builder
+    from litedram import gen
+
+    cfg = core_config(sim)
+    if sim:
+        cfg["sdram_module"] = _sim_module(sim_mib)
+        settings = ecp5_phy_settings()
+        # LiteDRAMCore's sim path imports get_sdram_phy_settings from litex.tools.litex_sim
+        # at call time; that module also pulls in liteeth, which the core does not use.
+        stub = types.ModuleType("litex.tools.litex_sim")
+        stub.get_sdram_phy_settings = lambda **_: settings
+        sys.modules["litex.tools.litex_sim"] = stub
+        # SimPlatform's toolchain writes the Verilog and then sets up LiteX's own Verilator
+        # harness (tapcfg, make); only the Verilog is wanted.
+        from litex.build.sim import verilator
+        verilator._generate_sim_variables = lambda *a, **k: None
+        verilator._build_sim = lambda *a, **k: None
+        platform = SimPlatform("", io=[])
+    else:
+        platform = LatticePlatform(cfg["device"], io=[], toolchain="trellis")
+
+    os.makedirs(out, exist_ok=True)
+    out = os.path.abspath(out)
+    soc = gen.LiteDRAMCore(platform, cfg, integrated_rom_size=0)
+    builder = Builder(soc, output_dir=out, compile_gateware=False, compile_software=False,
+                      csr_json=os.path.join(out, "csr.json"),
+                      csr_csv=os.path.join(out, "csr.csv"))
+    builder.build(build_name=name, regular_comb=False, run=False)
+
+    vfile = os.path.join(out, "gateware", name + ".v")
+    with open(vfile) as f:
+        verilog = f.read()
+    port = soc.sdram.crossbar.masters[0]
+    desc = {
+        "top": name,
+        "verilog": os.path.relpath(vfile, out),
+        "target": "SDRAMPHYModel (simulation)" if sim else "ECP5DDRPHY " + DEVICE,
+        "module": "MT41K256M16",
+        "storage_bytes": (sim_mib * 2**20) if sim else 512 * 2**20,
+        "sys_clk_hz": SYS_CLK_FREQ,
+        "user_port": {
+            "data_width": port.data_width,
+            "address_width": port.address_width,
+            "address_unit_bytes": port.data_width // 8,
+            "clock": "user_clk (sys)",
+            "reset": "user_rst (sys, active high)",
+        },
+        "phy": {k: getattr(soc.sdram.controller.settings.phy, k) for k in
+                ("nphases", "cl", "cwl", "read_latency", "write_latency", "dfi_databits")},
+        "timing_sys_cycles": {k: v for k, v in
+                              vars(soc.sdram.controller.settings.timing).items()
+                              if isinstance(v, (int, type(None)))},
+        "clocks": (
+            {"clk": "input, sys clock (simulation CRG: sys = clk); no reset input: sys_rst "
+                    "(= user_rst) is a power-on register, high for the first cycle",
+             "sim_trace": "input, LiteX's Verilator trace enable, unused by the core: tie 0"}
+            if sim else
+            {"clk": f"input, {INPUT_CLK_FREQ/1e6:g} MHz board oscillator (PLL reference)",
+             "rst": "input, active high, resets the PLL (and so sys/sys2x)",
+             "pll_locked": "output",
+             "sys2x": f"internal {2*SYS_CLK_FREQ/1e6:g} MHz ECLK (ECLKSYNCB), the PHY's DDR clock",
+             "sys": f"internal {SYS_CLK_FREQ/1e6:g} MHz (CLKDIVF /2 of sys2x) = user_clk",
+             "init": f"internal {INIT_CLK_FREQ/1e6:g} MHz (PLL), the PHY's init FSM"}),
+        "ports": [{"name": n, "dir": d, "width": w, "group": _group(n)}
+                  for n, d, w in _ports(verilog, name)],
+    }
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump(desc, f, indent=2)
+    return desc
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="boards/litedram_gen.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--sim", action="store_true", help="SDRAMPHYModel instead of ECP5DDRPHY")
+    p.add_argument("--sim-mib", type=int, default=1, help="model storage in MiB (--sim)")
+    p.add_argument("--name", default="litedram_core", help="Verilog top module name")
+    a = p.parse_args(argv)
+    desc = build(a.out, sim=a.sim, sim_mib=a.sim_mib, name=a.name)
+    for port in desc["ports"]:
+        print(f"{port['dir']:6} {port['width']:4} {port['name']}")
+    print(f"wrote {os.path.join(a.out, desc['verilog'])} and {a.name}.json", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
