@@ -69,7 +69,7 @@ serve-model: $(VENV)/.installed
 	$(PY) -m sim.serve serve --model $(SERVE_ARGS)
 
 clean:
-	rm -rf $(VENV) build sim_build .pytest_cache
+	rm -rf $(VENV) $(LD_VENV) build sim_build .pytest_cache
 
 # Soft-RoCE guest image (Linux rdma_rxe + pyverbs under QEMU TCG), cached in build/guest
 # (KBTP_GUEST_DIR overrides); rebuilt only when its inputs change. See sim/guest/build.py.
@@ -102,6 +102,22 @@ DEPTH_ARGS ?=
 .PHONY: depth
 depth: $(VENV)/.installed
 	$(PY) -m tools.depth build/$(BOARD)/top.json $(DEPTH_ARGS)
+
+# LiteDRAM DDR3 controller of the ECPIX-5 as Verilog (boards/litedram_gen.py, issue 22), in its
+# own venv (migen/LiteX/LiteDRAM pinned in boards/litedram-requirements.txt): build/litedram/
+# (ECP5DDRPHY core) and build/litedram_sim/ (the same controller on SDRAMPHYModel).
+# `make litedram-timing` measures its native port in migen simulation (~6 min).
+LD_VENV ?= .venv-litedram
+.PHONY: litedram litedram-timing
+$(LD_VENV)/.installed: boards/litedram-requirements.txt
+	python3 -m venv $(LD_VENV)
+	$(LD_VENV)/bin/pip install -q -r boards/litedram-requirements.txt
+	touch $@
+litedram: $(LD_VENV)/.installed
+	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram
+	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram_sim --sim
+litedram-timing: $(LD_VENV)/.installed
+	$(LD_VENV)/bin/python -m tools.litedram_timing
 
 # Cycle-exact goodput / op rate / latency / resources (tools/bench.py; Verilated target via
 # sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.

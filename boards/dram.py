@@ -38,8 +38,8 @@ an initialiser of every word into the exported text.
 Why our own model and not LiteDRAM's ``SDRAMPHYModel`` behind the real controller: that needs
 the controller generated as Verilog by migen/LiteX into every simulation of the shipped core;
 this model keeps the simulation in one Amaranth design while the board side is built. Its
-figures come from :data:`ECPIX5_DDR3` (the controller's own latencies, measured on LiteDRAM's
-simulation, in the controller's clock).
+figures come from :data:`ECPIX5_DDR3`: the controller's own latencies and refresh, measured on
+LiteDRAM's simulation (tools/litedram_timing.py), in the controller's clock.
 """
 
 import math
@@ -96,7 +96,8 @@ class DramTiming:
     ctrl_hz : float             the controller's clock (LiteDRAM's ``sys``)
     hit_ctrl : int              native command accepted -> read data, row open (controller cycles)
     miss_ctrl : int             extra cycles when the row must be opened (precharge + activate)
-    refi_ns, rfc_ns : float     refresh interval, and the time the port stops for one refresh
+    refi_ctrl : int             cycles from one refresh to the next
+    rfc_ctrl : int              cycles the port takes no command for one refresh
     cdc_core : int              core cycles of the two clock crossings (request + response)
     size_bytes : int            capacity (the target memory of a core with this DRAM)
     """
@@ -104,30 +105,34 @@ class DramTiming:
     ctrl_hz: float
     hit_ctrl: int
     miss_ctrl: int
-    refi_ns: float
-    rfc_ns: float
+    refi_ctrl: int
+    rfc_ctrl: int
     cdc_core: int
     size_bytes: int
 
     def cycles(self, core_hz):
-        """The figures in core cycles at ``core_hz``, each rounded up."""
-        ctrl_ns = 1e9 / self.ctrl_hz
-        core_ns = 1e9 / core_hz
+        """The figures in core cycles at ``core_hz``: latencies and the refresh stall rounded
+        up, the refresh interval down."""
+        ratio = core_hz / self.ctrl_hz            # core cycles per controller cycle
 
-        def up(ns):
-            return max(0, math.ceil(ns / core_ns - 1e-9))
-        return DramCycles(hit=self.cdc_core + up(self.hit_ctrl * ctrl_ns),
-                          miss=up(self.miss_ctrl * ctrl_ns),
-                          refi=int(self.refi_ns // core_ns), rfc=max(1, up(self.rfc_ns)))
+        def up(n):
+            return max(0, math.ceil(n * ratio - 1e-9))
+        return DramCycles(hit=self.cdc_core + up(self.hit_ctrl), miss=up(self.miss_ctrl),
+                          refi=int(self.refi_ctrl * ratio + 1e-9), rfc=max(1, up(self.rfc_ctrl)))
 
 
-#: The ECPIX-5's DDR3 behind LiteDRAM as LiteX builds it for this board (sys 75 MHz, ECP5DDRPHY
-#: 1:2, MT41K256M16). hit/miss: see tools/litedram_timing.py; refresh: the data sheet (tREFI
-#: 7.8 us, tRFC 260 ns for 4 Gb, rounded up to the controller's clock with its precharge-all);
-#: cdc_core: one synchroniser of two core-clock flops on the response, and the request's crossing
-#: into a three times faster clock, about one core cycle.
-ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=75e6, hit_ctrl=12, miss_ctrl=5,
-                         refi_ns=7800.0, rfc_ns=300.0, cdc_core=3, size_bytes=512 << 20)
+#: The ECPIX-5's DDR3 behind LiteDRAM as LiteX builds it for this board: LiteDRAMCore 2024.12
+#: (migen 0.10.0) with ECP5DDRPHY (1:2) at sys 75 MHz, DDR clock 150 MHz, MT41K256M16.
+#: Measured by tools/litedram_timing.py on LiteDRAM's SDRAMPHYModel with the ECP5 PHY's
+#: settings (CL 6, CWL 5, read latency 13), native port, in 75 MHz cycles: a read 16 from
+#: command to data on a row hit, 21 on a miss or a closed bank; a refresh every 586 (7.81 us)
+#: that stops the port for 113-117 cycles on reads (132 on writes). The stall is long because
+#: LiteDRAM's MT41K256M16 gives tRFC as 208 clocks of DDR3-1600 (260 ns), which at 150 MHz is
+#: 1387 ns; a module table giving it in ns would make it about 20 cycles. cdc_core: an
+#: asynchronous FIFO each way, about one core cycle into the three times faster clock and two
+#: back.
+ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=75e6, hit_ctrl=16, miss_ctrl=5,
+                         refi_ctrl=586, rfc_ctrl=117, cdc_core=3, size_bytes=512 << 20)
 
 
 class DramModel(wiring.Component):

@@ -314,8 +314,12 @@ class KbtpDriver:
 
     def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
                  mr_base=0, n_mr=None, recv_count=None, notify_depth=None, wc_polls=100000,
-                 max_messages=16):
+                 max_messages=16, zero_pool=True):
         self.port = port
+        # init() writes the pool's zeros too (draft §Block Free: a block may not carry another
+        # trust domain's data); False leaves the pool as it is: a memory known to be zero (a
+        # simulation), or a pool too large for the host link to write (DDR3: 256 MiB of zeros).
+        self.zero_pool = zero_pool
         self.max_messages = max_messages
         self._backlog = deque()     # (RecvNotify, raw message or None) popped, not handled
         self.cfg = cfg
@@ -426,12 +430,21 @@ class KbtpDriver:
         return bytes(img), 0, tail
 
     def initial_image(self):
-        """The target memory image ``[0, layout size)`` that :meth:`init` writes."""
+        """The target memory image ``[0, layout size)`` that :meth:`init` writes (the pool
+        zero)."""
+        img = bytearray(self.lay["size"])
+        for a, b in self.initial_structures():
+            img[a:a + len(b)] = b
+        return bytes(img)
+
+    def initial_structures(self):
+        """``(address, octets)`` of every structure of the image but the pool: the counters,
+        rings and table that :meth:`init` writes when it leaves the pool alone."""
         cfg, lay = self.cfg, self.lay
-        img = bytearray(lay["size"])
+        out = []
 
         def put(a, b):
-            img[a:a + len(b)] = b
+            out.append((a, bytes(b)))
 
         shared, parts = policy.initial_blocks(cfg, lay)
         rings = [(lay, cfg.ring_order, shared)]
@@ -443,7 +456,7 @@ class KbtpDriver:
             put(d["tail"], tail.to_bytes(8, "little"))
         put(lay["table"],
             policy.entry_image(cfg, 0, cfg.initial_generation, 0, 0) * cfg.num_handles)
-        return bytes(img)
+        return sorted(out)
 
     # ring operations done by the host (partition rings; shared ring only without the engine)
     async def _counter(self, addr):
@@ -572,7 +585,11 @@ class KbtpDriver:
         """Write every KBTP structure into target memory, then program MRs and the engine."""
         cfg, lay, port = self.cfg, self.lay, self.port
         await self._ereg(ENG["CTRL"], self._ctrl(False))       # fast path off meanwhile
-        await port.mem_write(0, self.initial_image())
+        if self.zero_pool:
+            await port.mem_write(0, self.initial_image())
+        else:
+            for a, b in self.initial_structures():
+                await port.mem_write(a, b)
         for p in self.parts:
             p.ring.pending.clear()
         self.shared.pending.clear()

@@ -45,13 +45,13 @@ import time
 from pathlib import Path
 
 from host.driver import disconnect_delay_ms
-from sim.vltarget import HW_DEFAULT, SHIPPED, board_params
+from sim.vltarget import HW_DEFAULT, SHIPPED, SHIPPED_DDR3, board_params
 
 __all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 
 #: What ``kbtp-sim serve --hw`` can serve: the shipped board core (default) or the one-clock
 #: unit-test target.
-HW_CHOICES = {"ecpix5": SHIPPED, "unit": HW_DEFAULT}
+HW_CHOICES = {"ecpix5": SHIPPED, "ecpix5-ddr3": SHIPPED_DDR3, "unit": HW_DEFAULT}
 #: The parameters of the default served gateware (the ECPIX-5 core, as the bitstream holds it).
 HW = board_params(SHIPPED["board"])
 STEP = 512                  # cycles between two service rounds while frames move
@@ -65,7 +65,7 @@ WC_POLLS = 3_000_000
 # Cap of the target QPs' ACK timeout code: rdma_cm asks for ~2 s, which the simulator would take
 # minutes to reach after a lost frame. 4.096 us * 2^8 = 1 ms at the board's timer rate (about a
 # second of wall time while idle); on the unit target (timer_scale 16) code 12 is the same time.
-ACK_TIMEOUT = {"ecpix5": 8, "unit": 12}
+ACK_TIMEOUT = {"ecpix5": 8, "ecpix5-ddr3": 8, "unit": 12}
 
 
 def _mem_words():

@@ -34,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["HW_DEFAULT", "SHIPPED", "VlTarget", "TxFrame", "build", "export_verilog",
+__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_DDR3", "DRAMS", "VlTarget", "TxFrame", "build", "export_verilog",
            "board_params"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
@@ -51,6 +51,10 @@ SHIPPED = {"board": "ecpix5"}
 #: board's core gate for gate but for its target memory, :class:`boards.dram.DramModel` with
 #: these DRAM costs in place of the block RAM (issue 22). Not a configuration a board builds.
 DRAMS = {"ddr3": "ECPIX5_DDR3"}
+
+#: The shipped core with the ECPIX-5's 512 MB of DDR3 as its target memory, through the DDR3
+#: timing model (``--hw ecpix5-ddr3`` of the soak and the server, bench config ecpix5-ddr3).
+SHIPPED_DDR3 = {"board": "ecpix5", "dram": "ddr3"}
 
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 
