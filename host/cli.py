@@ -251,6 +251,9 @@ def _driver(args):
             print(f"kbtp driver: initialized {drv.lay['size']} octets "
                   f"(table {drv.lay['table']:#x}, ring {drv.lay['ring']:#x}, "
                   f"pool {drv.lay['pool']:#x}); plan {drv.plan}", flush=True)
+            if drv.fast_off_reasons:
+                print("kbtp driver: every request is served by this host, not the engine: "
+                      + "; ".join(drv.fast_off_reasons), file=sys.stderr, flush=True)
         if args.action == "counters":
             return json.dumps(_driver_json(await drv.counters()), indent=2)
         if args.action == "serve":

@@ -358,9 +358,16 @@ class KbtpDriver:
         hpi = cfg.handles_per_initiator
         # what the engine can run (hw/kbtp/engine.py "Assumptions (v1)")
         aligned = all(lay[k] % 8 == 0 for k in ("table", "ring", "pool", "head", "tail"))
-        self.fast_ok = (fast_path and hpi & (hpi - 1) == 0
-                        and cfg.num_ranges <= n_ranges and cfg.block_size % 8 == 0
-                        and aligned)
+        why = [w for w, bad in [
+            ("the fast path is off (fast_path=False)", not fast_path),
+            (f"handles_per_initiator {hpi} is not a power of two", hpi & (hpi - 1) != 0),
+            (f"{cfg.num_ranges} handle ranges, the engine checks {n_ranges}",
+             cfg.num_ranges > n_ranges),
+            (f"block_size {cfg.block_size} is not a multiple of 8", cfg.block_size % 8 != 0),
+            ("a structure is not 8-octet aligned", not aligned)] if bad]
+        self.fast_ok = not why
+        #: Why every request stays on the host (empty when the engine runs them).
+        self.fast_off_reasons = why
 
     # ---------------------------------------------------------------- small helpers
     def _now(self, now_ms):

@@ -114,13 +114,14 @@ class InlineCopy(wiring.Component):
             m.d.comb += [rsp.ready.eq(cpf.w_rdy), cpf.w_en.eq(rsp.valid),
                          cpf.w_data.eq(rsp.payload.rdata)]
             with m.If(reading):
-                with m.If((rd == words) | (rd - wr == self.burst)):
-                    m.d.sync += reading.eq(0)
-                with m.Else():
-                    m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
-                                 req.payload.addr.eq(src + (rd << 3))]
-                    with m.If(req.ready):
-                        m.d.sync += rd.eq(rd + 1)
+                # There is always a word to read here (a copy has one; a burst ends with the
+                # last word read).
+                m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
+                             req.payload.addr.eq(src + (rd << 3))]
+                with m.If(req.ready):
+                    m.d.sync += rd.eq(rd + 1)
+                    with m.If((rd + 1 == words) | (rd + 1 - wr == self.burst)):
+                        m.d.sync += reading.eq(0)
             with m.Elif(cpf.r_rdy):
                 _write(m, req, dst + (wr << 3), cpf.r_data, strb)
                 m.d.comb += cpf.r_en.eq(req.ready)

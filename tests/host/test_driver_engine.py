@@ -363,3 +363,18 @@ def test_direct_alloc_session_in_the_engine():
     assert c[("LOAD", "OK")] == N_QP and c[("STORE", "OK")] == N_QP, c
     assert c[("ALLOC_STORE", "OK")] == 1, c          # QP 1's; QP 0's went to the driver
     assert out["counters"]["slow_path"].get(("ALLOC_STORE", "OK")) == 1, out["counters"]
+
+
+def test_driver_says_why_the_engine_is_not_used():
+    """A table of 65,536 handles in ranges of 16 needs 4,096 range registers; the engine has 16.
+    The driver then keeps every request on the host and says why, with the figures."""
+    from sim.system import model_config
+
+    def drv(**over):
+        return KbtpDriver(TargetPort(None), model_config(**over), n_qp=4, n_ranges=16)
+    ok = drv(num_handles=65536, handles_per_initiator=4096)
+    assert ok.fast_ok and ok.fast_off_reasons == []
+    bad = drv(num_handles=65536, handles_per_initiator=16)
+    assert not bad.fast_ok
+    assert bad.fast_off_reasons == ["4096 handle ranges, the engine checks 16"]
+    assert not KbtpDriver(TargetPort(None), model_config(), n_qp=4, fast_path=False).fast_ok

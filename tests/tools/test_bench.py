@@ -170,8 +170,13 @@ def test_quick_multi_qp(quick):
             assert 0 < x["latency_mean"] <= x["latency_p99"] <= x["latency_max"], x
         assert r["bytes_moved"] == r["bytes_asked"] == 4 * 4096 * n
         assert r["common_window"] and r["window_cycles"] > 0
-        # the QPs share one wire: the aggregate cannot beat it
-        assert 0 < r["frac_theory"] <= 1.0 and 0 < r["frac_op_bound"] <= 1.0, r
+        # the QPs share one wire: the aggregate cannot beat it. The op bound counts one ACK
+        # each way per operation; a target that coalesces its ACKs over several requests may
+        # beat it by at most that ACK frame.
+        plan = bench.op_plan(r["op"], 4096, 1024)
+        ack = plan["to_peer"][0]
+        assert 0 < r["frac_theory"] <= 1.0, r
+        assert 0 < r["frac_op_bound"] <= plan["bound"] / (plan["bound"] - ack), r
         assert r["cycles_per_op"] >= 4096 + 82 * 4, r
         rates = [x["ops_per_cycle"] for x in r["per_qp"]]
         # per-QP rates (whole groups of DEPTH completions) add up to the aggregate rate
