@@ -300,6 +300,10 @@ class SystemBench:
         await self.run_until(lambda: self.cycles >= end)
 
     # ---- bring-up ----------------------------------------------------------------------
+    #: Cycles a HELLO may take: the driver counts the bound entries of the initiator's handle
+    #: range in target memory (4,096 entries of a pool-scale table: 64 KiB read).
+    hello_cycles = 400_000
+
     async def bring_up(self, features=None):
         from sim.workload import Gen
         await self._start()
@@ -326,7 +330,7 @@ class SystemBench:
                     if isinstance(a, SendMsg)]
             self.qps[q].send(raw)
             self.slow_sent += 1
-            await self.run_until(lambda: self.events[q], 400_000, f"HELLO_ACK {q}")
+            await self.run_until(lambda: self.events[q], self.hello_cycles, f"HELLO_ACK {q}")
             got = [e[1] for e in self.events[q]]
             assert got == want, f"HELLO_ACK of initiator {q}: {got} vs model {want}"
             self.acks[q] = codec.decode(got[0])
