@@ -292,23 +292,10 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, rx_slice.o, prs.i)
         wiring.connect(m, prs.hdr, dmx.hdr)
         wiring.connect(m, prs.payload, dmx.payload)
-        # And one on each of the demultiplexer's four outputs: the requester's and responder's
-        # readies hang off the memory arbiter's grant (and so off every master's request, up
-        # to the engine's ring allocator), and ran on through the demultiplexer into the
-        # parser (nextpnr's critical path, eng.ring.ctr -> req.rsp_hdr, 25 levels on the
-        # ECPIX-5; tools/depth.py: eng.ring.tail_ticket -> prs.packer.buf, 29.9 levels).
-        # After them the parser's deepest input is its own logic (prs.pos -> prs.packer.buf,
-        # 27.1). Header and payload are sliced apart; safe, as the demultiplexer hands a
-        # packet's header over before its payload, each consumer takes the header first, and
-        # each registers what it needs of it in the cycle it takes it (a slice's output does
-        # not hold a taken header).
-        for name, src, dst in (("resp_hdr", dmx.resp_hdr, resp.hdr),
-                               ("resp_payload", dmx.resp_payload, resp.payload),
-                               ("req_hdr", dmx.req_hdr, req.rsp_hdr),
-                               ("req_payload", dmx.req_payload, req.rsp_payload)):
-            sm[f"dmx_{name}_slice"] = sl = RegisterSlice(signature=src.signature)
-            wiring.connect(m, src, sl.i)
-            wiring.connect(m, sl.o, dst)
+        wiring.connect(m, dmx.resp_hdr, resp.hdr)
+        wiring.connect(m, dmx.resp_payload, resp.payload)
+        wiring.connect(m, dmx.req_hdr, req.rsp_hdr)
+        wiring.connect(m, dmx.req_payload, req.rsp_payload)
 
         # Transmit path.
         connect_fields(m, resp.tx, txp.src[0])
