@@ -364,52 +364,14 @@ def test_pipelined_ram_matches_a_word_model(depth, bank_words, seed):
     # master's rsp.ready does. Addresses beyond the memory wrap, as in MemRam.
     from boards.ram import PipelinedRam
 
+    from tests.boards.bus_traffic import random_traffic
+
     dut = PipelinedRam(depth, bank_words=bank_words, credits=8)
-    rng = random.Random(seed)
-    model = [0] * depth
-    expected, got = [], []
-    n_ops = 600
-    state = {"sent": 0}
 
-    async def master(ctx):
-        req = dut.bus.req
-        for _ in range(n_ops):
-            addr = rng.randrange(2 * depth) * 8
-            we = rng.random() < 0.5
-            wdata = rng.getrandbits(64)
-            wstrb = rng.choice([0xFF, rng.randrange(256)])
-            ctx.set(req.payload, {"addr": addr, "we": we, "wdata": wdata, "wstrb": wstrb})
-            ctx.set(req.valid, 1)
-            await ctx.tick().until(req.ready)
-            ctx.set(req.valid, 0)
-            w = (addr // 8) % depth
-            if we:
-                mask = sum(0xFF << (8 * k) for k in range(8) if wstrb >> k & 1)
-                model[w] = (model[w] & ~mask) | (wdata & mask)
-            else:
-                expected.append(model[w])
-            state["sent"] += 1
-            if rng.random() < 0.2:
-                await ctx.tick().repeat(rng.randrange(1, 4))
-
-    async def reader(ctx):
-        rsp = dut.bus.rsp
-        while state["sent"] < n_ops or len(got) < len(expected):
-            ready = rng.random() < 0.6
-            ctx.set(rsp.ready, ready)
-            if ready and ctx.get(rsp.valid):
-                got.append(ctx.get(rsp.payload.rdata))
-            await ctx.tick()
-        for _ in range(10):                 # nothing extra may come out afterwards
-            ctx.set(rsp.ready, 1)
-            assert not ctx.get(rsp.valid)
-            await ctx.tick()
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(master)
-    sim.add_testbench(reader)
-    sim.run()
+    def addr_of(rng):
+        addr = rng.randrange(2 * depth) * 8
+        return addr, (addr // 8) % depth
+    expected, got = random_traffic(dut, random.Random(seed), 600, addr_of)
     assert len(expected) > 200
     assert got == expected
 

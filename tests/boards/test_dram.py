@@ -9,6 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from boards.dram import ECPIX5_DDR3, DramCycles, DramModel, dram_address
+from tests.boards.bus_traffic import random_traffic
 
 T = DramCycles(hit=5, miss=3, refi=200, rfc=9)
 
@@ -28,48 +29,11 @@ def test_dram_model_data_follows_the_bus_order(seed):
     accepted before it made."""
     depth = 4096                                   # 32 KiB: 16 pages, two rows of each bank
     dut = DramModel(depth, DramCycles(hit=4, miss=2, refi=60, rfc=5), credits=6)
-    rng = random.Random(seed)
-    model = {}
-    expected, got = [], []
-    n_ops = 800
-    state = {"sent": 0}
 
-    async def master(ctx):
-        req = dut.bus.req
-        for _ in range(n_ops):
-            # Mostly near the last address (row hits), sometimes anywhere (misses, conflicts).
-            addr = rng.randrange(depth) * 8
-            we = rng.random() < 0.5
-            wdata = rng.getrandbits(64)
-            wstrb = rng.choice([0xFF, rng.randrange(256)])
-            ctx.set(req.payload, {"addr": addr, "we": we, "wdata": wdata, "wstrb": wstrb})
-            ctx.set(req.valid, 1)
-            await ctx.tick().until(req.ready)
-            ctx.set(req.valid, 0)
-            w = addr // 8
-            if we:
-                mask = sum(0xFF << (8 * k) for k in range(8) if wstrb >> k & 1)
-                model[w] = (model.get(w, 0) & ~mask) | (wdata & mask)
-            else:
-                expected.append(model.get(w, 0))
-            state["sent"] += 1
-            if rng.random() < 0.2:
-                await ctx.tick().repeat(rng.randrange(1, 4))
-
-    async def reader(ctx):
-        rsp = dut.bus.rsp
-        while state["sent"] < n_ops or len(got) < len(expected):
-            ready = rng.random() < 0.6
-            ctx.set(rsp.ready, ready)
-            if ready and ctx.get(rsp.valid):
-                got.append(ctx.get(rsp.payload.rdata))
-            await ctx.tick()
-        for _ in range(10):                 # nothing extra may come out afterwards
-            ctx.set(rsp.ready, 1)
-            assert not ctx.get(rsp.valid)
-            await ctx.tick()
-
-    _run(dut, master, reader)
+    def addr_of(rng):
+        addr = rng.randrange(depth) * 8
+        return addr, addr // 8
+    expected, got = random_traffic(dut, random.Random(seed), 800, addr_of)
     assert len(expected) > 300
     assert got == expected
 
