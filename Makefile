@@ -11,7 +11,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install apt venv test test-fast test-wide demo demo-model serve serve-model clean
 
-install: apt venv install-dissector
+install: apt venv install-dissector litedram
 
 # KBTP dissector for Wireshark/tshark (tools/wireshark/kbtp.lua) into the personal Lua plugin
 # folder, where Wireshark and tshark load it at start; harmless where tshark is absent.
@@ -113,8 +113,11 @@ $(LD_VENV)/.installed: boards/litedram-requirements.txt
 	python3 -m venv $(LD_VENV)
 	$(LD_VENV)/bin/pip install -q -r boards/litedram-requirements.txt
 	touch $@
-litedram: $(LD_VENV)/.installed
+LD_CORES = build/litedram/init_program.json build/litedram_sim/init_program.json
+litedram: $(LD_CORES)
+build/litedram/init_program.json: boards/litedram_gen.py $(LD_VENV)/.installed
 	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram
+build/litedram_sim/init_program.json: boards/litedram_gen.py $(LD_VENV)/.installed
 	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram_sim --sim
 litedram-timing: $(LD_VENV)/.installed
 	$(LD_VENV)/bin/python -m tools.litedram_timing

@@ -52,13 +52,18 @@ Simulation core (``--sim``, top ``litedram_core``)
     the DFI address stays 15 bits wide so A10, the precharge-all bit, exists). All timings
     stay MT41K256M16's. (SDRAMPHYModel sizes each bank's array for 4 columns per word, as at
     rate 1:4, so at 1:2 half of its entries stay unused: 1 MiB of storage is 8 x 16384 x 128
-    bits of Verilog arrays.) The user port is not held until ``init_done`` (DFII starts in
-    hardware control; the model needs no initialisation). ``wb_ctrl_*`` is there too.
+    bits of Verilog arrays.) As on the board, the user port is held until ``init_done``: the
+    same init program runs in both (the model ignores the mode registers). ``wb_ctrl_*`` is
+    there too.
     Verilator lints it clean of errors (``--lint-only -Wno-fatal``: COMBDLY and
     CASEINCOMPLETE warnings only, as in LiteX's own simulations).
 
 Besides the Verilog, ``--out`` receives ``litedram_core.json``: the top's ports (name, width,
-direction, group) and the clocks/resets, for the Amaranth wrapper.
+direction, group) and the clocks/resets, for the Amaranth wrapper; and ``init_program.json``:
+the CSR writes (Wishbone word address, value, sys cycles to wait after it) that LiteX's BIOS
+would make in ``sdram_init()`` (liblitedram/sdram.c) with the mode registers of LiteDRAM's own
+``get_sdram_phy_init_sequence``: software control, the DDR3 init sequence, read-delay reset,
+hardware control, ``init_done``. boards/litedram.py plays it from a ROM (no CPU here).
 """
 
 import argparse
@@ -93,7 +98,9 @@ def core_config(sim=False):
         "sys_clk_freq":    SYS_CLK_FREQ,
         "init_clk_freq":   INIT_CLK_FREQ,
         "user_ports": {
-            "0": {"type": "native", "block_until_ready": not sim},
+            # Held off until ddrctrl_init_done in simulation too: the init sequencer
+            # (boards/litedram.py) must have run for the port to move.
+            "0": {"type": "native", "block_until_ready": True},
         },
     }
 
@@ -222,7 +229,82 @@ def build(out, sim=False, sim_mib=1, name="litedram_core"):
     }
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(desc, f, indent=2)
+    with open(os.path.join(out, "init_program.json"), "w") as f:
+        json.dump({"sys_clk_hz": SYS_CLK_FREQ,
+                   "steps": init_program(soc, os.path.join(out, "csr.csv"))}, f, indent=1)
     return desc
+
+
+# liblitedram/sdram.c and the generated sdram_phy.h: DFII control and command bits.
+DFII_CONTROL = {"SEL": 0x01, "CKE": 0x02, "ODT": 0x04, "RESET_N": 0x08}
+DFII_COMMAND = {"CS": 0x01, "WE": 0x02, "CAS": 0x04, "RAS": 0x08, "WRDATA": 0x10, "RDDATA": 0x20}
+
+
+def _bits(expr):
+    """'DFII_COMMAND_RAS|DFII_COMMAND_CS' -> (is_control, value)."""
+    value, control = 0, None
+    for term in expr.split("|"):
+        kind, name = re.fullmatch(r"DFII_(CONTROL|COMMAND)_(\w+)", term.strip()).groups()
+        value |= (DFII_CONTROL if kind == "CONTROL" else DFII_COMMAND)[name]
+        assert control in (None, kind == "CONTROL"), expr
+        control = kind == "CONTROL"
+    return control, value
+
+
+def init_program(soc, csr_csv, read_delays=None):
+    """The CSR writes of LiteX's ``sdram_init()`` for this core, as steps
+    ``{"csr", "adr", "value", "wait", "comment"}`` (``adr``: Wishbone word address on
+    ``wb_ctrl``; ``wait``: sys cycles after the write, the ``cdelay()`` of the C code, which
+    LiteX counts in CPU loop turns of at least one cycle each).
+
+    ``read_delays``: ``{module: (bitslip, delay)}`` to load into the ECP5DDRPHY's read path
+    after the init sequence (what LiteX's read levelling would find); without it each
+    module's delay and bitslip are reset to 0.
+    """
+    from litedram.init import get_sdram_phy_init_sequence
+    csr = {}
+    with open(csr_csv) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if parts[0] == "csr_register":
+                csr[parts[1]] = int(parts[2], 0)
+    steps = []
+
+    def w(name, value, wait=0, comment=""):
+        steps.append({"csr": name, "adr": csr[name] >> 2, "value": value, "wait": wait,
+                      "comment": comment})
+
+    sw = DFII_CONTROL["CKE"] | DFII_CONTROL["ODT"] | DFII_CONTROL["RESET_N"]
+    w("sdram_dfii_control", sw, comment="sdram_software_control_on")
+    w("ddrctrl_init_done", 0)
+    w("ddrctrl_init_error", 0)
+    settings = soc.sdram.controller.settings
+    seq, _ = get_sdram_phy_init_sequence(settings.phy, settings.timing)
+    for comment, a, ba, cmd, delay in seq:
+        w("sdram_dfii_pi0_address", a, comment=comment)
+        w("sdram_dfii_pi0_baddress", ba)
+        control, value = _bits(cmd)
+        if control:
+            w("sdram_dfii_control", value, delay)
+        else:
+            w("sdram_dfii_pi0_command", value)
+            w("sdram_dfii_pi0_command_issue", 1, delay)
+    if "ddrphy_dly_sel" in csr:
+        nmodules = settings.phy.databits // 8
+        for module in range(nmodules):
+            bitslip, delay = (read_delays or {}).get(module, (0, 0))
+            w("ddrphy_dly_sel", 1 << module, comment=f"read path of module {module}: "
+              f"bitslip {bitslip}, delay {delay}")
+            w("ddrphy_rdly_dq_rst", 1)
+            w("ddrphy_rdly_dq_bitslip_rst", 1)
+            for _ in range(bitslip):
+                w("ddrphy_rdly_dq_bitslip", 1)
+            for _ in range(delay):
+                w("ddrphy_rdly_dq_inc", 1)
+            w("ddrphy_dly_sel", 0)
+    w("sdram_dfii_control", DFII_CONTROL["SEL"], comment="sdram_hardware_control_on")
+    w("ddrctrl_init_done", 1)
+    return steps
 
 
 def main(argv=None):

@@ -417,7 +417,7 @@ def _runtime_cache(build_dir, waves, *, restore):
 
 
 def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, extra_env=None,
-               testcase=None, waves=None, seed=None):
+               testcase=None, waves=None, seed=None, extra_sources=()):
     """Export a component to Verilog, build it, run a cocotb test module on it.
 
     Parameters
@@ -444,6 +444,9 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
         Dump waves (``dump.vcd`` / ``.fst``); default from the ``WAVES`` variable.
     seed : int, optional
         cocotb random seed (default: cocotb picks one and logs it).
+    extra_sources : list of path, optional
+        More Verilog files compiled with the design (modules it instantiates, e.g. the
+        generated LiteDRAM core); their text is part of the build's digest.
 
     Returns
     -------
@@ -486,7 +489,7 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
         # One build per directory at a time (pytest-xdist workers may share parameters).
         fcntl.flock(lock, fcntl.LOCK_EX)
         runner = get_runner(sim)
-        _cocotb_build(runner, sim, top, text, build_dir, waves)
+        _cocotb_build(runner, sim, top, text, build_dir, waves, extra_sources)
         failed, total, out = _cocotb_test(runner, top, test_module, build_dir, testcase, waves,
                                           seed)
     if failed is None or total == 0:
@@ -498,7 +501,7 @@ def run_cocotb(component_factory, name, test_module, *, params=None, sim=None, e
     return out
 
 
-def _cocotb_build(runner, sim, top, text, build_dir, waves):
+def _cocotb_build(runner, sim, top, text, build_dir, waves, extra_sources=()):
     """Build the simulator of ``text`` in ``build_dir`` unless the same source was built there
     last (called under the directory's lock)."""
     src = build_dir / f"{top}.v"
@@ -507,7 +510,9 @@ def _cocotb_build(runner, sim, top, text, build_dir, waves):
     # Amaranth's comb `always @*` blocks stay X until an input changes; Verilog-2005 semantics
     # (a later -g wins) make them run at time 0.
     build_args = ["-Wno-fatal"] if sim == "verilator" else ["-g2005"]
-    digest = hashlib.sha256((text + repr((waves, build_args))).encode()).hexdigest()
+    extra = [Path(p).resolve() for p in extra_sources]
+    digest = hashlib.sha256((text + repr((waves, build_args)) + "".join(
+        p.read_text() for p in extra)).encode()).hexdigest()
     stamp = build_dir / "source.sha256"
     exe = build_dir / (top if sim == "verilator" else "sim.vvp")
     if stamp.exists() and stamp.read_text() == digest and exe.exists():
@@ -517,7 +522,7 @@ def _cocotb_build(runner, sim, top, text, build_dir, waves):
     src.write_text(text)
     if sim == "verilator":
         _runtime_cache(build_dir, waves, restore=True)
-    runner.build(sources=[src], hdl_toplevel=top, build_dir=build_dir, always=True,
+    runner.build(sources=[src, *extra], hdl_toplevel=top, build_dir=build_dir, always=True,
                  build_args=build_args, timescale=("1ns", "1ps"), waves=waves)
     if sim == "verilator":
         _runtime_cache(build_dir, waves, restore=False)
