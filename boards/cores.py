@@ -171,11 +171,17 @@ class HostBusRegister(wiring.Component):
         return m
 
 
-def _board_ram(mem_words, pipelined, dram=None, core_freq=None):
+def _board_ram(mem_words, pipelined, dram=None, core_freq=None, litedram=False):
     """The target memory of a board core: :class:`boards.ram.PipelinedRam` (same bus contract
     as the target's one-cycle ``MemRam``), None for the target's own, or with ``dram`` (a
     :class:`boards.dram.DramTiming`) the DRAM timing model :class:`boards.dram.DramModel` at
     ``core_freq`` (simulation only: it stands where the DRAM controller will)."""
+    if litedram:
+        # The board's DDR3 through LiteDRAM (boards/litedram.py); its clock input is the
+        # board's oscillator (BoardTop's ``osc`` domain, for cores with ``needs_osc``).
+        from amaranth import ClockSignal
+        from .litedram import BOARD_CORE, LiteDramCore
+        return LiteDramCore(BOARD_CORE, clk=ClockSignal("osc"), pads="ddr3")
     if dram is not None:
         from .dram import DramModel
         return DramModel(mem_words, dram.cycles(core_freq), external_storage=True)
@@ -261,8 +267,11 @@ class KbtpCore(wiring.Component):
         Frequency of the ``core`` domain (must be the PLL's VCO over an integer).
     pipelined_ram : bool
     dram : boards.dram.DramTiming or None
-        Simulation only: the target memory is :class:`boards.dram.DramModel` with these DRAM
-        costs (issue 22: what the pool in DDR3 will cost) instead of block RAM.
+        The target memory is the whole DRAM; in simulation :class:`boards.dram.DramModel` with
+        these DRAM costs (issue 22: what the pool in DDR3 costs) instead of block RAM.
+    litedram : bool
+        On the board: the target memory is the DDR3 through LiteDRAM (needs ``dram`` for its
+        size and ``make litedram``; core ``kbtp-ddr3``).
     **overrides
         Extra / replacement ``KbtpTarget`` keyword arguments.
     """
@@ -270,15 +279,16 @@ class KbtpCore(wiring.Component):
     core_domain = "core"
 
     def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, dram=None,
-                 **overrides):
+                 litedram=False, **overrides):
         from hw.target.target import KbtpTarget
 
         self.memory = memory
         self.core_freq = core_freq
+        self.needs_osc = litedram
         kwargs = self.target_kwargs_of(memory, core_freq=core_freq, dram=dram, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
-                                                          dram, core_freq))
+                                                          dram, core_freq, litedram))
         super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                           "leds": Out(2)})
 
@@ -375,6 +385,9 @@ class MacCdcLoopbackCore(wiring.Component):
 CORES = {
     "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), width 64 "
                        "in its own core clock, MAC at 125 MHz, pool-sized memory"),
+    "kbtp-ddr3": (lambda memory: KbtpCore(memory, dram=_ecpix5_ddr3(), litedram=True),
+                  "the full target with its memory (pool, table, rings, buffers) in the "
+                  "ECPIX-5's 512 MB of DDR3 through LiteDRAM (make litedram first)"),
     "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
                              "(does not meet timing)"),
     "mac-loopback": (MacLoopbackCore, "GMII MAC, received frames sent back; demo bus target"),
@@ -382,6 +395,11 @@ CORES = {
     "mac-cdc": (MacCdcLoopbackCore, "the kbtp core's 125 MHz side (MacCdc, width 64, core "
                                     "clock) with a frame loopback in the core domain"),
 }
+
+
+def _ecpix5_ddr3():
+    from .dram import ECPIX5_DDR3
+    return ECPIX5_DDR3
 
 
 def default_core_name():

@@ -50,7 +50,7 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import ADDR_BITS, MEM_DATA_BITS, MemBusSignature, MemReq
 
 __all__ = ["LiteDramInit", "LiteDramBridge", "LiteDramCore", "load_core", "NativePortSignature",
-           "WishboneSignature"]
+           "WishboneSignature", "ecp5_ddr3_pads"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where ``make litedram`` leaves the ECP5 core and the simulation core.
@@ -65,6 +65,22 @@ def load_core(directory):
     program = json.loads((directory / "init_program.json").read_text())
     desc["verilog_path"] = str(directory / desc["verilog"])
     return desc, program
+
+
+def ecp5_ddr3_pads(res):
+    """``ddram_*`` port -> raw I/O of an amaranth-boards ``ddr3`` resource requested with
+    ``dir="-"`` (ECPIX-5: clk, clk_en, we/ras/cas (active low: LiteDRAM drives the ``_n``
+    levels itself, so the raw pins, not the inverted ports), a, ba, dqs, dq, dm, odt).
+
+    Differential pins (``clk``, ``dqs``) get their P pin only: the core's SSTL15D buffers make
+    the pair. The resource has no ``cs_n`` (the part's CS# is strapped) and no ``reset_n``:
+    those core outputs stay unconnected."""
+    return {
+        "ddram_clk_p": res.clk.p, "ddram_cke": res.clk_en.io, "ddram_we_n": res.we.io,
+        "ddram_ras_n": res.ras.io, "ddram_cas_n": res.cas.io, "ddram_a": res.a.io,
+        "ddram_ba": res.ba.io, "ddram_dqs_p": res.dqs.p, "ddram_dq": res.dq.io,
+        "ddram_dm": res.dm.io, "ddram_odt": res.odt.io,
+    }
 
 
 class WishboneSignature(wiring.Signature):
@@ -246,8 +262,12 @@ class LiteDramCore(wiring.Component):
     clk : Signal
         the core's clock input (the simulation core's sys clock, or the board's 100 MHz
         oscillator for the ECP5 core); ``rst`` its reset input where the core has one.
-    pads : dict
-        ``ddram_*`` port name -> signal (or ``(i, o, oe)`` for bidirectional pins), ECP5 core.
+    pads : dict or str
+        ``ddram_*`` port name -> I/O port (ECP5 core); or the name of the platform's DDR3
+        resource (``"ddr3"``), requested raw at elaboration and mapped by
+        :func:`ecp5_ddr3_pads` (the core's own ``TRELLIS_IO``/``ODDRX2F``/``DQSBUFM`` cells
+        drive the pins, so no Amaranth buffer may sit between). On a platform the generated
+        Verilog is added to the build.
     """
 
     def __init__(self, directory, *, clk, rst=None, pads=None, wait_scale=1, fifo_depth=16):
@@ -291,7 +311,13 @@ class LiteDramCore(wiring.Component):
         for name, member in p.signature.members.items():
             sig = getattr(p, name)
             args[("i_" if member.flow == Out else "o_") + "user_port_0_" + name] = sig
-        for name, sig in self._pads.items():
+        pads = self._pads
+        if isinstance(pads, str):
+            pads = ecp5_ddr3_pads(platform.request(pads, 0, dir="-"))
+        if platform is not None:
+            platform.add_file(Path(self.verilog_path).name,
+                              Path(self.verilog_path).read_text())
+        for name, sig in pads.items():
             d = self._ports[name]["dir"]
             args[{"input": "i_", "output": "o_", "inout": "io_"}[d] + name] = sig
         m.submodules.core = Instance(self.desc["top"], **args)

@@ -95,6 +95,10 @@ class BoardTop(Elaboratable):
             "i", platform.request(platform.default_rst, 0, dir="-"))
         arst = ~pll.locked | rst_buf.i
         self._global_reset(m, "sync", arst)
+        if getattr(self.core, "needs_osc", False):
+            # The oscillator itself, for a core that runs its own PLL from it (LiteDRAM's CRG).
+            m.domains.osc = ClockDomain("osc", reset_less=True)
+            m.d.comb += ClockSignal("osc").eq(clk_buf.i)
         if core_freq:
             m.domains += ClockDomain(core_domain)
             m.d.comb += ClockSignal(core_domain).eq(pll.clk_out[2])
