@@ -50,7 +50,7 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import ADDR_BITS, MEM_DATA_BITS, MemBusSignature, MemReq
 
 __all__ = ["LiteDramInit", "LiteDramBridge", "LiteDramCore", "load_core", "NativePortSignature",
-           "WishboneSignature", "ecp5_ddr3_pads"]
+           "WishboneSignature", "ecp5_ddr3_pads", "LiteDramReadLevel", "level_choice"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where ``make litedram`` leaves the ECP5 core and the simulation core.
@@ -64,6 +64,11 @@ def load_core(directory):
     desc = json.loads((directory / "litedram_core.json").read_text())
     program = json.loads((directory / "init_program.json").read_text())
     desc["verilog_path"] = str(directory / desc["verilog"])
+    desc["csr"] = {}
+    for line in (directory / "csr.csv").read_text().splitlines():
+        f = line.split(",")
+        if f[0] == "csr_register":
+            desc["csr"][f[1]] = int(f[2], 0)
     return desc, program
 
 
@@ -172,6 +177,253 @@ class LiteDramInit(wiring.Component):
         return m
 
 
+def level_choice(passes, delays=8):
+    """LiteX's read-levelling choice for one bitslip's pass vector (bit ``d``: delay ``d``
+    read every test word right): the middle of the longest run of passing delays (the first
+    such run on ties), as ``(delay, run length)``; ``(0, 0)`` when no delay passes."""
+    best, start = (0, 0), None
+    for d in range(delays + 1):
+        ok = d < delays and passes >> d & 1
+        if ok and start is None:
+            start = d
+        if not ok and start is not None:
+            if d - start > best[1]:
+                best = ((start + d - 1) // 2, d - start)
+            start = None
+    return best
+
+
+class LiteDramReadLevel(wiring.Component):
+    """ECP5DDRPHY read levelling through the native port, after ``init_done`` (runs in its
+    own ``sync``; rename it into the controller's clock).
+
+    What LiteX's BIOS does in ``sdram_read_leveling()`` (liblitedram/sdram.c) over DFII, done
+    here with the controller in hardware control: ``words`` native words of a fixed
+    pseudo-random pattern are written once at native address ``base``; then for each module
+    (byte lane: octets ``k`` of a native word with ``k % modules == module``, as the PHY lays
+    BL8 beats of the x16 bus out) and each bitslip ``b < bitslips`` and read delay
+    ``d < delays`` (set through ``ddrphy_rdly_dq_bitslip_rst`` / ``_bitslip`` / ``_rst`` /
+    ``_inc``, each wrapped in ``ddrphy_dly_sel`` on and off as the BIOS does) the words are
+    read back; the setting passes when the lane's octets all match and the PHY's
+    ``burstdet_seen`` bit of the lane was set by the read. The bitslip with the most passing
+    delays wins (the first on ties), its delay is the middle of its longest passing run
+    (:func:`level_choice`), and both are loaded. A final read of all lanes must match, else
+    ``error``.
+
+    Ports
+    -----
+    start : In(1)                   begin (``init_done`` from the init program)
+    wb : Out(WishboneSignature)     to ``wb_ctrl`` (while running)
+    port : Out(NativePortSignature) to the user port (while running)
+    done, error : Out(1)
+    passes : Out(modules * bitslips * delays)   the scan: bit ((m * bitslips) + b) * delays + d
+    choice : Out(modules * 8)       per module: bitslip (bits 7:4) and delay (bits 3:0) loaded
+    """
+
+    def __init__(self, csr, addr_width, *, modules=2, bitslips=4, delays=8, words=4, base=0,
+                 settle=32):
+        self._csr = {k: v >> 2 for k, v in csr.items()}       # Wishbone word addresses
+        self._n = (modules, bitslips, delays, words)
+        self._base, self._settle = base, settle
+        import random
+        rng = random.Random(42)
+        self.pattern = [rng.getrandbits(128) for _ in range(words)]
+        super().__init__({
+            "start": In(1), "wb": Out(WishboneSignature()),
+            "port": Out(NativePortSignature(addr_width)), "done": Out(1), "error": Out(1),
+            "passes": Out(modules * bitslips * delays), "choice": Out(modules * 8),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nmod, nbs, ndl, nw = self._n
+        csr, wb, port = self._csr, self.wb, self.port
+        mod = Signal(range(nmod))
+        bs = Signal(range(nbs + 1))
+        dl = Signal(range(ndl + 1))
+        k = Signal(range(nw + 1))           # commands issued
+        j = Signal(range(nw + 1))           # answers checked
+        bad = Signal()
+        sent = Signal()                     # the write command of word k was taken
+        wait = Signal(range(self._settle + 1))
+        # Patterns and lane masks as constants indexed by signals.
+        pat = Signal(128)
+        with m.Switch(k):
+            for i, v in enumerate(self.pattern):
+                with m.Case(i):
+                    m.d.comb += pat.eq(v)
+        want = Signal(128)
+        with m.Switch(j):
+            for i, v in enumerate(self.pattern):
+                with m.Case(i):
+                    m.d.comb += want.eq(v)
+        masks = [sum(0xFF << (8 * o) for o in range(16) if o % nmod == lane)
+                 for lane in range(nmod)]
+        mask = Signal(128)
+        full = Signal()                     # the final check compares every lane
+        with m.Switch(mod):
+            for lane, v in enumerate(masks):
+                with m.Case(lane):
+                    m.d.comb += mask.eq(Mux(full, (1 << 128) - 1, v))
+        m.d.comb += [port.cmd_addr.eq(self._base + k), port.wdata_data.eq(pat),
+                     port.wdata_we.eq(0xFFFF), port.rdata_ready.eq(1), wb.sel.eq(0b1111)]
+
+        # The pass vectors and the choice of the module in hand.
+        vec = [Signal(ndl, name=f"pass_b{b}") for b in range(nbs)]
+        with m.Switch(mod):
+            for lane in range(nmod):
+                with m.Case(lane):
+                    for b in range(nbs):
+                        lo = (lane * nbs + b) * ndl
+                        m.d.comb += vec[b].eq(self.passes[lo:lo + ndl])
+        counts = [Signal(range(ndl + 1), name=f"count_b{b}") for b in range(nbs)]
+        for b in range(nbs):
+            m.d.comb += counts[b].eq(sum(vec[b][d] for d in range(ndl)))
+        best_b = Signal(range(nbs))
+        best_n = Signal(range(ndl + 1))
+        # First maximum: scan from the last bitslip down so that an earlier equal one wins.
+        chain_b, chain_n = Const(nbs - 1, range(nbs)), counts[nbs - 1]
+        for b in reversed(range(nbs - 1)):
+            chain_b = Mux(counts[b] >= chain_n, b, chain_b)
+            chain_n = Mux(counts[b] >= chain_n, counts[b], chain_n)
+        m.d.comb += [best_b.eq(chain_b), best_n.eq(chain_n)]
+        best_vec = Signal(ndl)
+        with m.Switch(best_b):
+            for b in range(nbs):
+                with m.Case(b):
+                    m.d.comb += best_vec.eq(vec[b])
+        center = Signal(range(ndl))
+        with m.Switch(best_vec):
+            for v in range(1 << ndl):
+                with m.Case(v):
+                    m.d.comb += center.eq(level_choice(v, ndl)[0])
+        target_b = Signal(range(nbs))
+        target_d = Signal(range(ndl))
+
+        # One PHY action: dly_sel on, the strobe register, dly_sel off, a settling wait.
+        act = Signal(30)
+        ret = Signal(4)
+        RETS = ["SCAN_DLY_RST", "SCAN_CLR", "APPLY_BS", "APPLY_DLY"]
+
+        def call(addr_name, back):
+            m.d.sync += [act.eq(csr[addr_name]), ret.eq(RETS.index(back))]
+            m.next = "ACT_SEL"
+
+        def wb_write(adr, value, then):
+            m.d.comb += [wb.cyc.eq(1), wb.stb.eq(1), wb.we.eq(1), wb.adr.eq(adr),
+                         wb.dat_w.eq(value)]
+            with m.If(wb.ack | wb.err):
+                m.next = then
+
+        def record(value):
+            for lane in range(nmod):
+                for b in range(nbs):
+                    for d in range(ndl):
+                        with m.If((mod == lane) & (bs == b) & (dl == d)):
+                            m.d.sync += self.passes[(lane * nbs + b) * ndl + d].eq(value)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += k.eq(0)
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                # Write data is valid from the command on: LiteDRAM takes it on ready alone.
+                m.d.comb += [port.cmd_valid.eq(~sent), port.cmd_we.eq(1),
+                             port.wdata_valid.eq(1)]
+                with m.If(port.cmd_valid & port.cmd_ready):
+                    m.d.sync += sent.eq(1)
+                with m.If(port.wdata_ready):
+                    m.d.sync += [sent.eq(0), k.eq(k + 1)]
+                    with m.If(k == nw - 1):
+                        m.d.sync += mod.eq(0)
+                        m.next = "SCAN_MODULE"
+            with m.State("SCAN_MODULE"):
+                m.d.sync += bs.eq(0)
+                call("ddrphy_rdly_dq_bitslip_rst", "SCAN_DLY_RST")
+            with m.State("SCAN_DLY_RST"):
+                m.d.sync += dl.eq(0)
+                call("ddrphy_rdly_dq_rst", "SCAN_CLR")
+            with m.State("SCAN_CLR"):
+                wb_write(csr["ddrphy_burstdet_clr"], 1, "READ")
+                m.d.sync += [k.eq(0), j.eq(0), bad.eq(0), full.eq(0)]
+            with m.State("READ"):
+                m.d.comb += port.cmd_valid.eq(k != nw)
+                with m.If(port.cmd_valid & port.cmd_ready):
+                    m.d.sync += k.eq(k + 1)
+                with m.If(port.rdata_valid):
+                    m.d.sync += j.eq(j + 1)
+                    with m.If((port.rdata_data ^ want) & mask):
+                        m.d.sync += bad.eq(1)
+                    with m.If(j == nw - 1):
+                        m.next = "BURSTDET"
+            with m.State("BURSTDET"):
+                m.d.comb += [wb.cyc.eq(1), wb.stb.eq(1), wb.we.eq(0),
+                             wb.adr.eq(csr["ddrphy_burstdet_seen"])]
+                with m.If(wb.ack | wb.err):
+                    with m.If(full & bad):
+                        m.next = "ERROR"
+                    with m.Elif(full):
+                        m.next = "DONE"
+                    with m.Else():
+                        record(~bad & ~wb.err & (wb.dat_r >> mod)[0])
+                        m.next = "SCAN_NEXT"
+            with m.State("SCAN_NEXT"):
+                with m.If(dl != ndl - 1):
+                    m.d.sync += dl.eq(dl + 1)
+                    call("ddrphy_rdly_dq_inc", "SCAN_CLR")
+                with m.Elif(bs != nbs - 1):
+                    m.d.sync += bs.eq(bs + 1)
+                    call("ddrphy_rdly_dq_bitslip", "SCAN_DLY_RST")
+                with m.Else():
+                    m.next = "CHOOSE"
+            with m.State("CHOOSE"):
+                m.d.sync += [target_b.eq(best_b), target_d.eq(center), bs.eq(0), dl.eq(0)]
+                for lane in range(nmod):
+                    with m.If(mod == lane):
+                        m.d.sync += [self.choice[8 * lane:8 * lane + 4].eq(center),
+                                     self.choice[8 * lane + 4:8 * lane + 8].eq(best_b)]
+                call("ddrphy_rdly_dq_bitslip_rst", "APPLY_BS")
+            with m.State("APPLY_BS"):
+                with m.If(bs != target_b):
+                    m.d.sync += bs.eq(bs + 1)
+                    call("ddrphy_rdly_dq_bitslip", "APPLY_BS")
+                with m.Else():
+                    call("ddrphy_rdly_dq_rst", "APPLY_DLY")
+            with m.State("APPLY_DLY"):
+                with m.If(dl != target_d):
+                    m.d.sync += dl.eq(dl + 1)
+                    call("ddrphy_rdly_dq_inc", "APPLY_DLY")
+                with m.Elif(mod != nmod - 1):
+                    m.d.sync += mod.eq(mod + 1)
+                    m.next = "SCAN_MODULE"
+                with m.Else():
+                    m.d.sync += [k.eq(0), j.eq(0), bad.eq(0), full.eq(1)]
+                    m.next = "VERIFY"
+            with m.State("VERIFY"):
+                wb_write(csr["ddrphy_burstdet_clr"], 1, "READ")
+            # The PHY action subroutine.
+            with m.State("ACT_SEL"):
+                wb_write(csr["ddrphy_dly_sel"], Const(1, 1) << mod, "ACT_DO")
+            with m.State("ACT_DO"):
+                wb_write(act, 1, "ACT_UNSEL")
+            with m.State("ACT_UNSEL"):
+                m.d.sync += wait.eq(self._settle)
+                wb_write(csr["ddrphy_dly_sel"], 0, "ACT_WAIT")
+            with m.State("ACT_WAIT"):
+                m.d.sync += wait.eq(wait - 1)
+                with m.If(wait == 0):
+                    with m.Switch(ret):
+                        for i, name in enumerate(RETS):
+                            with m.Case(i):
+                                m.next = name
+            with m.State("DONE"):
+                m.d.comb += self.done.eq(1)
+            with m.State("ERROR"):
+                m.d.comb += self.error.eq(1)
+        return m
+
+
 class LiteDramBridge(wiring.Component):
     """The target's memory bus (domain ``core``) onto a LiteDRAM native port (domain
     ``dram``); see the module docstring.
@@ -180,6 +432,8 @@ class LiteDramBridge(wiring.Component):
     -----
     bus : In(MemBusSignature)                   target side, in ``core``
     port : Out(NativePortSignature(addr_width)) controller side, in ``dram``
+    enable : In(1)                              ``dram``: commands may go out (the
+                                                controller is initialised and levelled)
 
     Parameters
     ----------
@@ -192,7 +446,7 @@ class LiteDramBridge(wiring.Component):
     def __init__(self, addr_width, *, core="sync", dram="dram", depth=16):
         self._aw, self._core, self._dram, self._depth = addr_width, core, dram, depth
         super().__init__({"bus": In(MemBusSignature()),
-                          "port": Out(NativePortSignature(addr_width))})
+                          "port": Out(NativePortSignature(addr_width)), "enable": In(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -230,7 +484,7 @@ class LiteDramBridge(wiring.Component):
         m.d.comb += room.eq(halves.level + rsp.w_level < depth)
         can = Mux(r.we, wfifo.w_rdy, halves.w_rdy & room)
         m.d.comb += [
-            port.cmd_valid.eq(req.r_rdy & can), port.cmd_we.eq(r.we),
+            port.cmd_valid.eq(req.r_rdy & can & self.enable), port.cmd_we.eq(r.we),
             port.cmd_addr.eq(r.addr[4:4 + self._aw]),
             req.r_en.eq(port.cmd_valid & port.cmd_ready),
             wfifo.w_en.eq(req.r_en & r.we),
@@ -247,12 +501,20 @@ class LiteDramBridge(wiring.Component):
 
 
 class LiteDramCore(wiring.Component):
-    """The generated controller with its init sequencer and the bridge.
+    """The generated controller with its init sequencer, read levelling (ECP5 core) and the
+    bridge. The bridge takes no request before the controller is ready: the init program has
+    set ``init_done`` and, on a core with the ECP5 PHY's levelling registers, the read
+    levelling has loaded every lane's setting and read the test words back right.
 
     Ports
     -----
     bus : In(MemBusSignature)   the target's memory bus, in ``sync``
-    init_done, init_error : Out(1)  the core's own flags (set by the init program)
+    init_done, init_error : Out(1)  the core's own flags (set by the init program); the
+                                ``dram`` clock's, status only
+    ready : Out(1)              the bus is open (``dram`` clock; status only)
+    level_error : Out(1)        read levelling found no good setting for a lane (the bus
+                                stays closed)
+    level_choice : Out(16)      per lane: bitslip (bits 7:4), read delay (bits 3:0)
     init_step : Out(8)          the program step (status)
 
     Parameters
@@ -270,6 +532,10 @@ class LiteDramCore(wiring.Component):
         Verilog is added to the build.
     """
 
+    LEVEL_CSRS = ("ddrphy_dly_sel", "ddrphy_rdly_dq_rst", "ddrphy_rdly_dq_inc",
+                  "ddrphy_rdly_dq_bitslip_rst", "ddrphy_rdly_dq_bitslip",
+                  "ddrphy_burstdet_clr", "ddrphy_burstdet_seen")
+
     def __init__(self, directory, *, clk, rst=None, pads=None, wait_scale=1, fifo_depth=16):
         self.desc, self.program = load_core(directory)
         self._clk, self._rst, self._pads = clk, rst, pads or {}
@@ -277,8 +543,10 @@ class LiteDramCore(wiring.Component):
         ports = {p["name"]: p for p in self.desc["ports"]}
         self._aw = ports["user_port_0_cmd_addr"]["width"]
         self._ports = ports
+        self.levels = all(n in self.desc["csr"] for n in self.LEVEL_CSRS)
         super().__init__({"bus": In(MemBusSignature()), "init_done": Out(1),
-                          "init_error": Out(1), "init_step": Out(8)})
+                          "init_error": Out(1), "ready": Out(1), "level_error": Out(1),
+                          "level_choice": Out(16), "init_step": Out(8)})
 
     @property
     def verilog_path(self):
@@ -301,7 +569,43 @@ class LiteDramCore(wiring.Component):
             args["i_rst"] = self._rst if self._rst is not None else Const(0)
         if "sim_trace" in self._ports:
             args["i_sim_trace"] = Const(0)
-        wb, p = init.wb, bridge.port
+        # The controller's Wishbone and native port, driven by whoever's turn it is: the init
+        # program, then the leveller, then (native port) the bridge.
+        wb = WishboneSignature().flip().create(path=("ld_wb",))
+        p = NativePortSignature(self._aw).flip().create(path=("ld_port",))
+        if self.levels:
+            m.submodules.level = level = DomainRenamer("dram")(
+                LiteDramReadLevel(self.desc["csr"], self._aw))
+            m.d.comb += [level.start.eq(init.done), self.ready.eq(level.done),
+                         self.level_error.eq(level.error),
+                         self.level_choice.eq(level.choice)]
+            masters = [(init.wb, ~init.done), (level.wb, init.done)]
+            port_owner = level.done
+            lp = level.port
+        else:
+            m.d.comb += self.ready.eq(init.done)
+            masters = [(init.wb, Const(1))]
+            port_owner = Const(1)
+            lp = None
+        for master, sel in masters:
+            with m.If(sel):
+                m.d.comb += [wb.adr.eq(master.adr), wb.dat_w.eq(master.dat_w),
+                             wb.sel.eq(master.sel), wb.cyc.eq(master.cyc),
+                             wb.stb.eq(master.stb), wb.we.eq(master.we),
+                             master.ack.eq(wb.ack), master.err.eq(wb.err)]
+            m.d.comb += master.dat_r.eq(wb.dat_r)
+        # Native port: the bridge once ready (its commands held until then), else the leveller.
+        bp = bridge.port
+        m.d.comb += bridge.enable.eq(self.ready)
+        for name, member in p.signature.members.items():
+            if member.flow == In:           # toward the controller
+                src = getattr(bp, name) if lp is None else Mux(port_owner, getattr(bp, name),
+                                                                getattr(lp, name))
+                m.d.comb += getattr(p, name).eq(src)
+            else:
+                m.d.comb += getattr(bp, name).eq(getattr(p, name))
+                if lp is not None:
+                    m.d.comb += getattr(lp, name).eq(getattr(p, name))
         for name in ("adr", "dat_w", "sel", "cyc", "stb", "we"):
             args[f"i_wb_ctrl_{name}"] = getattr(wb, name)
         args["i_wb_ctrl_cti"] = Const(0, 3)
@@ -310,7 +614,7 @@ class LiteDramCore(wiring.Component):
             args[f"o_wb_ctrl_{name}"] = getattr(wb, name)
         for name, member in p.signature.members.items():
             sig = getattr(p, name)
-            args[("i_" if member.flow == Out else "o_") + "user_port_0_" + name] = sig
+            args[("i_" if member.flow == In else "o_") + "user_port_0_" + name] = sig
         pads = self._pads
         if isinstance(pads, str):
             pads = ecp5_ddr3_pads(platform.request(pads, 0, dir="-"))
