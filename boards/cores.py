@@ -177,10 +177,10 @@ def _board_ram(mem_words, pipelined, dram=None, core_freq=None, litedram=False):
     :class:`boards.dram.DramTiming`) the DRAM timing model :class:`boards.dram.DramModel` at
     ``core_freq`` (simulation only: it stands where the DRAM controller will)."""
     if litedram:
-        # The board's DDR3 through LiteDRAM (boards/litedram.py); its clock input is the
+        # The board's DDR3 through LiteDRAM (boards/litedram_bridge.py); its clock input is the
         # board's oscillator (BoardTop's ``osc`` domain, for cores with ``needs_osc``).
         from amaranth import ClockSignal
-        from .litedram import BOARD_CORE, LiteDramCore
+        from .litedram_bridge import BOARD_CORE, LiteDramCore
         return LiteDramCore(BOARD_CORE, clk=ClockSignal("osc"), pads="ddr3")
     if dram is not None:
         from .dram import DramModel

@@ -40,7 +40,7 @@ the controller generated as Verilog by migen/LiteX into every simulation of the 
 this model keeps the simulation in one Amaranth design while the board side is built. Its
 figures come from :data:`ECPIX5_DDR3`: the controller's own latencies and refresh, measured on
 LiteDRAM's simulation (tools/litedram_timing.py), in the controller's clock. They are checked
-against the real thing: tests/boards/test_litedram.py puts the bridge of boards/litedram.py in
+against the real thing: tests/boards/test_litedram.py puts the bridge of boards/litedram_bridge.py in
 front of LiteDRAM's controller on its PHY model, with the board's two clocks, and the median
 read latencies it measures there (open row, row miss) must be this model's ``hit`` and
 ``hit + miss`` at 25 MHz.

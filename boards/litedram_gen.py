@@ -63,7 +63,7 @@ direction, group) and the clocks/resets, for the Amaranth wrapper; and ``init_pr
 the CSR writes (Wishbone word address, value, sys cycles to wait after it) that LiteX's BIOS
 would make in ``sdram_init()`` (liblitedram/sdram.c) with the mode registers of LiteDRAM's own
 ``get_sdram_phy_init_sequence``: software control, the DDR3 init sequence, read-delay reset,
-hardware control, ``init_done``. boards/litedram.py plays it from a ROM (no CPU here).
+hardware control, ``init_done``. boards/litedram_bridge.py plays it from a ROM (no CPU here).
 """
 
 import argparse
@@ -99,7 +99,7 @@ def core_config(sim=False):
         "init_clk_freq":   INIT_CLK_FREQ,
         "user_ports": {
             # Held off until ddrctrl_init_done in simulation too: the init sequencer
-            # (boards/litedram.py) must have run for the port to move.
+            # (boards/litedram_bridge.py) must have run for the port to move.
             "0": {"type": "native", "block_until_ready": True},
         },
     }
@@ -131,6 +131,23 @@ def ecp5_phy_settings(sys_clk_freq=SYS_CLK_FREQ):
                    ("dm", 2), ("dq", 16), ("dqs_p", 2), ("clk_p", 1), ("cke", 1), ("odt", 1),
                    ("reset_n", 1)])
     return ECP5DDRPHY(pads, sys_clk_freq=sys_clk_freq).settings
+
+
+def _drop_repeated_assigns(verilog):
+    """migen writes some ``assign {a, b} = c;`` statements twice, word for word (this core:
+    the 8 bank FIFOs' outputs and the DFI write data and mask, 12 statements). Yosys then
+    reports "multiple conflicting drivers" for every bit; the two drivers are the same
+    expression, so the second copy is dropped (the first kept in place). Returns the text and
+    the number of lines dropped."""
+    seen, out, dropped = set(), [], 0
+    for line in verilog.splitlines(keepends=True):
+        if line.startswith("assign "):
+            if line in seen:
+                dropped += 1
+                continue
+            seen.add(line)
+        out.append(line)
+    return "".join(out), dropped
 
 
 def _ports(verilog, top):
@@ -193,6 +210,9 @@ def build(out, sim=False, sim_mib=1, name="litedram_core"):
     vfile = os.path.join(out, "gateware", name + ".v")
     with open(vfile) as f:
         verilog = f.read()
+    verilog, dropped = _drop_repeated_assigns(verilog)
+    with open(vfile, "w") as f:
+        f.write(verilog)
     port = soc.sdram.crossbar.masters[0]
     desc = {
         "top": name,

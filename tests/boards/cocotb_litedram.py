@@ -1,8 +1,8 @@
-# Ref: issue 22 items 1-2; boards/litedram.py (sequencer, bridge, core wrapper);
+# Ref: issue 22 items 1-2; boards/litedram_bridge.py (sequencer, bridge, core wrapper);
 #      boards/litedram_gen.py (the simulation core: LiteDRAM's controller on SDRAMPHYModel);
 #      hw/iface.py MemBusSignature (in-order responses; a write visible to every later request);
 #      boards/dram.py ECPIX5_DDR3 (the timing model these figures check).
-"""cocotb bench: the target's memory bus through :class:`boards.litedram.LiteDramCore` into
+"""cocotb bench: the target's memory bus through :class:`boards.litedram_bridge.LiteDramCore` into
 LiteDRAM's own controller on its SDRAM PHY model (run by tests/boards/test_litedram.py).
 
 Clocks as on the ECPIX-5: the target's core clock at 25 MHz on ``clk``, the controller's sys
@@ -24,7 +24,7 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from boards.litedram import LiteDramCore
+from boards.litedram_bridge import LiteDramCore
 from hw.iface import MemBusSignature
 from sim.hdl import get_params
 

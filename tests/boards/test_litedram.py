@@ -1,4 +1,4 @@
-# Ref: issue 22 items 1-2; boards/litedram.py; boards/litedram_gen.py; tests/boards/cocotb_litedram.py;
+# Ref: issue 22 items 1-2; boards/litedram_bridge.py; boards/litedram_gen.py; tests/boards/cocotb_litedram.py;
 #      LiteX liblitedram/sdram.c sdram_init() and LiteDRAM's generated sdram_phy.h (the oracle
 #      of the init program).
 """The LiteDRAM controller behind the target's memory bus.
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from boards.litedram import BOARD_CORE, ROOT, SIM_CORE, load_core
+from boards.litedram_bridge import BOARD_CORE, ROOT, SIM_CORE, load_core
 from sim.hdl import run_cocotb
 
 

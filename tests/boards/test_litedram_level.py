@@ -1,4 +1,4 @@
-# Ref: issue 22 item 1; boards/litedram.py LiteDramReadLevel; LiteDRAM litedram/phy/ecp5ddrphy.py
+# Ref: issue 22 item 1; boards/litedram_bridge.py LiteDramReadLevel; LiteDRAM litedram/phy/ecp5ddrphy.py
 #      (dly_sel, rdly_dq_rst/_inc, rdly_dq_bitslip_rst/_bitslip strobes per selected lane,
 #      burstdet_clr / burstdet_seen; BL8 beats of the x16 bus: octet k of a native word is lane
 #      k % 2); LiteX liblitedram/sdram.c sdram_read_leveling() (the algorithm).
@@ -20,7 +20,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from boards.litedram import BOARD_CORE, LiteDramReadLevel, level_choice
+from boards.litedram_bridge import BOARD_CORE, LiteDramReadLevel, level_choice
 
 CSR = {
     "ddrphy_dly_sel": 0x800, "ddrphy_rdly_dq_rst": 0x804, "ddrphy_rdly_dq_inc": 0x808,
