@@ -45,13 +45,13 @@ import time
 from pathlib import Path
 
 from host.driver import disconnect_delay_ms
-from sim.vltarget import HW_DEFAULT, SHIPPED, SHIPPED_DDR3, board_params
+from sim.vltarget import NAMED, SHIPPED, board_params
 
 __all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 
 #: What ``kbtp-sim serve --hw`` can serve: the shipped board core (default) or the one-clock
 #: unit-test target.
-HW_CHOICES = {"ecpix5": SHIPPED, "ecpix5-ddr3": SHIPPED_DDR3, "unit": HW_DEFAULT}
+HW_CHOICES = NAMED
 #: The parameters of the default served gateware (the ECPIX-5 core, as the bitstream holds it).
 HW = board_params(SHIPPED["board"])
 STEP = 512                  # cycles between two service rounds while frames move

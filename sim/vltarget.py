@@ -34,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_DDR3", "DRAMS", "VlTarget", "TxFrame", "build", "export_verilog",
+__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_DDR3", "DRAMS", "NAMED", "VlTarget", "TxFrame", "build", "export_verilog",
            "board_params"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
@@ -55,6 +55,10 @@ DRAMS = {"ddr3": "ECPIX5_DDR3"}
 #: The shipped core with the ECPIX-5's 512 MB of DDR3 as its target memory, through the DDR3
 #: timing model (``--hw ecpix5-ddr3`` of the soak and the server, bench config ecpix5-ddr3).
 SHIPPED_DDR3 = {"board": "ecpix5", "dram": "ddr3"}
+
+#: The configurations the tools name (``--hw`` of the soak and the server, the bench's board
+#: configurations): name -> params.
+NAMED = {"ecpix5": SHIPPED, "ecpix5-ddr3": SHIPPED_DDR3, "unit": HW_DEFAULT}
 
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 

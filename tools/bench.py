@@ -830,9 +830,9 @@ BOARD_CONFIGS = ("ecpix5", "ecpix5-ddr3")
 
 
 def _params(config):
-    from sim.vltarget import SHIPPED, SHIPPED_DDR3
+    from sim.vltarget import NAMED
     if config in BOARD_CONFIGS:
-        return SHIPPED if config == "ecpix5" else SHIPPED_DDR3
+        return NAMED[config]
     return {"width": int(config)}
 
 

@@ -30,11 +30,11 @@ import time
 from hw.headers import Features
 from sim.system import (DIRECT, VlSystemBench, block_census, mixed, mixed_checks, model_config,
                         run_sync)
-from sim.vltarget import HW_DEFAULT, SHIPPED, SHIPPED_DDR3, VlTarget
+from sim.vltarget import NAMED, SHIPPED, VlTarget
 
 #: ``--hw`` choices: the shipped board core, the same with its memory the DDR3 timing model
 #: (boards/dram.py), or the one-clock unit-test target.
-HW_CHOICES = {"ecpix5": SHIPPED, "ecpix5-ddr3": SHIPPED_DDR3, "unit": HW_DEFAULT}
+HW_CHOICES = NAMED
 
 __all__ = ["soak", "main"]
 
