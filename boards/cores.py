@@ -289,8 +289,12 @@ class KbtpCore(wiring.Component):
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
                                                           dram, core_freq, litedram))
-        super().__init__({"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
-                          "leds": Out(2)})
+        members = {"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
+                   "leds": Out(2)}
+        if litedram:
+            # DDR3 ready (initialised and levelled), DDR3 error (init or levelling failed).
+            members["dram_status"] = Out(2)
+        super().__init__(members)
 
     @staticmethod
     def target_kwargs_of(memory, *, core_freq=CORE_FREQ, pipelined_ram=True, dram=None,
@@ -330,6 +334,13 @@ class KbtpCore(wiring.Component):
         for k in range(len(cdc.counters)):
             m.d.comb += t.mac_counters[k].eq(cdc.counters[k])
         _gmii_flopped(m, self.gmii, cdc, self.leds)
+        if "dram_status" in self.signature.members:
+            # Status only (LEDs): the controller's flags, each through a synchroniser.
+            from amaranth.lib.cdc import FFSynchronizer
+            ram = t.ram
+            for bit, flag in enumerate((ram.ready, ram.init_error | ram.level_error)):
+                m.submodules[f"dram_status{bit}"] = FFSynchronizer(
+                    flag, self.dram_status[bit], o_domain=self.core_domain)
         return m
 
 

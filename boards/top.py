@@ -134,8 +134,17 @@ class BoardTop(Elaboratable):
                 m.d.sync += timer.eq(timer - 1)
             stretched.append(timer != 0)
         status = Cat(heartbeat[-1], rgmii.phy_ready, *stretched)
+        leds = []
         for i, (res, num, sub) in enumerate(spec.led_resources[:4]):
             led = platform.request(res, num, dir="-")
+            leds.append(led)
             m.submodules[f"led{i}"] = buf = io.Buffer("o", getattr(led, sub) if sub else led)
             m.d.comb += buf.o.eq(status[i])
+        # A core with DRAM (``dram_status``: ready, error; in the core's clock) lights the first
+        # LED's other colours where the LEDs have them (ECPIX-5's RGB LEDs): blue once the DDR3
+        # is initialised and levelled, red if that failed.
+        if "dram_status" in core.signature.members and spec.led_resources[0][2]:
+            for colour, bit in (("b", 0), ("r", 1)):
+                m.submodules[f"led0_{colour}"] = buf = io.Buffer("o", getattr(leds[0], colour))
+                m.d.comb += buf.o.eq(core.dram_status[bit])
         return m

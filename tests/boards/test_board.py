@@ -485,6 +485,9 @@ def test_ddr3_board_top_elaborates():
     # The DDR3 pins are constrained (the resource's sites) and carry no Amaranth buffer.
     assert re.search(r'LOCATE COMP "ddr3_0__dq__io\[0\]" SITE "T4"', lpf), lpf
     assert "ddr3_0__dq__io" not in re.sub(r"connect \\ddram_dq [^\n]*", "", body)
+    # Bring-up status on the first RGB LED: blue = DDR3 ready, red = DDR3 error.
+    assert re.search(r'LOCATE COMP "rgb_led_0__b__io" SITE', lpf), lpf
+    assert re.search(r'LOCATE COMP "rgb_led_0__r__io" SITE', lpf), lpf
 
 
 def test_rx_delay_option_elaborates_delayg():
