@@ -276,22 +276,18 @@ class LiteDramReadLevel(wiring.Component):
                     for b in range(nbs):
                         lo = (lane * nbs + b) * ndl
                         m.d.comb += vec[b].eq(self.passes[lo:lo + ndl])
+        # The choice, one register stage per step (CHOOSE_COUNT .. CHOOSE_CENTER): as one
+        # combinational path (popcounts, the compare chain, the vector select, the window
+        # table) it was 27.8 logic levels, the deepest of the controller's clock (tools/depth.py
+        # on the ECPIX-5 netlist; LiteDRAM's own deepest is 19).
         counts = [Signal(range(ndl + 1), name=f"count_b{b}") for b in range(nbs)]
-        for b in range(nbs):
-            m.d.comb += counts[b].eq(sum(vec[b][d] for d in range(ndl)))
         best_b = Signal(range(nbs))
-        best_n = Signal(range(ndl + 1))
+        best_vec = Signal(ndl)
         # First maximum: scan from the last bitslip down so that an earlier equal one wins.
         chain_b, chain_n = Const(nbs - 1, range(nbs)), counts[nbs - 1]
         for b in reversed(range(nbs - 1)):
             chain_b = Mux(counts[b] >= chain_n, b, chain_b)
             chain_n = Mux(counts[b] >= chain_n, counts[b], chain_n)
-        m.d.comb += [best_b.eq(chain_b), best_n.eq(chain_n)]
-        best_vec = Signal(ndl)
-        with m.Switch(best_b):
-            for b in range(nbs):
-                with m.Case(b):
-                    m.d.comb += best_vec.eq(vec[b])
         center = Signal(range(ndl))
         with m.Switch(best_vec):
             for v in range(1 << ndl):
@@ -378,6 +374,19 @@ class LiteDramReadLevel(wiring.Component):
                 with m.Else():
                     m.next = "CHOOSE"
             with m.State("CHOOSE"):
+                m.d.sync += [counts[b].eq(sum(vec[b][d] for d in range(ndl)))
+                             for b in range(nbs)]
+                m.next = "CHOOSE_BEST"
+            with m.State("CHOOSE_BEST"):
+                m.d.sync += best_b.eq(chain_b)
+                m.next = "CHOOSE_VECTOR"
+            with m.State("CHOOSE_VECTOR"):
+                with m.Switch(best_b):
+                    for b in range(nbs):
+                        with m.Case(b):
+                            m.d.sync += best_vec.eq(vec[b])
+                m.next = "CHOOSE_CENTER"
+            with m.State("CHOOSE_CENTER"):
                 m.d.sync += [target_b.eq(best_b), target_d.eq(center), bs.eq(0), dl.eq(0)]
                 for lane in range(nmod):
                     with m.If(mod == lane):
