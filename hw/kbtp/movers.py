@@ -71,8 +71,14 @@ class WordReader(wiring.Component):
 
 
 class InlineCopy(wiring.Component):
-    """Copy ``length`` octets (> 0) from word address ``src`` to word address ``dst``, up to 8
-    reads ahead of the writes; the last word's octets past the end are not written.
+    """Copy ``length`` octets (> 0) from word address ``src`` to word address ``dst`` in bursts
+    of ``burst`` words: up to ``burst`` reads, then the writes of the words they returned, and
+    again; the last word's octets past the end are not written.
+
+    Why bursts and not one write as soon as each word is back: in DRAM (boards/dram.py, the
+    pool in DDR3) the receive buffer and the block may be two rows of one bank, and alternating
+    single reads and writes then opens a row for every word; a burst opens each row once per
+    ``burst`` words. In block RAM both orders move one word every two cycles.
 
     Ports
     -----
@@ -81,15 +87,17 @@ class InlineCopy(wiring.Component):
     mem : Out(MemBusSignature())
     """
 
-    def __init__(self):
+    def __init__(self, burst=16):
+        self.burst = burst
         super().__init__({"start": In(1), "src": In(ADDR_BITS), "dst": In(ADDR_BITS),
                           "length": In(32), "done": Out(1), "mem": Out(MemBusSignature())})
 
     def elaborate(self, platform):
         m = Module()
         req, rsp = self.mem.req, self.mem.rsp
-        m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=8)
+        m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=self.burst)
         busy = Signal()
+        reading = Signal()          # the read half of a burst (else its write half)
         src = Signal(ADDR_BITS)
         dst = Signal(ADDR_BITS)
         words = Signal(16)
@@ -97,7 +105,7 @@ class InlineCopy(wiring.Component):
         wr = Signal(16)             # words written
         rem = Signal(3)             # octets of the last word, 0: all 8
         with m.If(self.start):
-            m.d.sync += [busy.eq(1), src.eq(self.src), dst.eq(self.dst),
+            m.d.sync += [busy.eq(1), reading.eq(1), src.eq(self.src), dst.eq(self.dst),
                          words.eq((self.length + 7) >> 3), rd.eq(0), wr.eq(0),
                          rem.eq(self.length[:3])]
         last = wr == words - 1
@@ -105,7 +113,16 @@ class InlineCopy(wiring.Component):
         with m.If(busy):
             m.d.comb += [rsp.ready.eq(cpf.w_rdy), cpf.w_en.eq(rsp.valid),
                          cpf.w_data.eq(rsp.payload.rdata)]
-            with m.If(cpf.r_rdy):
+            with m.If(reading):
+                # There is always a word to read here (a copy has one; a burst ends with the
+                # last word read).
+                m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
+                             req.payload.addr.eq(src + (rd << 3))]
+                with m.If(req.ready):
+                    m.d.sync += rd.eq(rd + 1)
+                    with m.If((rd + 1 == words) | (rd + 1 - wr == self.burst)):
+                        m.d.sync += reading.eq(0)
+            with m.Elif(cpf.r_rdy):
                 _write(m, req, dst + (wr << 3), cpf.r_data, strb)
                 m.d.comb += cpf.r_en.eq(req.ready)
                 with m.If(req.ready):
@@ -113,11 +130,8 @@ class InlineCopy(wiring.Component):
                     with m.If(last):
                         m.d.sync += busy.eq(0)
                         m.d.comb += self.done.eq(1)
-            with m.Elif((rd != words) & (rd - wr < 8)):
-                m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
-                             req.payload.addr.eq(src + (rd << 3))]
-                with m.If(req.ready):
-                    m.d.sync += rd.eq(rd + 1)
+                    with m.Elif(wr + 1 == rd):
+                        m.d.sync += reading.eq(1)       # the burst is written: read on
         return m
 
 
