@@ -50,7 +50,8 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import ADDR_BITS, MEM_DATA_BITS, MemBusSignature, MemReq
 
 __all__ = ["LiteDramInit", "LiteDramBridge", "LiteDramCore", "load_core", "NativePortSignature",
-           "WishboneSignature", "ecp5_ddr3_pads", "LiteDramReadLevel", "level_choice"]
+           "WishboneSignature", "ecp5_ddr3_pads", "LiteDramReadLevel", "level_choice",
+           "native_port_mux"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where ``make litedram`` leaves the ECP5 core and the simulation core.
@@ -509,6 +510,25 @@ class LiteDramBridge(wiring.Component):
         return m
 
 
+def native_port_mux(m, port, owner, a, b=None):
+    """Connect the controller's native ``port`` to master ``a`` while ``owner`` is high, else
+    to master ``b`` (the leveller before the bridge). Each master sees the controller's
+    handshakes and read data only while it owns the port: the read answers of the leveller's
+    scan must not reach the bridge, whose return FIFO would hand them to the target as answers
+    to reads it never made."""
+    for name, member in port.signature.members.items():
+        if member.flow == In:               # toward the controller
+            src = getattr(a, name) if b is None else Mux(owner, getattr(a, name),
+                                                          getattr(b, name))
+            m.d.comb += getattr(port, name).eq(src)
+        else:                               # from the controller: strobes only to the owner
+            v = getattr(port, name)
+            strobe = name in ("cmd_ready", "wdata_ready", "rdata_valid")
+            m.d.comb += getattr(a, name).eq(v & owner if strobe else v)
+            if b is not None:
+                m.d.comb += getattr(b, name).eq(v & ~owner if strobe else v)
+
+
 class LiteDramCore(wiring.Component):
     """The generated controller with its init sequencer, read levelling (ECP5 core) and the
     bridge. The bridge takes no request before the controller is ready: the init program has
@@ -604,17 +624,8 @@ class LiteDramCore(wiring.Component):
                              master.ack.eq(wb.ack), master.err.eq(wb.err)]
             m.d.comb += master.dat_r.eq(wb.dat_r)
         # Native port: the bridge once ready (its commands held until then), else the leveller.
-        bp = bridge.port
         m.d.comb += bridge.enable.eq(self.ready)
-        for name, member in p.signature.members.items():
-            if member.flow == In:           # toward the controller
-                src = getattr(bp, name) if lp is None else Mux(port_owner, getattr(bp, name),
-                                                                getattr(lp, name))
-                m.d.comb += getattr(p, name).eq(src)
-            else:
-                m.d.comb += getattr(bp, name).eq(getattr(p, name))
-                if lp is not None:
-                    m.d.comb += getattr(lp, name).eq(getattr(p, name))
+        native_port_mux(m, p, port_owner, bridge.port, lp)
         for name in ("adr", "dat_w", "sel", "cyc", "stb", "we"):
             args[f"i_wb_ctrl_{name}"] = getattr(wb, name)
         args["i_wb_ctrl_cti"] = Const(0, 3)
