@@ -25,6 +25,8 @@ from hw.lib.stream import RegisterSlice
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
 
+from .dram import ECPIX5_DDR3
+
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
            "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
            "DEFAULT_MAC", "default_core_name", "kbtp_mem_words"]
@@ -396,7 +398,7 @@ class MacCdcLoopbackCore(wiring.Component):
 CORES = {
     "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), width 64 "
                        "in its own core clock, MAC at 125 MHz, pool-sized memory"),
-    "kbtp-ddr3": (lambda memory: KbtpCore(memory, dram=_ecpix5_ddr3(), litedram=True),
+    "kbtp-ddr3": (lambda memory: KbtpCore(memory, dram=ECPIX5_DDR3, litedram=True),
                   "the full target with its memory (pool, table, rings, buffers) in the "
                   "ECPIX-5's 512 MB of DDR3 through LiteDRAM (make litedram first)"),
     "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
@@ -406,11 +408,6 @@ CORES = {
     "mac-cdc": (MacCdcLoopbackCore, "the kbtp core's 125 MHz side (MacCdc, width 64, core "
                                     "clock) with a frame loopback in the core domain"),
 }
-
-
-def _ecpix5_ddr3():
-    from .dram import ECPIX5_DDR3
-    return ECPIX5_DDR3
 
 
 def default_core_name():

@@ -43,11 +43,13 @@ access in flight, and an AXI one would add IDs and a response channel to transla
 import json
 from pathlib import Path
 
-from amaranth import Cat, ClockDomain, ClockSignal, Const, Instance, Module, Mux, Signal
+import random
+
+from amaranth import Cat, ClockDomain, Const, DomainRenamer, Instance, Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import ADDR_BITS, MEM_DATA_BITS, MemBusSignature, MemReq
+from hw.iface import MEM_DATA_BITS, MemBusSignature, MemReq
 
 __all__ = ["LiteDramInit", "LiteDramBridge", "LiteDramCore", "load_core", "NativePortSignature",
            "WishboneSignature", "ecp5_ddr3_pads", "LiteDramReadLevel", "level_choice",
@@ -226,7 +228,6 @@ class LiteDramReadLevel(wiring.Component):
         self._csr = {k: v >> 2 for k, v in csr.items()}       # Wishbone word addresses
         self._n = (modules, bitslips, delays, words)
         self._base, self._settle = base, settle
-        import random
         rng = random.Random(42)
         self.pattern = [rng.getrandbits(128) for _ in range(words)]
         super().__init__({
@@ -313,11 +314,7 @@ class LiteDramReadLevel(wiring.Component):
                 m.next = then
 
         def record(value):
-            for lane in range(nmod):
-                for b in range(nbs):
-                    for d in range(ndl):
-                        with m.If((mod == lane) & (bs == b) & (dl == d)):
-                            m.d.sync += self.passes[(lane * nbs + b) * ndl + d].eq(value)
+            m.d.sync += self.passes.bit_select((mod * nbs + bs) * ndl + dl, 1).eq(value)
 
         with m.FSM():
             with m.State("IDLE"):
@@ -467,7 +464,6 @@ class LiteDramBridge(wiring.Component):
         m.submodules.rsp = rsp = fifo.AsyncFIFO(width=MEM_DATA_BITS, depth=depth,
                                                 r_domain=core, w_domain=dram)
         # Both in the controller's clock (the DomainRenamer keeps them out of ``core``).
-        from amaranth.hdl import DomainRenamer
         # LiteDRAM takes write data when its ``wdata.ready`` says, without looking at ``valid``
         # (litedram/core/crossbar.py routes the master's data on ready alone), as early as the
         # cycle after the command: the FIFO must show an entry the cycle after it is written,
@@ -582,7 +578,6 @@ class LiteDramCore(wiring.Component):
         return self.desc["verilog_path"]
 
     def elaborate(self, platform):
-        from amaranth.hdl import DomainRenamer
         m = Module()
         m.domains.dram = cd = ClockDomain("dram", local=True)
         user_rst = Signal()

@@ -13,28 +13,19 @@
 """
 
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from boards.litedram_bridge import BOARD_CORE, ROOT, SIM_CORE, load_core
+from boards.litedram_bridge import BOARD_CORE, SIM_CORE
 from sim.hdl import run_cocotb
+from tests.boards.litedram_cores import litedram_cores
 
 
 @pytest.fixture(scope="module")
 def cores():
-    """``make litedram`` (make install runs it: its venv from PyPI, then ~2 s; up to date
-    here unless boards/litedram_gen.py changed); skipped only outside CI when the venv cannot
-    be made (no network)."""
-    r = subprocess.run(["make", "-C", str(ROOT), "litedram"], capture_output=True, text=True)
-    if r.returncode:
-        if os.environ.get("CI"):
-            pytest.fail("make litedram failed:\n" + r.stdout[-2000:] + r.stderr[-2000:])
-        pytest.skip("make litedram failed (no network for its venv?)")
-    return {"board": load_core(BOARD_CORE), "sim": load_core(SIM_CORE)}
+    return litedram_cores()
 
 
 def _c_init_writes(header):
@@ -74,11 +65,7 @@ def test_init_program_is_litedrams_sequence(cores, which):
                          ("ddrctrl_init_error", 0, 0)]
     assert steps[3:3 + len(c)] == c, (steps[3:3 + len(c)], c)
     assert steps[-2:] == [("sdram_dfii_control", 0x01, 0), ("ddrctrl_init_done", 1, 0)]
-    csr = {}
-    for line in (directory / "csr.csv").read_text().splitlines():
-        f = line.split(",")
-        if f[0] == "csr_register":
-            csr[f[1]] = int(f[2], 0)
+    csr = desc["csr"]
     assert all(s["adr"] == csr[s["csr"]] >> 2 for s in program["steps"])
     middle = [s[0] for s in steps[3 + len(c):-2]]
     if which == "board":

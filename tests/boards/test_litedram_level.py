@@ -20,8 +20,9 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from boards.litedram_bridge import (BOARD_CORE, LiteDramReadLevel, NativePortSignature,
-                                    level_choice, native_port_mux)
+from boards.litedram_bridge import (LiteDramReadLevel, NativePortSignature, level_choice,
+                                    native_port_mux)
+from tests.boards.litedram_cores import litedram_cores
 
 CSR = {
     "ddrphy_dly_sel": 0x800, "ddrphy_rdly_dq_rst": 0x804, "ddrphy_rdly_dq_inc": 0x808,
@@ -141,11 +142,7 @@ def test_read_levelling_reports_a_dead_lane():
 def test_board_core_has_the_levelling_registers():
     """The generated ECP5 core's CSR map has every register the leveller writes (the test's
     map above is an invented one: the leveller takes addresses from the map it is given)."""
-    names = set()
-    for line in (BOARD_CORE / "csr.csv").read_text().splitlines():
-        f = line.split(",")
-        if f[0] == "csr_register":
-            names.add(f[1])
+    names = set(litedram_cores()["board"][0]["csr"])
     assert set(CSR) <= names, set(CSR) - names
 
 
