@@ -125,18 +125,17 @@ class DramTiming:
                           refi=int(self.refi_ctrl * ratio + 1e-9), rfc=max(1, up(self.rfc_ctrl)))
 
 
-#: The ECPIX-5's DDR3 behind LiteDRAM as LiteX builds it for this board: LiteDRAMCore 2024.12
-#: (migen 0.10.0) with ECP5DDRPHY (1:2) at sys 75 MHz, DDR clock 150 MHz, MT41K256M16.
-#: Measured by tools/litedram_timing.py on LiteDRAM's SDRAMPHYModel with the ECP5 PHY's
-#: settings (CL 6, CWL 5, read latency 13), native port, in 75 MHz cycles: a read 16 from
-#: command to data on a row hit, 21 on a miss or a closed bank; a refresh every 586 (7.81 us)
-#: that stops the port for 113-117 cycles on reads (132 on writes). The stall is long because
-#: LiteDRAM's MT41K256M16 gives tRFC as 208 clocks of DDR3-1600 (260 ns), which at 150 MHz is
-#: 1387 ns; a module table giving it in ns would make it about 20 cycles. cdc_core: an
-#: asynchronous FIFO each way, about one core cycle into the three times faster clock and two
-#: back.
-ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=75e6, hit_ctrl=16, miss_ctrl=5,
-                         refi_ctrl=586, rfc_ctrl=117, cdc_core=3, size_bytes=512 << 20)
+#: The ECPIX-5's DDR3 behind LiteDRAM as boards/litedram_gen.py builds it: LiteDRAMCore 2024.12
+#: (migen 0.10.0) with ECP5DDRPHY (1:2) at sys 50 MHz, DDR clock 100 MHz, MT41K256M16 with
+#: tRFC 260 ns. Measured by tools/litedram_timing.py (``make litedram-timing``) on LiteDRAM's
+#: SDRAMPHYModel with the ECP5 PHY's settings (CL 6, CWL 5, read latency 13), native port, in
+#: 50 MHz cycles: a read 16 from command to data on a row hit, 21 on a miss or a closed bank;
+#: one burst per 2 cycles streaming; a refresh every 391 (7.82 us) that stops read data for
+#: 23-24 cycles (tRFC 14 plus the precharge-all and the pipeline). cdc_core: an asynchronous
+#: FIFO each way; tests/boards/test_litedram.py measures hit + cdc through the real bridge
+#: and LiteDRAM's controller (median 12 core cycles, a miss 15) and holds this model to it.
+ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
+                         refi_ctrl=391, rfc_ctrl=24, cdc_core=4, size_bytes=512 << 20)
 
 
 class DramModel(wiring.Component):

@@ -5,11 +5,13 @@
 #      two sys cycles); litedram/phy/model.py (SDRAMPHYModel); litedram/modules.py
 #      (MT41K256M16 = MT41J256M16: 8 banks x 32768 rows x 1024 columns x 16 bits = 512 MiB);
 #      Micron MT41K256M16 datasheet "4Gb: x4, x8, x16 DDR3L SDRAM" (tRCD/tRP 13.75 ns,
-#      tREFI 7.8 us, tRFC 260 ns; LiteDRAM's table gives tRFC as 208 tCK, 260 ns at DDR3-1600,
-#      which at the ECPIX-5's 150 MHz DDR clock is 1387 ns = 104 sys cycles);
+#      tREFI 7.8 us, tRFC 260 ns for the 4Gb die; LiteDRAM's table gives tRFC as 208 tCK, 260 ns
+#      at DDR3-1600 only, which at this board's 100 MHz DDR clock would be 2080 ns = 104 sys
+#      cycles: MT41K256M16Ecpix5 gives it in ns);
 #      LiteX ECPIX-5 target (litex_boards/targets/lambdaconcept_ecpix5.py: ECP5DDRPHY,
-#      MT41K256M16, sys 75 MHz); Lattice FPGA-TN-02035 (ECP5 high-speed I/O: ECLKSYNCB,
-#      CLKDIVF, DDRDLLA).
+#      MT41K256M16, sys 75 MHz there; 50 MHz here, see SYS_CLK_FREQ); LiteX OrangeCrab target
+#      (ECP5DDRPHY + DDR3 at sys 48 MHz); Lattice FPGA-TN-02035 (ECP5 high-speed I/O:
+#      ECLKSYNCB, CLKDIVF, DDRDLLA).
 """Standalone LiteDRAM DDR3 controller for the ECPIX-5, as Verilog, from LiteDRAM's generator.
 
 Runs in the LiteDRAM venv (migen/LiteX/LiteDRAM from PyPI: litedram 2024.12, litex 2024.12,
@@ -25,7 +27,7 @@ The core is ``litedram.gen.LiteDRAMCore`` (the class behind ``litedram_gen confi
 dict a YAML file would give; nothing here is hand-written controller glue.
 
 ECP5 core (``litedram_core.v``, top ``litedram_core``)
-    ECP5DDRPHY + MT41K256M16 (x16, 512 MiB), sys 75 MHz, controller at 1:2 rate, one native
+    ECP5DDRPHY + MT41K256M16 (x16, 512 MiB), sys 50 MHz, controller at 1:2 rate, one native
     user port of 128 bits (one DDR3 BL8 burst of the x16 part per word). No CPU and no UART;
     LiteDRAMCore then exposes ``wb_ctrl_*`` (a 32-bit Wishbone slave onto the CSR bank) so
     that the user runs DDR3 initialisation and ECP5 read levelling itself (DFII software
@@ -35,9 +37,9 @@ ECP5 core (``litedram_core.v``, top ``litedram_core``)
     ``software/include/generated/sdram_phy.h``.
 
     Clocking: the core contains its own CRG (``LiteDRAMECP5DDRPHYCRG``): ``clk`` (the board's
-    100 MHz oscillator) -> power-on reset counter -> EHXPLLL: 150 MHz (sys2x_i) and 25 MHz
+    100 MHz oscillator) -> power-on reset counter -> EHXPLLL: 100 MHz (sys2x_i) and 25 MHz
     (``init``) -> ECLKBRIDGECS -> ECLKSYNCB (``sys2x``, gated by the PHY's init FSM ``stop``)
-    -> CLKDIVF /2 -> ``sys`` 75 MHz. ``rst`` resets the PLL; ``pll_locked`` reports it;
+    -> CLKDIVF /2 -> ``sys`` 50 MHz. ``rst`` resets the PLL; ``pll_locked`` reports it;
     ``user_clk`` / ``user_rst`` are sys's clock and reset, and every user port signal is in
     that domain.
 
@@ -75,21 +77,42 @@ import types
 
 __all__ = ["core_config", "build"]
 
-SYS_CLK_FREQ   = 75e6
+# LiteX builds this board at 75 MHz; there LiteDRAM's own logic (refresh timer -> bank
+# machines -> their command FIFOs) placed and routed at 66 MHz beside the target (-1.8 ns at
+# seed 1). 50 MHz is two controller cycles per 25 MHz core cycle; the 1:2 PHY moves one BL8
+# burst (one 128-bit port word) per two, so one bus word per core cycle, what the bridge asks
+# (a command per 64-bit word), less refresh (6 %). DDR clock 100 MHz (DLL-on DDR3
+# is specified from 300 MHz; LiteX runs the ECP5 PHY below that on its boards, OrangeCrab at
+# 96 MHz).
+SYS_CLK_FREQ   = 50e6
 INPUT_CLK_FREQ = 100e6      # ECPIX-5 oscillator
 INIT_CLK_FREQ  = 25e6
 DEVICE         = "LFE5UM5G-85F-8BG554I"
 
 
+def ecpix5_module():
+    """MT41K256M16 with tRFC in nanoseconds: LiteDRAM's table gives the 4Gb die's 260 ns as
+    clocks of each speed grade (208 at DDR3-1600), which the controller counts at this board's
+    far slower DDR clock, a refresh stalling the port 8 times longer than the part needs.
+    Everything else is LiteDRAM's DDR3-1600 timing."""
+    from litedram.modules import MT41K256M16, _SpeedgradeTimings
+    sg = MT41K256M16.speedgrade_timings["1600"]
+
+    class MT41K256M16Ecpix5(MT41K256M16):
+        speedgrade_timings = {"default": _SpeedgradeTimings(
+            tRP=sg.tRP, tRCD=sg.tRCD, tWR=sg.tWR, tRFC=(None, 260), tFAW=sg.tFAW, tRAS=sg.tRAS)}
+    return MT41K256M16Ecpix5
+
+
 def core_config(sim=False):
     """The dict LiteDRAMCore takes (what ``yaml.load`` of a config file gives after
     ``litedram.gen.main``'s conversions)."""
-    from litedram import modules, phy
+    from litedram import phy
     return {
         "device":          DEVICE,
         "cpu":             None,
         "memtype":         "DDR3",
-        "sdram_module":    modules.MT41K256M16,
+        "sdram_module":    ecpix5_module(),
         "sdram_module_nb": 2,           # x16 = two byte lanes
         "sdram_rank_nb":   1,
         "sdram_phy":       phy.ECP5DDRPHY,
@@ -107,12 +130,12 @@ def core_config(sim=False):
 
 def _sim_module(mib):
     """MT41K256M16 timings at rate 1:2 with ``mib`` MiB of rows (the model's storage)."""
-    from litedram.modules import MT41K256M16
-    rows = mib * 2**20 // (MT41K256M16.nbanks * MT41K256M16.ncols * 2)
+    module = ecpix5_module()
+    rows = mib * 2**20 // (module.nbanks * module.ncols * 2)
     if rows < 2 or rows & (rows - 1):
         raise ValueError(f"--sim-mib {mib}: {rows} rows per bank is not a power of two >= 2")
 
-    class MT41K256M16Sim(MT41K256M16):
+    class MT41K256M16Sim(module):
         nrows = rows
 
         def __init__(self, clk_freq, rate, **kwargs):

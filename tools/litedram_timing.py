@@ -11,10 +11,10 @@ Run in the LiteDRAM venv (no amaranth)::
 The device under test is what ``boards/litedram_gen.py --sim`` turns into Verilog, built
 the way ``litedram.gen.LiteDRAMCore`` / ``SoC.add_sdram`` build it: ``litedram.core.LiteDRAMCore``
 with the default ``ControllerSettings`` on ``SDRAMPHYModel`` with the ECP5DDRPHY's PhySettings
-and MT41K256M16 timings at 1:2 rate and sys = 75 MHz, one native port from the crossbar. The
+and MT41K256M16 timings (boards/litedram_gen.py's, tRFC in ns) at 1:2 rate and sys = 50 MHz, one native port from the crossbar. The
 wrapper's ``user_enable`` gating and pads are combinational, so they add no cycles.
 
-All figures are in sys cycles (75 MHz, 13.33 ns) at the native port:
+All figures are in sys cycles (50 MHz, 20 ns) at the native port:
 
 * read latency: from the cycle the read command is accepted (cmd.valid & cmd.ready) to the
   cycle rdata.valid is high (rdata.ready held high), for a row hit (row open in its bank), a
@@ -38,8 +38,6 @@ import statistics
 
 from migen import Module, run_simulation, passive
 
-SYS = 75e6
-NS = 1e9 / SYS
 
 
 def _litedram_gen():
@@ -49,6 +47,10 @@ def _litedram_gen():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+SYS = _litedram_gen().SYS_CLK_FREQ
+NS = 1e9 / SYS
 
 
 class Dut(Module):
@@ -233,7 +235,7 @@ def analyse(b):
         return ""
 
     st = b.dut.settings
-    out.append(f"PHY settings (ECP5DDRPHY at 75 MHz): nphases={st.nphases} cl={st.cl} "
+    out.append(f"PHY settings (ECP5DDRPHY at {SYS / 1e6:g} MHz): nphases={st.nphases} cl={st.cl} "
                f"cwl={st.cwl} read_latency={st.read_latency} write_latency={st.write_latency}")
     out.append("controller timings (sys cycles): " + ", ".join(
         f"{k}={getattr(ts, k)}" for k in ("tRP", "tRCD", "tWR", "tWTR", "tREFI", "tRFC",

@@ -6,7 +6,7 @@
 LiteDRAM's own controller on its SDRAM PHY model (run by tests/boards/test_litedram.py).
 
 Clocks as on the ECPIX-5: the target's core clock at 25 MHz on ``clk``, the controller's sys
-clock at 75 MHz on ``dram_clk`` (exactly three controller cycles per core cycle).
+clock at 50 MHz on ``dram_clk`` (exactly two controller cycles per core cycle).
 
 The oracle is a word dictionary updated when a request is accepted (the bus's order rule), and
 LiteDRAM itself: nothing reaches the memory model unless the init program has run to
@@ -28,8 +28,8 @@ from boards.litedram_bridge import LiteDramCore
 from hw.iface import MemBusSignature
 from sim.hdl import get_params
 
-CORE_PS = 39_996        # 25 MHz (3 x 13,332 ps, even for cocotb's Clock: the two clocks keep their phase)
-DRAM_PS = 13_332        # 75 MHz
+CORE_PS = 40_000        # 25 MHz (2 x 20,000 ps: the two clocks keep their phase)
+DRAM_PS = 20_000        # 50 MHz
 
 
 class LiteDramHarness(wiring.Component):

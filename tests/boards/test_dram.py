@@ -114,10 +114,10 @@ def test_dram_model_refresh_stops_the_port_and_closes_rows():
 
 
 def test_ecpix5_ddr3_in_core_cycles():
-    """The board's figures in its core clock (25 MHz, one core cycle per 3 of LiteDRAM's
-    75 MHz): a hit's 16 controller cycles are 6 core cycles, plus 3 of crossing; a miss's 5
-    are 2; a refresh every 586 (195 core cycles) stops the port for 117 (39)."""
+    """The board's figures in its core clock (25 MHz, one core cycle per 2 of LiteDRAM's
+    50 MHz): a hit's 16 controller cycles are 8 core cycles, plus 4 of crossing; a miss's 5
+    are 3; a refresh every 391 (195 core cycles) stops the port for 24 (12)."""
     c = ECPIX5_DDR3.cycles(25e6)
-    assert c == DramCycles(hit=9, miss=2, refi=195, rfc=39)
+    assert c == DramCycles(hit=12, miss=3, refi=195, rfc=12)
     with pytest.raises(ValueError):
         DramCycles(hit=2, miss=0, refi=10, rfc=1)
