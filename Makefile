@@ -80,19 +80,20 @@ guest: install
 # ECP5 board flow (boards/): YoWASP yosys + nextpnr-ecp5 + ecppack, report in build/<board>/.
 # `make bitstream BOARD=versa`, `make program` (openFPGALoader), `make synth-check` (CI: ECPIX-5
 # synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core
-# (CORE=kbtp-ddr3: the target memory in the DDR3 through LiteDRAM, `make litedram` first),
-# SEED= the nextpnr placement seed (default: BoardSpec.nextpnr_seed, 2 on the ECPIX-5).
+# (the ECPIX-5's default kbtp holds its memory in the DDR3 through LiteDRAM, built first by
+# `make litedram`; CORE=kbtp-bram in block RAM), SEED= the nextpnr placement seed (default:
+# BoardSpec.nextpnr_seed, 1 on the ECPIX-5).
 BOARD ?= ecpix5
 CORE  ?=
 SEED  ?=
 .PHONY: bitstream program synth-check
-bitstream: $(VENV)/.installed $(if $(filter kbtp-ddr3,$(CORE)),litedram)
+bitstream: $(VENV)/.installed $(if $(filter ecpix5,$(BOARD)),litedram)
 	$(PY) -m boards build --board $(BOARD) $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
 program:
 	$(PY) -m boards program --board $(BOARD)
 
-synth-check: $(VENV)/.installed
+synth-check: $(VENV)/.installed litedram
 	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
 # Logic depth of every core-clock register input of the last build's netlist, worst first

@@ -50,6 +50,16 @@ def _top(board, core):
     return spec, core, BoardTop(spec, spec.core_factory(core, CORES[core][0]))
 
 
+def _memory_of(spec, core):
+    """The report's memory figures: the board's block-RAM plan, or the DRAM a core's target
+    memory is in (KbtpCore with LiteDRAM)."""
+    dram = getattr(core, "dram", None)
+    if dram is not None:
+        return {"dram": dram.name, "dram_bytes": dram.size_bytes,
+                "dram_clock_mhz": dram.ctrl_hz / 1e6}
+    return spec.memory.as_dict()
+
+
 def elaborate(board, core=None):
     """Elaborate the board top to RTLIL without any tool; returns the BuildPlan."""
     spec, core, top = _top(board, core)
@@ -104,7 +114,7 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     report = make_report(out, board=board, core=core,
                          device=f"{platform.device}-{platform.speed}{platform.package}",
-                         build_time_s=elapsed, memory=spec.memory.as_dict())
+                         build_time_s=elapsed, memory=_memory_of(spec, top.core))
     report["error"] = error
     report["seed"] = seed
     report["stage"] = "pack" if pack_only else "full"

@@ -25,7 +25,6 @@ from hw.lib.stream import RegisterSlice
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
 
-from .dram import ECPIX5_DDR3
 
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
            "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
@@ -273,7 +272,7 @@ class KbtpCore(wiring.Component):
         these DRAM costs (issue 22: what the pool in DDR3 costs) instead of block RAM.
     litedram : bool
         On the board: the target memory is the DDR3 through LiteDRAM (needs ``dram`` for its
-        size and ``make litedram``; core ``kbtp-ddr3``).
+        size and ``make litedram``; the ECPIX-5's kbtp core, boards/ecpix5.py).
     **overrides
         Extra / replacement ``KbtpTarget`` keyword arguments.
     """
@@ -287,6 +286,7 @@ class KbtpCore(wiring.Component):
         self.memory = memory
         self.core_freq = core_freq
         self.needs_osc = litedram
+        self.dram = dram if litedram else None     # the board's DRAM holds the target memory
         kwargs = self.target_kwargs_of(memory, core_freq=core_freq, dram=dram, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
@@ -397,10 +397,12 @@ class MacCdcLoopbackCore(wiring.Component):
 #: name -> (factory, description)
 CORES = {
     "kbtp": (KbtpCore, "the full target: KbtpTarget (RoCE transport + KBTP engine), width 64 "
-                       "in its own core clock, MAC at 125 MHz, pool-sized memory"),
-    "kbtp-ddr3": (lambda memory: KbtpCore(memory, dram=ECPIX5_DDR3, litedram=True),
-                  "the full target with its memory (pool, table, rings, buffers) in the "
-                  "ECPIX-5's 512 MB of DDR3 through LiteDRAM (make litedram first)"),
+                       "in its own core clock, MAC at 125 MHz; its memory the board's DRAM "
+                       "where the board says so (ECPIX-5: 512 MB of DDR3 through LiteDRAM, "
+                       "make litedram first), else a pool-sized block RAM"),
+    "kbtp-bram": (lambda memory: KbtpCore(memory),
+                  "the full target with its memory in block RAM (ECPIX-5: 128 KiB of pool; "
+                  "its default until the DDR3 one)"),
     "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
                              "(does not meet timing)"),
     "mac-loopback": (MacLoopbackCore, "GMII MAC, received frames sent back; demo bus target"),

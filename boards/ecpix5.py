@@ -5,6 +5,7 @@
 
 from amaranth_boards.ecpix5 import ECPIX585Platform
 
+from .dram import ECPIX5_DDR3
 from .memory import BoardMemoryConfig
 from .spec import BoardSpec
 
@@ -38,4 +39,8 @@ ECPIX5 = BoardSpec(
     # seed 2 before the unit). nextpnr is deterministic for one netlist, seed and option set;
     # a change of the gateware can need another seed (`make bitstream SEED=n`).
     nextpnr_seed=1,
+    # Issue 22: the kbtp core's target memory (pool, table, rings, receive and scratch buffers)
+    # is the board's 512 MB of DDR3 through LiteDRAM (boards/litedram_bridge.py; LiteDRAM's
+    # clock 50 MHz). Core kbtp-bram keeps it in the block RAM of ``memory`` (128 KiB of pool).
+    core_options={"kbtp": {"dram": ECPIX5_DDR3, "litedram": True}},
 )

@@ -26,8 +26,11 @@ _UTIL_RE = re.compile(r"^\s*(?:Info:\s+)?\s*([A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+
 
 
 #: (substring of nextpnr's clock net name, clock domain of boards/top.py)
-DOMAIN_HINTS = (("clk_out__2", "core"), ("core_clk", "core"), ("eth_rx", "eth_rx"), ("clk_out__1", "eth_tx90"), ("$glbnet$clk", "sync"),
-                ("clk100", "oscillator"))
+#: First match wins: the LiteDRAM core's clocks (its sys clock as the bridge names it, its
+#: CRG's init clock) and the oscillator's buffer before the plain ``clk`` of ``sync``.
+DOMAIN_HINTS = (("clk_out__2", "core"), ("core_clk", "core"), ("eth_rx", "eth_rx"),
+                ("clk_out__1", "eth_tx90"), ("dram_clk", "dram"), ("crg_clkout1", "dram_init"),
+                ("clk_buf.buf.i", "oscillator"), ("clk100", "oscillator"), ("$glbnet$clk", "sync"))
 
 
 def _domain(name):
@@ -168,7 +171,12 @@ def format_report(rep):
     for name, r in rep["resources"].items():
         avail = r["available"]
         lines.append(f"  {name:<5} {r['used']:>6} / {avail if avail is not None else '-':>6}")
-    if rep.get("memory"):
+    if (rep.get("memory") or {}).get("dram"):
+        mem = rep["memory"]
+        lines.append(f"  memory: {mem['dram_bytes'] >> 20} MiB of DRAM ({mem['dram']}, "
+                     f"controller clock {mem['dram_clock_mhz']:g} MHz): the kbtp core's target "
+                     f"memory (pool, table, rings, buffers)")
+    elif rep.get("memory"):
         mem = rep["memory"]
         lines.append(f"  memory config: pool {mem['pool_bytes'] // 1024} KiB "
                      f"({mem['pool_blocks']} x {mem['block_size']} B; the kbtp core's target "

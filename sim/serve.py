@@ -330,11 +330,11 @@ def main(argv=None):
     s.add_argument("--stats-file",
                    help="gateware: write the target's counters and the board time of every "
                         "KBTP request here as JSON (atomically, every ~1 s and at exit)")
-    s.add_argument("--hw", choices=("ecpix5", "ecpix5-ddr3", "unit"), default="ecpix5",
+    s.add_argument("--hw", choices=("ecpix5", "ecpix5-bram", "unit"), default="ecpix5",
                    help="gateware: the ECPIX-5 core as the bitstream holds it (default: two "
-                        "clocks, width 64), the same with its 512 MB of DDR3 through the DDR3 "
-                        "timing model (boards/dram.py), or the one-clock width-8 unit-test "
-                        "target")
+                        "clocks, width 64, its 512 MB of DDR3 through the DDR3 timing model of "
+                        "boards/dram.py), the same with 128 KiB of block RAM instead, or the "
+                        "one-clock width-8 unit-test target")
     s.add_argument("--host-link", choices=("bus", "udp"), default="bus",
                    help="gateware: the driver on the direct host bus (default), or over the UDP "
                         "host link on the target's own Ethernet port (sim/vllink.py)")

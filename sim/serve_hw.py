@@ -65,7 +65,7 @@ WC_POLLS = 3_000_000
 # Cap of the target QPs' ACK timeout code: rdma_cm asks for ~2 s, which the simulator would take
 # minutes to reach after a lost frame. 4.096 us * 2^8 = 1 ms at the board's timer rate (about a
 # second of wall time while idle); on the unit target (timer_scale 16) code 12 is the same time.
-ACK_TIMEOUT = {"ecpix5": 8, "ecpix5-ddr3": 8, "unit": 12}
+ACK_TIMEOUT = {"ecpix5": 8, "ecpix5-bram": 8, "unit": 12}
 
 
 def _mem_words():

@@ -34,31 +34,34 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_DDR3", "DRAMS", "NAMED", "VlTarget", "TxFrame", "build", "export_verilog",
+__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_BRAM", "DRAMS", "NAMED", "VlTarget", "TxFrame", "build", "export_verilog",
            "board_params"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
 #: keyword arguments may be given too. Not what a board builds: see :data:`SHIPPED`.
 HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scale": 16}
 
-#: The configuration the ECPIX-5 bitstream holds: boards/cores.py ``KbtpCore`` for that board,
-#: gate for gate (GMII MAC at 125 MHz behind MacCdc, the target at width 64 in its own 25 MHz
-#: clock, PipelinedRam, the host bus behind HostBusRegister). ``params={"board": name}``
-#: selects it; :func:`board_params` fills in the figures the benches read.
-SHIPPED = {"board": "ecpix5"}
-
-#: Simulation-only memories of a board's core (``params={"board": name, "dram": key}``): the
-#: board's core gate for gate but for its target memory, :class:`boards.dram.DramModel` with
-#: these DRAM costs in place of the block RAM (issue 22). Not a configuration a board builds.
+#: A board's core in simulation: ``params={"board": name}`` is boards/cores.py ``KbtpCore`` for
+#: that board with its target memory in block RAM (PipelinedRam, core ``kbtp-bram``);
+#: ``params={"board": name, "dram": key}`` the same core with its memory the DRAM behind the
+#: controller, as :class:`boards.dram.DramModel` with that DRAM's costs (refresh, row misses,
+#: read latency: LiteDRAM's, tests/boards/test_litedram.py) in place of the LiteDRAM instance
+#: the board builds. :func:`board_params` fills in the figures the benches read.
 DRAMS = {"ddr3": "ECPIX5_DDR3"}
 
-#: The shipped core with the ECPIX-5's 512 MB of DDR3 as its target memory, through the DDR3
-#: timing model (``--hw ecpix5-ddr3`` of the soak and the server, bench config ecpix5-ddr3).
-SHIPPED_DDR3 = {"board": "ecpix5", "dram": "ddr3"}
+#: The configuration the ECPIX-5 bitstream holds (`make bitstream`, core ``kbtp``): GMII MAC at
+#: 125 MHz behind MacCdc, the target at width 64 in its own 25 MHz clock, the host bus behind
+#: HostBusRegister, its memory the 512 MB of DDR3 (LiteDRAM at 50 MHz on the board, its timing
+#: model here). tests/system/test_ddr3.py checks that this is the board's own default.
+SHIPPED = {"board": "ecpix5", "dram": "ddr3"}
+
+#: The same core with its memory in block RAM (core ``kbtp-bram``, 128 KiB of pool): the
+#: ECPIX-5's default before issue 22, kept as the benches' comparison.
+SHIPPED_BRAM = {"board": "ecpix5"}
 
 #: The configurations the tools name (``--hw`` of the soak and the server, the bench's board
 #: configurations): name -> params.
-NAMED = {"ecpix5": SHIPPED, "ecpix5-ddr3": SHIPPED_DDR3, "unit": HW_DEFAULT}
+NAMED = {"ecpix5": SHIPPED, "ecpix5-bram": SHIPPED_BRAM, "unit": HW_DEFAULT}
 
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 
@@ -75,15 +78,14 @@ MAKE_OPT = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
 
 
 def _board_core(name, dram=None):
-    """The board's default core, built by the board's own factory (boards/cores.py); with
-    ``dram`` (a key of :data:`DRAMS`) its memory is the DRAM timing model."""
+    """The board's kbtp core, built by the board's own factory (boards/cores.py), never with
+    the LiteDRAM instance (no model of the DDR3 pins here): with ``dram`` (a key of
+    :data:`DRAMS`) its memory is the DRAM timing model, without it block RAM."""
     from boards import BOARDS
     from boards.cores import CORES
     spec = BOARDS[name]
     factory = spec.core_factory("kbtp", CORES["kbtp"][0])
-    if dram is None:
-        return factory(spec.memory)
-    return factory(spec.memory, dram=_dram(dram))
+    return factory(spec.memory, dram=_dram(dram), litedram=False)
 
 
 def _dram(key):
@@ -105,7 +107,8 @@ def board_params(name, dram=None):
     from boards import BOARDS
     from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
-    options = spec.core_options.get("kbtp", {})
+    options = {k: v for k, v in spec.core_options.get("kbtp", {}).items()
+               if k not in ("dram", "litedram")}
     if CORES["kbtp"][0] is not KbtpCore:
         raise ValueError("the board's kbtp core is not boards.cores.KbtpCore")
     core_freq = options.get("core_freq", CORE_FREQ)

@@ -10,13 +10,12 @@ Everything is counted in simulated clock cycles of the Verilated target
 
 ``ecpix5`` (the default, first)
     The core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`): GMII MAC at
-    125 MHz, the target at width 64 in its 25 MHz core clock, 128 KiB of block RAM.
-``ecpix5-ddr3``
-    The same core with its target memory replaced by the DDR3 timing model of
-    :mod:`boards.dram` (simulation only, issue 22: what the pool in the board's DDR3 will
-    cost: read latency, row misses and refresh, and the room of 512 MB: more receive buffers
-    and a larger Max Inline than the 128 KiB of block RAM allow). Not what the board builds
-    today: run it by name.
+    125 MHz, the target at width 64 in its 25 MHz core clock, its memory the board's 512 MB
+    of DDR3 (LiteDRAM at 50 MHz on the board; here the DDR3 timing model of
+    :mod:`boards.dram`, whose read latency, row misses and refresh are LiteDRAM's).
+``ecpix5-bram``
+    The same core with its target memory in 128 KiB of block RAM (core ``kbtp-bram``, the
+    board's default before issue 22): what the DRAM costs, beside it. Run it by name.
 ``8``, ``64``
     The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
     *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
@@ -826,7 +825,7 @@ def label(config):
 
 
 #: Board configurations by name: the shipped core, and simulation-only variants of it.
-BOARD_CONFIGS = ("ecpix5", "ecpix5-ddr3")
+BOARD_CONFIGS = ("ecpix5", "ecpix5-bram")
 
 
 def _params(config):
@@ -1413,8 +1412,8 @@ def plot(res, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--configs", "--widths", dest="widths", default=",".join(CONFIGS),
-                    help="ecpix5 (the board's core), ecpix5-ddr3 (its memory the DDR3 timing "
-                         "model), 8 / 64 (the one-clock unit target)")
+                    help="ecpix5 (the board's core, DDR3), ecpix5-bram (its memory block RAM), "
+                         "8 / 64 (the one-clock unit target)")
     ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
     ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
     ap.add_argument("--out", default="build/bench")

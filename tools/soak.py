@@ -9,7 +9,8 @@ Usage::
     python -m tools.soak --ops 10000 --loss 0.01 --dup 0.01 --corrupt 0.001 --seed 1 [--hw unit]
 
 The target is the core the ECPIX-5 bitstream holds (:data:`sim.vltarget.SHIPPED`: two clocks,
-width 64, 128 KiB) unless ``--hw unit`` asks for the one-clock width-8 unit-test target.
+width 64, 512 MB of DDR3 through its timing model) unless ``--hw ecpix5-bram`` asks for the
+same core with 128 KiB of block RAM, or ``--hw unit`` for the one-clock width-8 unit target.
 
 Initiators: one :class:`roce.rc.RoceEndpoint` QP each (4 by default); initiator 0 holds a
 DIRECT_LOAD + DIRECT_ALLOC session (its turns include DIRECT_LOAD reads and DIRECT_ALLOC
@@ -32,8 +33,8 @@ from sim.system import (DIRECT, VlSystemBench, block_census, mixed, mixed_checks
                         run_sync)
 from sim.vltarget import NAMED, SHIPPED, VlTarget
 
-#: ``--hw`` choices: the shipped board core, the same with its memory the DDR3 timing model
-#: (boards/dram.py), or the one-clock unit-test target.
+#: ``--hw`` choices: the shipped board core (DDR3 timing model, boards/dram.py), the same with
+#: its memory in block RAM, or the one-clock unit-test target.
 HW_CHOICES = NAMED
 
 __all__ = ["soak", "main"]

@@ -409,9 +409,10 @@ def test_pipelined_ram_streams_one_read_per_cycle():
 
 # ---- board tops ------------------------------------------------------------------------------
 
-# The full core on both boards, each stand-in core once (a full cross product only repeats the
-# slow RTLIL export: ~20 s per kbtp top).
-@pytest.mark.parametrize("board,core", [("ecpix5", "kbtp"), ("versa", "kbtp"),
+# The full core on both boards (the ECPIX-5's with its memory in block RAM; its default, in the
+# DDR3: test_ddr3_board_top_elaborates), each stand-in core once (a full cross product only
+# repeats the slow RTLIL export: ~20 s per kbtp top).
+@pytest.mark.parametrize("board,core", [("ecpix5", "kbtp-bram"), ("versa", "kbtp"),
                                         ("ecpix5", "mac-arp"), ("versa", "mac-loopback"),
                                         ("versa", "mac-cdc")])
 def test_board_top_elaborates(board, core):
@@ -426,11 +427,11 @@ def test_board_top_elaborates(board, core):
     assert ("DELAYG" in text) == bool(BOARDS[board].rx_delay_taps)
     # Each domain's reset goes out on a global network (a DCCA buffer, boards/top.py).
     assert "cell \\DCCA \\rst_dcc_sync\n" in text
-    assert ("cell \\DCCA \\rst_dcc_core\n" in text) == (core in ("kbtp", "mac-cdc"))
+    assert ("cell \\DCCA \\rst_dcc_core\n" in text) == (core in ("kbtp", "kbtp-bram", "mac-cdc"))
     # Clock constraints sit on the pins: the oscillator and the PHY's receive clock.
     assert re.search(r"FREQUENCY PORT \"[^\"]*rx_clk[^\"]*\" 125000000", lpf), lpf
     assert re.search(r"FREQUENCY PORT \"[^\"]*clk100[^\"]*\" 100000000", lpf), lpf
-    if core == "kbtp":
+    if core in ("kbtp", "kbtp-bram"):
         # The whole target is in the netlist, and its memory is the board's pool, in banks.
         from boards.cores import kbtp_mem_words
         from boards.ram import PipelinedRam
@@ -454,15 +455,15 @@ def test_board_top_elaborates(board, core):
 
 
 def test_ddr3_board_top_elaborates():
-    """Core kbtp-ddr3 (issue 22): the target's memory is the ECPIX-5's DDR3 through the
-    generated LiteDRAM core (``make litedram``): its Verilog goes into the build, its CRG runs
+    """The ECPIX-5's default core (issue 22): the target's memory is the board's DDR3 through
+    the generated LiteDRAM core (``make litedram``): its Verilog goes into the build, its CRG runs
     from the oscillator, its pads are the ddr3 resource's raw pins (LiteDRAM's own I/O cells
     drive them: no Amaranth buffer on them), the init program and the read leveller sit in
     front of it, and no block-RAM pool is left."""
     from boards.litedram_bridge import BOARD_CORE
     from tests.boards.litedram_cores import litedram_cores
     litedram_cores()
-    plan = elaborate("ecpix5", "kbtp-ddr3")
+    plan = elaborate("ecpix5")
     files = dict(plan.files)
     assert files["litedram_core.v"] == (BOARD_CORE / "gateware/litedram_core.v").read_text()
     text = files["top.il"]
@@ -525,7 +526,8 @@ def test_core_contract_is_checked():
 # ---- synthesis, place and route (slow) -------------------------------------------------------
 
 #: CI's place-and-route check: the full default core (RoCE transport + KBTP engine, width 64,
-#: 4 QPs, see boards/ecpix5.py) synthesised, placed and routed for the ECPIX-5 85F with the
+#: 4 QPs, its memory the DDR3 through LiteDRAM, see boards/ecpix5.py; KBTP_BOARD_CI_CORE=
+#: kbtp-bram: in block RAM) synthesised, placed and routed for the ECPIX-5 85F with the
 #: board's default nextpnr seed, exactly what `make bitstream` builds; the test fails on any
 #: clock without positive slack after routing, or on a build that did not finish routing.
 #: ~12 min of one core on the development machine (728 s inside `make test`; yosys ~3 min,
@@ -549,6 +551,10 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
     from boards.cores import CORE_FREQ, default_core_name
 
     assert default_core_name() == "kbtp"
+    dram = BOARDS["ecpix5"].core_options["kbtp"]["dram"] if CI_CORE == "kbtp" else None
+    if dram is not None:
+        from tests.boards.litedram_cores import litedram_cores
+        litedram_cores()
     report = build("ecpix5", CI_CORE, build_root=tmp_path)
     print(format_report(report))
     assert report.get("error") is None, report
@@ -559,19 +565,26 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
     for clock in report["clocks"]:
         assert clock["slack_ns"] > 0, clock
         # Every clock is checked against its own constraint: 125 MHz for the GMII side, the
-        # PLL-derived CORE_FREQ for a two-clock core's ``core`` domain.
-        want = CORE_FREQ / 1e6 if clock["domain"] == "core" else 125
-        assert clock["constraint_mhz"] >= want - 0.01, clock
+        # PLL-derived CORE_FREQ for a two-clock core's ``core`` domain; with the DDR3, the
+        # LiteDRAM controller's clock, its CRG's init clock and the oscillator feeding it.
+        want = {"core": CORE_FREQ / 1e6, "oscillator": 100, "dram_init": 25,
+                "dram": dram.ctrl_hz / 1e6 if dram else None}.get(clock["domain"], 125)
+        assert want is not None and clock["constraint_mhz"] >= want - 0.01, clock
     assert report["timing_met"]
     res = report["resources"]
     for name in ("LUT4", "FF", "EBR", "DSP", "IO"):
         assert res[name]["available"] and res[name]["used"] <= res[name]["available"], (name, res)
-    assert res["PLL"]["used"] == 1
+    # Ours, and with the DDR3 LiteDRAM's own CRG's.
+    assert res["PLL"]["used"] == (2 if dram else 1)
     if CI_CORE == "kbtp":
-        # The whole target, and the pool really is in block RAM (not in LUTs or flip-flops).
+        # The whole target, its memory the DDR3 through LiteDRAM (its clocks timed).
         assert res["LUT4"]["used"] > 10_000 and res["FF"]["used"] > 10_000
+        assert {c["domain"] for c in report["clocks"]} >= {"sync", "core", "eth_rx", "dram",
+                                                            "dram_init"}
+        assert report["memory"]["dram"] == dram.name
+    elif CI_CORE == "kbtp-bram":
+        # The pool really is in block RAM (not in LUTs or flip-flops).
         assert res["EBR"]["used"] >= BOARDS["ecpix5"].memory.ebr_by_use()["pool"]
-        assert {c["domain"] for c in report["clocks"]} >= {"sync", "core", "eth_rx"}
     else:
         assert res["LUT4"]["used"] > 500 and res["EBR"]["used"] >= 1
     assert Path(report["bitstream"]).stat().st_size > 100_000
@@ -639,7 +652,11 @@ def test_board_core_options_reach_the_core():
     assert eco.target.width == 64 and eco.target.mac is False
     assert eco.target.width * eco.core_freq > 1.25e9
     assert eco.target.clk_hz == eco.core_freq        # requester timers count core cycles
-    assert eco.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
+    # Its memory is the DDR3 (issue 22); core kbtp-bram keeps it in the block RAM pool.
+    from boards.dram import ECPIX5_DDR3
+    assert eco.dram is ECPIX5_DDR3 and eco.target.mem_words * 8 == ECPIX5_DDR3.size_bytes == 512 << 20
+    bram = CORES["kbtp-bram"][0](BOARDS["ecpix5"].memory)
+    assert bram.dram is None and bram.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
     ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
     assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore

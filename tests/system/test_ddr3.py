@@ -1,6 +1,6 @@
 # Ref: issue 22 items 2 and 4 (the pool in the board's DDR3: the shipped core simulated with
 #      what DRAM costs; table and ring at pool scale); boards/dram.py (DramModel,
-#      ECPIX5_DDR3); sim/vltarget.py SHIPPED_DDR3; sim/system.py (system bench vs the golden
+#      ECPIX5_DDR3); sim/vltarget.py SHIPPED; sim/system.py (system bench vs the golden
 #      model); draft KBTP §Block Table, §Free-Block Ring.
 """The ECPIX-5 core with its 512 MB of DDR3 as target memory (the DDR3 timing model of
 boards/dram.py in place of the block RAM), simulated whole under Verilator.
@@ -16,7 +16,7 @@ a round's requests it tries; 4 KiB blocks would make that 256 MiB a copy.)
 import pytest
 
 from sim.system import VlSystemBench, mixed, mixed_checks, model_config, run_sync
-from sim.vltarget import SHIPPED_DDR3, VlTarget, board_params
+from sim.vltarget import SHIPPED, VlTarget, board_params
 
 pytestmark = pytest.mark.xdist_group("ddr3")
 
@@ -25,8 +25,17 @@ N = 65536
 
 
 def test_ddr3_is_the_shipped_core_with_ddr3():
-    """The same core as the shipped one, but its memory: 512 MB behind the DDR3 model, whose
-    figures are LiteDRAM's at the board's core clock."""
+    """What the ECPIX-5 builds by default is the kbtp core with its memory in the DDR3 through
+    LiteDRAM, and the shipped simulation is that core with the DDR3 model in LiteDRAM's place
+    (512 MB, LiteDRAM's figures at the board's core clock); the block-RAM variant differs from
+    it in its memory only."""
+    from boards import BOARDS
+    from boards.cores import default_core_name
+    from sim.vltarget import DRAMS, SHIPPED_BRAM
+    import boards.dram
+    opts = BOARDS["ecpix5"].core_options[default_core_name()]
+    assert opts["litedram"] and opts["dram"] is getattr(boards.dram, DRAMS[SHIPPED["dram"]])
+    assert SHIPPED == {**SHIPPED_BRAM, "dram": "ddr3"}
     from boards.cores import CORE_FREQ
     from boards.dram import ECPIX5_DDR3, DramModel
     from sim.vltarget import make_target
@@ -34,7 +43,7 @@ def test_ddr3_is_the_shipped_core_with_ddr3():
     assert d["mem_words"] * 8 == ECPIX5_DDR3.size_bytes == 512 << 20
     assert {k: v for k, v in d.items() if k not in ("mem_words", "dram")} == \
         {k: v for k, v in p.items() if k != "mem_words"}
-    core = make_target(SHIPPED_DDR3)
+    core = make_target(SHIPPED)
     assert isinstance(core.target.ram, DramModel)
     assert core.target.ram.timing == ECPIX5_DDR3.cycles(CORE_FREQ)
     assert core.target.ram.depth == d["mem_words"]
@@ -45,14 +54,14 @@ def test_ddr3_pool_scale_system_bench():
     rings (not the 64 MiB pool: the simulated DRAM starts at zero) and the time it takes is
     printed; then mixed rounds through 2 % loss, 1 % duplication, 0.5 % corruption."""
     from sim.vltarget import build
-    build(SHIPPED_DDR3)
+    build(SHIPPED)
     # 16 ranges of 4,096 handles: the engine checks a handle against 16 range registers
     # (n_ranges); with more ranges the driver keeps every request on the host.
     cfg = model_config(block_size=1024, num_blocks=N, num_handles=N,
                        handles_per_initiator=N // 16)
     lay = cfg.layout()
     assert lay["ring_n"] == N and lay["pool_size"] == N * 1024
-    with VlTarget(SHIPPED_DDR3) as vt:
+    with VlTarget(SHIPPED) as vt:
         b = VlSystemBench(vt, n_init=4, loss=0.02, dup=0.01, corrupt=0.005, seed=22, cfg=cfg,
                           bulk=True)
         b.driver.zero_pool = False
