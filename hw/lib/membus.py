@@ -18,7 +18,7 @@ from hw.headers import wire_fields
 
 from hw.iface import MEM_DATA_BITS, MemBusSignature
 
-__all__ = ["MemRam", "MemArbiter", "be_field", "bswap", "bswap64", "read_words"]
+__all__ = ["MemRam", "MemArbiter", "MemSplit", "be_field", "bswap", "bswap64", "read_words"]
 
 
 def bswap64(x):
@@ -177,5 +177,74 @@ class MemArbiter(wiring.Component):
             with m.If(route.r_rdy & (route.r_data == i)):
                 m.d.comb += [self.masters[i].rsp.valid.eq(rsp.valid),
                              rsp.ready.eq(self.masters[i].rsp.ready)]
+        m.d.comb += route.r_en.eq(rsp.valid & rsp.ready)
+        return m
+
+
+class MemSplit(wiring.Component):
+    """One bus onto two memories by address: the ``words`` 8-octet words from byte address
+    ``base`` on go to ``fast`` (at fast-side address ``addr - base``), every other address to
+    ``slow`` (unchanged). Made for a block-RAM window (receive and scratch buffers) in front
+    of the DRAM, whose reads answer many cycles later.
+
+    The bus's rules hold across the two: requests are accepted in order, so a write is seen by
+    every later request; read responses come back in request order. A FIFO remembers which
+    side each read went to, and only the side at its head may hand over a response: the other
+    side holds its answers (its ``rsp.ready`` low), so a fast read issued behind a slow one
+    waits for it, and neither side's data is ever dropped. Neither memory may make its answers
+    to earlier reads wait for later requests (both here answer reads on their own).
+
+    Ports
+    -----
+    bus : In(MemBusSignature())
+    fast, slow : Out(MemBusSignature())
+    Parameters
+    ----------
+    base : int          byte address of the window, a multiple of 8 * ``words``
+    words : int         window size in words, a power of two
+    outstanding : int   reads in flight the split can route back (its FIFO's depth); at least
+                        the slow side's latency for the bus to stream one word per cycle
+    """
+
+    def __init__(self, base, words, outstanding=32):
+        if words & (words - 1) or base % (8 * words):
+            raise ValueError(f"MemSplit: window of {words} words at {base:#x}: the size must be "
+                             f"a power of two and the base a multiple of it")
+        self.base, self.words, self.outstanding = base, words, outstanding
+        super().__init__({"bus": In(MemBusSignature()), "fast": Out(MemBusSignature()),
+                          "slow": Out(MemBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.route = route = fifo.SyncFIFO(width=1, depth=self.outstanding)
+        req, rsp = self.bus.req, self.bus.rsp
+        low = (8 * self.words - 1).bit_length()         # address bits inside the window
+        in_window = Signal()
+        m.d.comb += in_window.eq(req.payload.addr[low:] == self.base >> low)
+
+        is_read = ~req.payload.we
+        side_ready = Signal()
+        m.d.comb += [self.fast.req.payload.eq(req.payload),
+                     self.fast.req.payload.addr.eq(req.payload.addr[:low]),
+                     self.slow.req.payload.eq(req.payload)]
+        # A read needs room in the route FIFO; a request goes out to its side only.
+        go = Signal()
+        m.d.comb += go.eq(req.valid & (~is_read | route.w_rdy))
+        with m.If(in_window):
+            m.d.comb += [self.fast.req.valid.eq(go), side_ready.eq(self.fast.req.ready)]
+        with m.Else():
+            m.d.comb += [self.slow.req.valid.eq(go), side_ready.eq(self.slow.req.ready)]
+        m.d.comb += [req.ready.eq(side_ready & (~is_read | route.w_rdy)),
+                     route.w_data.eq(in_window),
+                     route.w_en.eq(req.valid & req.ready & is_read)]
+
+        # Responses in request order: from the side the oldest read went to.
+        head_fast = route.r_data
+        with m.If(route.r_rdy & head_fast):
+            m.d.comb += [rsp.valid.eq(self.fast.rsp.valid), rsp.payload.eq(self.fast.rsp.payload),
+                         self.fast.rsp.ready.eq(rsp.ready)]
+        with m.Elif(route.r_rdy):
+            m.d.comb += [rsp.valid.eq(self.slow.rsp.valid), rsp.payload.eq(self.slow.rsp.payload),
+                         self.slow.rsp.ready.eq(rsp.ready)]
         m.d.comb += route.r_en.eq(rsp.valid & rsp.ready)
         return m
