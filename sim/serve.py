@@ -51,6 +51,7 @@ from host.codec import KbtpError
 from host.driver import disconnect_delay_ms
 import model.target as M
 from roce.rc import QPState, RoceEndpoint, WcStatus
+from sim.vltarget import NAMED
 from sim.frameserver import (DEFAULT_CM_PORT, DEFAULT_IP, DEFAULT_MAC, FrameServer, PcapWriter,
                              large_config, model_config)
 
@@ -330,7 +331,7 @@ def main(argv=None):
     s.add_argument("--stats-file",
                    help="gateware: write the target's counters and the board time of every "
                         "KBTP request here as JSON (atomically, every ~1 s and at exit)")
-    s.add_argument("--hw", choices=("ecpix5", "ecpix5-bram", "unit"), default="ecpix5",
+    s.add_argument("--hw", choices=sorted(NAMED), default="ecpix5",
                    help="gateware: the ECPIX-5 core as the bitstream holds it (default: two "
                         "clocks, width 64, its 512 MB of DDR3 through the DDR3 timing model of "
                         "boards/dram.py), the same with 128 KiB of block RAM instead, or the "

@@ -32,6 +32,7 @@ electrically (no read levelling, bitslip or board delays).
 """
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -40,6 +41,7 @@ from migen import Module, run_simulation, passive
 
 
 
+@functools.lru_cache(maxsize=None)
 def _litedram_gen():
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "boards", "litedram_gen.py")

@@ -228,19 +228,20 @@ class MemSplit(wiring.Component):
                      self.fast.req.payload.addr.eq(req.payload.addr[:low]),
                      self.slow.req.payload.eq(req.payload)]
         # A read needs room in the route FIFO; a request goes out to its side only.
-        go = Signal()
-        m.d.comb += go.eq(req.valid & (~is_read | route.w_rdy))
+        room = Signal()
+        m.d.comb += room.eq(~is_read | route.w_rdy)
         with m.If(in_window):
-            m.d.comb += [self.fast.req.valid.eq(go), side_ready.eq(self.fast.req.ready)]
+            m.d.comb += [self.fast.req.valid.eq(req.valid & room),
+                         side_ready.eq(self.fast.req.ready)]
         with m.Else():
-            m.d.comb += [self.slow.req.valid.eq(go), side_ready.eq(self.slow.req.ready)]
-        m.d.comb += [req.ready.eq(side_ready & (~is_read | route.w_rdy)),
+            m.d.comb += [self.slow.req.valid.eq(req.valid & room),
+                         side_ready.eq(self.slow.req.ready)]
+        m.d.comb += [req.ready.eq(side_ready & room),
                      route.w_data.eq(in_window),
                      route.w_en.eq(req.valid & req.ready & is_read)]
 
         # Responses in request order: from the side the oldest read went to.
-        head_fast = route.r_data
-        with m.If(route.r_rdy & head_fast):
+        with m.If(route.r_rdy & route.r_data):         # r_data: the oldest read went to fast
             m.d.comb += [rsp.valid.eq(self.fast.rsp.valid), rsp.payload.eq(self.fast.rsp.payload),
                          self.fast.rsp.ready.eq(rsp.ready)]
         with m.Elif(route.r_rdy):

@@ -19,7 +19,7 @@ from amaranth.sim import Simulator
 from boards.dram import ECPIX5_DDR3, DramModel
 from hw.iface import MemBusSignature
 from hw.lib.membus import MemRam, MemSplit
-from sim.hdl import stream_get
+from sim.hdl import stream_get, stream_put
 
 SLOW_WORDS = 1024
 WIN_WORDS = 128
@@ -67,19 +67,13 @@ def test_random_traffic_both_sides_in_order(seed, idle, bp):
                 beat = {"addr": 8 * w, "we": 1, "wdata": data, "wstrb": strb}
             else:
                 beat = {"addr": 8 * w, "we": 0, "wdata": 0, "wstrb": 0}
-            while idle and rng.random() < idle:
-                ctx.set(port.valid, 0)
-                await ctx.tick()
-            ctx.set(port.payload, beat)
-            ctx.set(port.valid, 1)
-            await ctx.tick().until(port.ready)
-            # accepted at this edge: the oracle takes it in the same order
+            await stream_put(ctx, port, [beat], idle=idle, rng=rng)
+            # accepted at the last edge: the oracle takes it in the same order
             if beat["we"]:
                 mask = sum(0xFF << (8 * k) for k in range(8) if beat["wstrb"] >> k & 1)
                 mem[w] = (mem.get(w, 0) & ~mask) | (beat["wdata"] & mask)
             else:
                 expected.append((w, mem.get(w, 0)))
-            ctx.set(port.valid, 0)
         state["issued"] = True
 
     async def collector(ctx):
