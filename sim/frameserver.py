@@ -16,7 +16,7 @@ import time
 
 from host.config import TargetConfig
 
-__all__ = ["FrameServer", "PcapWriter", "model_config", "large_config", "DEFAULT_MAC",
+__all__ = ["FrameServer", "PcapWriter", "model_config", "served_config", "large_config", "DEFAULT_MAC",
            "DEFAULT_IP", "DEFAULT_CM_PORT"]
 
 DEFAULT_MAC = "02:4b:42:54:50:01"
@@ -30,28 +30,45 @@ DEFAULT_CM_PORT = 18515
 
 def model_config(**overrides):
     """The target configuration ``kbtp-sim serve`` uses with either backend (RoCEv2: unmasked
-    counters), sized for the memory of the shipped core (ECPIX-5: 128 KiB of block RAM for
-    table, rings, pool, the driver's scratch and 4 x 4 receive buffers of 2 KiB).
+    counters), for the shipped core (sim/vltarget.py SHIPPED: the ECPIX-5 with its target memory
+    in the 512 MB of DDR3).
 
     20 blocks of 4 KiB (the board's block size), 2 DIRECT_ALLOC partitions of 4 blocks, quota 4
     per shared-ring initiator (12 shared blocks), 256 handles, long retention and ticket timeout (a TCG guest is
-    slow). Request Credits 4: the host driver posts one receive buffer per request credit and QP
-    (:func:`host.driver.memory_plan`, as the draft's target pre-posts one per credit, §Target
-    Execution Model; more credits than buffers and a pipelining initiator meets RNR NAKs), and
-    4 is the most that fit the ECPIX-5 with Max Inline 1024: the structures end at 90112
-    octets (pool 81920 of them), the engine's and the driver's scratch (4 x 512 + 4 x 256)
-    at 93184, so the buffers start at 94208 (2048-aligned); each holds 24 + 32 + 1024 = 1080
-    octets, so 2048; 131072 - 94208 = 36864 octets = 18 buffers, 4 per QP for the 4 QPs (5 per
-    QP needs 20 buffers; 16 per QP would take 131072 octets, the whole memory). More credits
-    would take pool blocks or a lower Max Inline. :func:`large_config` is the 4 MiB one of the
-    one-clock unit-test target (the fuzzer's).
+    slow). Request Credits 16 (issue 20 item 5: at least 16 per QP): the host driver posts one
+    receive buffer per request credit and QP (:func:`host.driver.memory_plan`, as the draft's
+    target pre-posts one per credit, §Target Execution Model; more credits than buffers and a
+    pipelining initiator meets RNR NAKs). With Max Inline 1024 each buffer holds 24 + 32 + 1024
+    = 1080 octets, so 2048: 4 QPs x 16 x 2048 = 128 KiB of buffers in the DDR3, and 4 x 16 = 64
+    fill the RecvNotify FIFO exactly. A target with less memory serves :func:`served_config`
+    (the block-RAM core: 4 credits). :func:`large_config` is the 4 MiB one of the one-clock
+    unit-test target (the fuzzer's).
     """
     kw = dict(block_size=4096, num_blocks=20, num_handles=256, handles_per_initiator=64,
               direct_partitions=2, direct_quota=4, quota_per_initiator=4, masked=False,
-              request_credits=4, max_inline=1024, ticket_timeout_ms=30000,
+              request_credits=16, max_inline=1024, ticket_timeout_ms=30000,
               retention_ms=60000.0)
     kw.update(overrides)
     return TargetConfig(**kw)
+
+
+def served_config(n_qp, mem_size, **overrides):
+    """:func:`model_config` for a target of ``n_qp`` QPs and ``mem_size`` octets of memory: its
+    Request Credits lowered to the most receive buffers per QP that fit beside the structures
+    (:func:`host.driver.memory_plan`) when the 16 do not. The ECPIX-5 core with its memory in
+    128 KiB of block RAM (``--hw ecpix5-bram``) fits 4: the structures end at 90112 octets
+    (pool 81920 of them), the engine's and the driver's scratch (4 x 512 + 4 x 256) at 93184,
+    the buffers start at 94208 (2048-aligned); 131072 - 94208 = 36864 octets = 18 buffers, 4 per
+    QP. An explicit ``request_credits`` is kept (and refused by the driver if it does not fit)."""
+    from host.driver import memory_plan
+    cfg = model_config(**overrides)
+    if "request_credits" in overrides:
+        return cfg
+    for credits in range(cfg.request_credits, 0, -1):
+        c = model_config(**{**overrides, "request_credits": credits})
+        if memory_plan(c, n_qp)["end"] <= mem_size:
+            return c
+    return cfg
 
 
 def large_config(**overrides):

@@ -53,7 +53,7 @@ __all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 #: unit-test target.
 HW_CHOICES = NAMED
 #: The parameters of the default served gateware (the ECPIX-5 core, as the bitstream holds it).
-HW = board_params(SHIPPED["board"])
+HW = board_params(SHIPPED["board"], SHIPPED.get("dram"))
 STEP = 512                  # cycles between two service rounds while frames move
 IDLE_STEP = 2048            # ... while nothing moved in the last round
 IDLE_WAIT_S = 0.001         # wall time to wait for a frame on the socket when idle
@@ -83,7 +83,7 @@ class Served:
         from host.cm import CmServer
         from host.driver import KbtpDriver
         from host.port import TargetPort
-        from sim.frameserver import FrameServer, model_config
+        from sim.frameserver import FrameServer, served_config
         from sim.vltarget import VlTarget
         self.o = opts
         self.log = (lambda s: None) if opts.get("quiet") else log
@@ -112,7 +112,10 @@ class Served:
             self.port = TargetPort(self.vl.port_access(self.pump))
         else:
             raise ValueError(f"host_link {opts['host_link']!r} is not 'bus' or 'udp'")
-        self.driver = KbtpDriver(self.port, model_config(**opts.get("config", {})),
+        cfg = served_config(p["n_qp"], p["mem_words"] * 8, **opts.get("config", {}))
+        self.log(f"served configuration: {cfg.num_blocks} blocks of {cfg.block_size} octets, "
+                 f"request credits {cfg.request_credits}, max inline {cfg.max_inline}")
+        self.driver = KbtpDriver(self.port, cfg,
                                  n_qp=p["n_qp"], mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
                                  wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],

@@ -31,7 +31,13 @@ class DmaReader(wiring.Component):
     mem : Out(MemBusSignature())
     """
 
-    def __init__(self, width, depth=8):
+    #: Words in flight or buffered. To stream one word per cycle the reader needs as many as
+    #: the memory's read latency in core cycles plus the arbiter's stages: the ECPIX-5 DDR3
+    #: answers a row hit in 12 core cycles and a refresh stalls it 12 more (boards/dram.py
+    #: ECPIX5_DDR3), so 8 (what block RAM needs) let a LOAD send 8 words per ~14 cycles.
+    DEPTH = 32
+
+    def __init__(self, width, depth=DEPTH):
         if width % 8 or not 8 <= width <= 64:
             raise ValueError("DmaReader supports widths of 8 to 64 bits")
         self._width = width

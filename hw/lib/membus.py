@@ -126,10 +126,13 @@ class MemArbiter(wiring.Component):
     Parameters
     ----------
     outstanding : int
-        reads in flight the arbiter can track (depth of its return-route FIFO).
+        reads in flight the arbiter can track (depth of its return-route FIFO). To stream one
+        word per cycle it must cover the memory's read latency: the ECPIX-5 DDR3 answers a row
+        hit 12 core cycles after it takes the read (boards/dram.py ECPIX5_DDR3), so 8 held every
+        master behind it to 8 words per 13 cycles; 32 also rides out a refresh (12 more).
     """
 
-    def __init__(self, n, outstanding=8):
+    def __init__(self, n, outstanding=32):
         self.n = n
         self.outstanding = outstanding
         super().__init__({"masters": In(MemBusSignature()).array(n),

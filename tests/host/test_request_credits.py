@@ -9,7 +9,8 @@
   not fit the memory or the RecvNotify FIFO is refused with the figures to lower.
 * Every configuration that ships or is simulated fits, and its HELLO_ACK's Request Credits are
   the buffers programmed into the QP that answered (the fake target of tests/host/test_driver.py
-  with the real memory sizes: the ECPIX-5 core's 128 KiB, the unit-test target's 4 MiB).
+  with the real memory sizes: the shipped ECPIX-5 core's 512 MB of DDR3, its block-RAM
+  variant's 128 KiB, the unit-test target's 4 MiB).
 * On the Verilated ECPIX-5 core (sim/vltarget.py SHIPPED) an initiator keeping its request
   credits' worth of STOREs by RDMA READ outstanding on one QP never meets an RNR NAK; with the
   driver posting fewer buffers than it advertises (monkeypatched) it does, so the check can fail.
@@ -76,18 +77,23 @@ def test_plan_names_the_figures_to_lower():
 def _configs():
     """(name, cfg, n_qp, mem_size, n_mr, credits wanted) of every driver configuration that
     ships or is simulated (the bench's are checked in tests/tools/test_bench.py)."""
-    from sim.frameserver import large_config, model_config as served
+    from sim.frameserver import large_config, model_config as served, served_config
     from sim.system import model_config as system
-    from sim.vltarget import HW_DEFAULT, board_params
-    ecp = board_params("ecpix5")
+    from sim.vltarget import HW_DEFAULT, SHIPPED, board_params
+    ecp = board_params(SHIPPED["board"], SHIPPED["dram"])     # the shipped core: 512 MB of DDR3
     ecp = (ecp["n_qp"], ecp["mem_words"] * 8, ecp["n_mr"])
+    bram = board_params(SHIPPED["board"])                     # its block-RAM variant: 128 KiB
+    bram = (bram["n_qp"], bram["mem_words"] * 8, bram["n_mr"])
     unit = (HW_DEFAULT["n_qp"], HW_DEFAULT["mem_words"] * 8, HW_DEFAULT["n_mr"])
     direct = dict(direct_partitions=1, direct_quota=4, masked=False)
     return [
         ("default", TargetConfig(), 2, None, 16, 16),
-        # kbtp-sim serve on the ECPIX-5 (the shipped board): 4 fit beside its pool
-        ("served-ecpix5", served(), *ecp, 4),
-        ("served-unit", served(), *unit, 4),
+        # kbtp-sim serve on the ECPIX-5 (the shipped board, DDR3): the 16 of issue 20 item 5
+        ("served-ecpix5", served_config(ecp[0], ecp[1]), *ecp, 16),
+        # ... on its block-RAM variant (--hw ecpix5-bram): 4 fit beside its pool
+        ("served-ecpix5-bram", served_config(bram[0], bram[1]), *bram, 4),
+        ("served-unit", served_config(unit[0], unit[1]), *unit, 16),
+        ("served-model", served(), 4, None, 8, 16),                 # kbtp-sim serve --model
         ("system-ecpix5", system(), *ecp, 16),
         ("system-direct-ecpix5", system(**direct), *ecp, 16),       # tools/soak.py
         ("system-unit", system(), *unit, 16),

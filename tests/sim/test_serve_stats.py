@@ -78,7 +78,7 @@ def test_stats_file_board_time(served_stats):
     for msg, length in steps:
         submit(msg, length)
         wait(len(sent))
-    # Two LOADs in flight at once (credits 4): each gets its own first response.
+    # Two LOADs in flight at once (within the 16 credits): each gets its own first response.
     submit(codec.Load(request_id=8, handle=h, data=desc(65536, n)), n)
     submit(codec.Load(request_id=9, handle=h, data=desc(2 * 65536 - n, n)), n)
     wait(len(sent))

@@ -1,0 +1,156 @@
+# Ref: hw/iface.py (MemBusSignature: split transactions, in-order responses); hw/lib/membus.py
+#      (MemArbiter outstanding); hw/lib/dma.py (DmaReader.DEPTH); hw/kbtp/movers.py (InlineCopy
+#      burst); boards/dram.py (DramModel, ECPIX5_DDR3); issue 22 ("the figures include what DRAM
+#      costs"; make bench on the DRAM configuration).
+"""The two movers a 4 KiB block goes through, on the ECPIX-5's DDR3 timing model behind the
+target's arbiter, in Amaranth's simulator: a LOAD's DmaReader (memory -> TX stream) and a STORE
+inline's InlineCopy (receive buffer -> block).
+
+Oracle: the words the testbench put into the DRAM model's array; every octet out of the reader
+and every word of the copied block must be those. The cycle figures are printed (``-s``) and
+bounded: the DDR3 answers a read 12 core cycles after it takes it, so a mover streams one word
+per cycle only with more than 12 reads in flight through every stage. With the arbiter's
+8 in flight (its old default) the same runs take over 1.5 times as long, and the bound fails
+(the ``tight`` cases check that it can).
+"""
+
+import inspect
+
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+
+from boards.dram import ECPIX5_DDR3, DramModel
+from hw.kbtp.movers import InlineCopy
+from hw.lib.dma import DmaReader
+from hw.lib.membus import MemArbiter
+
+DEPTH = 1 << 15             # words of DRAM model
+CORE_HZ = 25e6              # the ECPIX-5 core clock (boards/cores.py CORE_FREQ)
+LENGTH = 4096
+#: The arbiter's default reads in flight (what the target builds).
+ARBITER_DEFAULT = inspect.signature(MemArbiter).parameters["outstanding"].default
+
+
+def _word(i):
+    return (i * 0x9E3779B97F4A7C15 + 0x1234) & ((1 << 64) - 1)
+
+
+def _top(mover, outstanding):
+    """``mover`` on master 0 of a 5-master arbiter (the target's) onto the DDR3 model."""
+    m = Module()
+    m.submodules.dram = dram = DramModel(DEPTH, ECPIX5_DDR3.cycles(CORE_HZ))
+    m.submodules.arb = arb = MemArbiter(5, outstanding=outstanding)
+    m.submodules.mover = mover
+    wiring.connect(m, mover.mem, arb.masters[0])
+    for i in range(1, 5):
+        m.d.comb += arb.masters[i].rsp.ready.eq(1)      # idle masters
+    wiring.connect(m, arb.bus, dram.bus)
+    return m, dram
+
+
+def _fill(ctx, dram, lo, n):
+    for i in range(lo, lo + n):
+        ctx.set(dram.mem.data[i], _word(i))
+
+
+def _run(m, tb):
+    sim = Simulator(m)
+    sim.add_clock(1 / CORE_HZ)
+    sim.add_testbench(tb)
+    sim.run()
+
+
+def load_cycles(depth, outstanding, addr=0x10003):
+    """DmaReader of ``LENGTH`` octets from ``addr`` (unaligned): cycles from the command to the
+    last beat, and whether the octets were right."""
+    rd = DmaReader(64, depth=depth)
+    m, dram = _top(rd, outstanding)
+    res = {}
+
+    async def tb(ctx):
+        _fill(ctx, dram, addr // 8, LENGTH // 8 + 2)
+        await ctx.tick().repeat(4)
+        ctx.set(rd.cmd.valid, 1)
+        ctx.set(rd.cmd.p.addr, addr)
+        ctx.set(rd.cmd.p.length, LENGTH)
+        await ctx.tick()
+        ctx.set(rd.cmd.valid, 0)
+        ctx.set(rd.o.ready, 1)
+        out, n = bytearray(), 1
+        while True:
+            await ctx.delay(1e-12)      # settle: the beat of this cycle
+            if ctx.get(rd.o.valid):
+                keep = ctx.get(rd.o.p.keep)
+                data = ctx.get(rd.o.p.data).to_bytes(8, "little")
+                out += bytes(data[k] for k in range(8) if keep >> k & 1)
+                if ctx.get(rd.o.p.last):
+                    break
+            await ctx.tick()
+            n += 1
+            assert n < 20 * LENGTH, "DmaReader hung"
+        image = b"".join(_word(i).to_bytes(8, "little") for i in range(addr // 8, addr // 8 + LENGTH // 8 + 2))
+        res["cycles"], res["ok"] = n, bytes(out) == image[addr % 8:addr % 8 + LENGTH]
+    _run(m, tb)
+    return res["cycles"], res["ok"]
+
+
+def copy_cycles(burst, outstanding, src=0x8000, dst=0x20000):
+    """InlineCopy of ``LENGTH`` octets: cycles from start to done, and whether the block holds
+    the source words."""
+    cp = InlineCopy(burst=burst)
+    m, dram = _top(cp, outstanding)
+    res = {}
+
+    async def tb(ctx):
+        _fill(ctx, dram, src // 8, LENGTH // 8)
+        await ctx.tick().repeat(4)
+        ctx.set(cp.src, src)
+        ctx.set(cp.dst, dst)
+        ctx.set(cp.length, LENGTH)
+        ctx.set(cp.start, 1)
+        await ctx.tick()
+        ctx.set(cp.start, 0)
+        n = 1
+        while not ctx.get(cp.done):
+            await ctx.tick()
+            n += 1
+            assert n < 20 * LENGTH, "InlineCopy hung"
+        await ctx.tick()
+        res["cycles"] = n
+        res["ok"] = all(ctx.get(dram.mem.data[dst // 8 + k]) == _word(src // 8 + k)
+                        for k in range(LENGTH // 8))
+    _run(m, tb)
+    return res["cycles"], res["ok"]
+
+
+T = ECPIX5_DDR3.cycles(CORE_HZ)
+WORDS = LENGTH // 8
+# One word per cycle, stretched by the refreshes (a stall of `rfc` every `refi` cycles), plus the
+# first read's latency, a row opened every 2 KiB and a few cycles of pipeline.
+LOAD_BOUND = int(WORDS * (1 + T.rfc / T.refi)) + T.hit + 3 * T.miss + 16
+# Read and write share the bus: two requests per word, the read latency once per burst.
+COPY_BOUND = int((2 * WORDS + WORDS // InlineCopy().burst * (T.hit + 2 * T.miss))
+                 * (1 + T.rfc / T.refi)) + 16
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["shipped", "tight-8-in-flight"])
+def test_load_streams_a_block_from_ddr3(tight):
+    depth, outstanding = (8, 8) if tight else (DmaReader.DEPTH, ARBITER_DEFAULT)
+    n, ok = load_cycles(depth, outstanding)
+    print(f"DmaReader 4 KiB from DDR3: depth {depth}, arbiter {outstanding} in flight: {n} core "
+          f"cycles = {n / CORE_HZ * 1e6:.2f} us, {LENGTH / n:.2f} octets/cycle "
+          f"({LENGTH * 8 * CORE_HZ / n / 1e9:.2f} Gb/s at 25 MHz)")
+    assert ok
+    assert (n > LOAD_BOUND) if tight else (n <= LOAD_BOUND), (n, LOAD_BOUND)
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["shipped", "tight-8-in-flight"])
+def test_inline_copy_of_a_block_in_ddr3(tight):
+    burst, outstanding = (16, 8) if tight else (InlineCopy().burst, ARBITER_DEFAULT)
+    n, ok = copy_cycles(burst, outstanding)
+    print(f"InlineCopy 4 KiB in DDR3: burst {burst}, arbiter {outstanding} in flight: {n} core "
+          f"cycles = {n / CORE_HZ * 1e6:.2f} us, {LENGTH / n:.2f} octets/cycle")
+    assert ok
+    assert (n > COPY_BOUND) if tight else (n <= COPY_BOUND), (n, COPY_BOUND)
