@@ -34,8 +34,10 @@ class DmaReader(wiring.Component):
     #: Words in flight or buffered. To stream one word per cycle the reader needs as many as
     #: the memory's read latency in core cycles plus the arbiter's stages: the ECPIX-5 DDR3
     #: answers a row hit in 12 core cycles and a refresh stalls it 12 more (boards/dram.py
-    #: ECPIX5_DDR3), so 8 (what block RAM needs) let a LOAD send 8 words per ~14 cycles.
-    DEPTH = 32
+    #: ECPIX5_DDR3), so 8 (what block RAM needs) let a LOAD send 8 words per ~14 cycles and
+    #: 32 stream (tests/hw/lib/test_dram_stream.py). 8 stays the default until a build with
+    #: the deeper sizes routes (see MemArbiter ``outstanding``).
+    DEPTH = 8
 
     def __init__(self, width, depth=DEPTH):
         if width % 8 or not 8 <= width <= 64:

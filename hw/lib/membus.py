@@ -128,18 +128,23 @@ class MemArbiter(wiring.Component):
     outstanding : int
         reads in flight the arbiter can track (depth of its return-route FIFO). To stream one
         word per cycle it must cover the memory's read latency: the ECPIX-5 DDR3 answers a row
-        hit 12 core cycles after it takes the read (boards/dram.py ECPIX5_DDR3), so 8 held every
-        master behind it to 8 words per 13 cycles; 32 also rides out a refresh (12 more).
+        hit 12 core cycles after it takes the read (boards/dram.py ECPIX5_DDR3), so 8 hold every
+        master behind it to 8 words per 13 cycles, and 32 also ride out a refresh (12 more);
+        tests/hw/lib/test_dram_stream.py measures both. The default stays 8, what the ECPIX-5
+        build has been routed with: with 32 here, 32 in DmaReader and bursts of 64 in
+        InlineCopy, nextpnr's router2 did not converge at the board's seed (overuse still
+        rising at iteration 204); the deeper sizes wait for a build that routes.
     hold : int
-        grants in a row the last master keeps while it asks, before the others' turn. One
-        request each in turn (hold 1) makes DRAM switch rows with nearly every request when two
-        masters stream to two rows of a bank (the responder filling a receive buffer while the
-        engine copies the previous one into a block: a row miss costs 3 core cycles on the
-        ECPIX-5 DDR3); 16 in a row cut a STORE inline of 4 KiB from 11,432 to 8,249 GMII cycles
-        in the bench. Another master waits at most ``hold`` requests longer.
+        grants in a row the last master keeps while it asks, before the others' turn (1: plain
+        round robin, the default, and no added logic). One request each in turn makes DRAM
+        switch rows with nearly every request when two masters stream to two rows of a bank
+        (the responder filling a receive buffer while the engine copies the previous one into a
+        block: a row miss costs 3 core cycles on the ECPIX-5 DDR3); 16 in a row cut a STORE
+        inline of 4 KiB from 11,432 to 8,249 GMII cycles in the bench (with the deeper sizes
+        above). Another master waits at most ``hold`` requests longer.
     """
 
-    def __init__(self, n, outstanding=32, hold=16):
+    def __init__(self, n, outstanding=8, hold=1):
         if hold < 1:
             raise ValueError(f"MemArbiter: hold {hold} < 1")
         self.n = n
@@ -157,7 +162,6 @@ class MemArbiter(wiring.Component):
         m.submodules.route = route = fifo.SyncFIFO(width=idbits, depth=self.outstanding)
 
         last = Signal(idbits)       # last master granted; the search starts after it
-        run = Signal(range(self.hold + 1))     # grants in a row to `last`
         grant = Signal(idbits)
         any_valid = Signal()
         # Round-robin: the first valid master after `last`, wrapping (`last` itself last) ...
@@ -169,12 +173,16 @@ class MemArbiter(wiring.Component):
                     with m.Case(i):
                         with m.If(self.masters[i].req.valid):
                             m.d.comb += [grant.eq(i), any_valid.eq(1)]
-        # ... unless `last` asks again and has had fewer than `hold` grants in a row.
-        with m.Switch(last):
-            for i in range(n):
-                with m.Case(i):
-                    with m.If(self.masters[i].req.valid & (run < self.hold)):
-                        m.d.comb += grant.eq(i)
+        if self.hold > 1:
+            # ... unless `last` asks again and has had fewer than `hold` grants in a row.
+            run = Signal(range(self.hold + 1))     # grants in a row to `last`
+            with m.Switch(last):
+                for i in range(n):
+                    with m.Case(i):
+                        with m.If(self.masters[i].req.valid & (run < self.hold)):
+                            m.d.comb += grant.eq(i)
+            with m.If(self.bus.req.valid & self.bus.req.ready):
+                m.d.sync += run.eq(Mux(grant == last, Mux(run < self.hold, run + 1, run), 1))
 
         out = self.bus.req
         for i in range(n):
@@ -187,8 +195,7 @@ class MemArbiter(wiring.Component):
         for i in range(n):
             m.d.comb += self.masters[i].req.ready.eq((grant == i) & can_issue & out.ready)
         with m.If(out.valid & out.ready):
-            m.d.sync += [last.eq(grant), run.eq(Mux(grant == last, Mux(run < self.hold, run + 1,
-                                                                       run), 1))]
+            m.d.sync += last.eq(grant)
         m.d.comb += [route.w_data.eq(grant), route.w_en.eq(out.valid & out.ready & is_read)]
 
         # Responses: in order, to the master at the head of the route FIFO.
