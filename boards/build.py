@@ -4,10 +4,13 @@
 
 import json
 import os
+import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from .cores import CORES, default_core_name
 from .report import format_report, make_report
 from .top import BoardTop
 
-__all__ = ["tool_env", "elaborate", "build", "program", "BUILD_ROOT"]
+__all__ = ["tool_env", "elaborate", "build", "program", "BUILD_ROOT", "router_diverged"]
 
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build"
 
@@ -40,6 +43,63 @@ def tool_env():
             os.environ[var] = path
     # Only the build runs here; programming calls openFPGALoader itself (see program()).
     os.environ.setdefault("OPENFPGALOADER", _find("openFPGALoader") or "true")
+
+
+#: router2 gives up (the build fails with a clear error instead of running on) once it is past
+#: ROUTER_MIN_ITER iterations and its overuse is more than ROUTER_GROWTH times the least it
+#: reached, or past ROUTER_MAX_ITER. Why: router2 has no iteration limit of its own, and a
+#: netlist it cannot route at a seed makes its overuse fall to a floor and then grow without end
+#: (e5499be at seed 1: 53 at iteration 97, 179 at 150, 4,821 at 205, after 70 minutes), which ran
+#: CI past its time. The ECPIX-5 builds that routed reached 0 by iteration 98 and 115.
+ROUTER_MIN_ITER = 150
+ROUTER_GROWTH = 2
+ROUTER_MAX_ITER = 400
+_ITER = re.compile(r"iter=(\d+) .*? overuse=(\d+)")
+
+
+def router_diverged(log_text):
+    """None while router2's iterations in the nextpnr log ``log_text`` look like converging,
+    else why they do not (see ROUTER_MIN_ITER)."""
+    its = [(int(a), int(b)) for a, b in _ITER.findall(log_text)]
+    if not its:
+        return None
+    it, now = its[-1]
+    least, at = min((o, i) for i, o in its)
+    if it >= ROUTER_MAX_ITER and now > 0:
+        return f"router2 at iteration {it} with overuse {now}: no convergence in {ROUTER_MAX_ITER}"
+    if it >= ROUTER_MIN_ITER and now > ROUTER_GROWTH * max(least, 1):
+        return (f"router2 diverged: overuse {now} at iteration {it}, more than {ROUTER_GROWTH}x "
+                f"its least ({least} at iteration {at}); try another seed "
+                f"(`python -m boards build --seed N`)")
+    return None
+
+
+def _watch_router(out, stop, found, period=20.0):
+    """Poll ``out``/top.tim while the build runs; when router2 diverges, note why in ``found``
+    and end the nextpnr processes working in ``out`` (the build script then fails)."""
+    log = out / "top.tim"
+    while not stop.wait(period):
+        try:
+            why = router_diverged(log.read_text(errors="replace"))
+        except OSError:
+            continue
+        if why is None:
+            continue
+        found.append(why)
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if b"nextpnr" in cmd and Path(cwd) == out.resolve():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except OSError:
+                    pass
+        return
 
 
 def _top(board, core):
@@ -98,10 +158,13 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
                                 "--report", "nextpnr-report.json", *spec.nextpnr_opts,
                                 *(["--pack-only"] if pack_only else [])]))
     error = None
+    stop, diverged = threading.Event(), []
+    watch = threading.Thread(target=_watch_router, args=(out, stop, diverged), daemon=True)
+    watch.start()
     try:
         plan.execute_local(str(out))
     except subprocess.CalledProcessError as exc:
-        error = f"build script failed with status {exc.returncode}"
+        error = diverged[0] if diverged else f"build script failed with status {exc.returncode}"
         log = out / "top.tim"
         if pack_only and log.exists() and "Device utilisation" in log.read_text(errors="replace"):
             # Amaranth's nextpnr command always asks for --textcfg, which nextpnr cannot write
@@ -109,6 +172,8 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
             error = None
     finally:
         os.environ["ECPPACK"] = saved_ecppack
+        stop.set()
+        watch.join()
     elapsed = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
