@@ -54,8 +54,8 @@ def tool_env():
 #: iterations 98, 115 and 296 (that one with 1-2 overused wires for its last ~100 iterations,
 #: which the margin leaves alone).
 ROUTER_MIN_ITER = 150
-ROUTER_GROWTH = 2
-ROUTER_MARGIN = 200
+ROUTER_GROWTH = 4
+ROUTER_MARGIN = 1000
 ROUTER_MAX_ITER = 1000
 _ITER = re.compile(r"iter=(\d+) .*? overuse=(\d+)")
 

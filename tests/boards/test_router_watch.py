@@ -2,7 +2,7 @@
 #      diverges); tests/boards/data/router2_diverged_e5499be_seed1.log (router2's iteration lines
 #      from the ECPIX-5 build of e5499be at seed 1, the run that took CI past its 90 minutes).
 """router2 has no iteration limit: a netlist it cannot route at a seed runs until someone stops
-it. The build watches nextpnr's log and stops it once the overuse has grown past twice its
+it. The build watches nextpnr's log and stops it once the overuse has grown far past its
 least, so that CI gets a failed place-and-route test that names the cause instead of a timeout.
 
 Oracle: the real log of a diverging ECPIX-5 run (overuse 53 at iteration 97, 4,821 at 205) and a
@@ -35,16 +35,16 @@ def test_diverging_run_is_stopped_soon_after_the_floor():
     assert first is not None, "the diverging run was never stopped"
     k, why = first
     print(f"stopped at iteration {k} of the 205 logged: {why}")
-    # Lines are iterations 1..205: the first past 150 with overuse over 53 + 200.
+    # Lines are iterations 1..205: the first past 150 with overuse over 53 + ROUTER_MARGIN.
     over = [i for i, o in enumerate((int(x.split("overuse=")[1].split()[0]) for x in lines), 1)
             if i >= ROUTER_MIN_ITER and o > 53 + ROUTER_MARGIN]
-    assert k == over[0] and k < 170, (k, over[:3])
+    assert k == over[0] and k < 190, (k, over[:3])
     assert "diverged" in why and "least (53 at iteration 97)" in why, why
 
 
 def test_converging_runs_are_left_alone():
     # The shape of the runs that routed (overuse 0 at iteration 98 and 115; one at 296 after
-    # ~100 iterations of 1-2 overused wires), a slow one that wanders up to 1.9x its floor, and
+    # ~100 iterations of 1-2 overused wires), a slow one that wanders back up above its floor, and
     # a long one still creeping down.
     runs = [
         [_line(i, max(0, 95000 // i - 900)) for i in range(1, 116)] + [_line(116, 0)],
