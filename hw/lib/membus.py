@@ -181,8 +181,6 @@ class MemArbiter(wiring.Component):
                     with m.Case(i):
                         with m.If(self.masters[i].req.valid & (run < self.hold)):
                             m.d.comb += grant.eq(i)
-            with m.If(self.bus.req.valid & self.bus.req.ready):
-                m.d.sync += run.eq(Mux(grant == last, Mux(run < self.hold, run + 1, run), 1))
 
         out = self.bus.req
         for i in range(n):
@@ -196,6 +194,8 @@ class MemArbiter(wiring.Component):
             m.d.comb += self.masters[i].req.ready.eq((grant == i) & can_issue & out.ready)
         with m.If(out.valid & out.ready):
             m.d.sync += last.eq(grant)
+            if self.hold > 1:
+                m.d.sync += run.eq(Mux(grant == last, Mux(run < self.hold, run + 1, run), 1))
         m.d.comb += [route.w_data.eq(grant), route.w_en.eq(out.valid & out.ready & is_read)]
 
         # Responses: in order, to the master at the head of the route FIFO.
