@@ -37,7 +37,7 @@ class DmaReader(wiring.Component):
     #: ECPIX5_DDR3), so 8 (what block RAM needs) let a LOAD send 8 words per ~14 cycles and
     #: 32 stream (tests/hw/lib/test_dram_stream.py). 8 stays the default until a build with
     #: the deeper sizes routes (see MemArbiter ``outstanding``).
-    DEPTH = 8
+    DEPTH = 32
 
     def __init__(self, width, depth=DEPTH):
         if width % 8 or not 8 <= width <= 64:

@@ -144,7 +144,7 @@ class MemArbiter(wiring.Component):
         above). Another master waits at most ``hold`` requests longer.
     """
 
-    def __init__(self, n, outstanding=8, hold=1):
+    def __init__(self, n, outstanding=32, hold=1):
         if hold < 1:
             raise ValueError(f"MemArbiter: hold {hold} < 1")
         self.n = n
