@@ -130,10 +130,10 @@ class MemArbiter(wiring.Component):
         word per cycle it must cover the memory's read latency: the ECPIX-5 DDR3 answers a row
         hit 12 core cycles after it takes the read (boards/dram.py ECPIX5_DDR3), so 8 hold every
         master behind it to 8 words per 13 cycles, and 32 also ride out a refresh (12 more);
-        tests/hw/lib/test_dram_stream.py measures both. The default stays 8, what the ECPIX-5
-        build has been routed with: with 32 here, 32 in DmaReader and bursts of 64 in
-        InlineCopy, nextpnr's router2 did not converge at the board's seed (overuse still
-        rising at iteration 204); the deeper sizes wait for a build that routes.
+        tests/hw/lib/test_dram_stream.py measures both. The default is 32: the ECPIX-5 build
+        with it (and 32 in DmaReader) routed at the board's seed and met timing. With bursts of
+        64 in InlineCopy and a hold of 16 as well, nextpnr's router2 did not converge at that
+        seed (overuse still rising at iteration 204), so those two stay parameters.
     hold : int
         grants in a row the last master keeps while it asks, before the others' turn (1: plain
         round robin, the default, and no added logic). One request each in turn makes DRAM
