@@ -131,12 +131,12 @@ class MemArbiter(wiring.Component):
         hit 12 core cycles after it takes the read (boards/dram.py ECPIX5_DDR3), so 8 hold every
         master behind it to 8 words per 13 cycles, and 32 also ride out a refresh (12 more);
         tests/hw/lib/test_dram_stream.py measures both. The default is 32: the ECPIX-5 build
-        with it (and 32 in DmaReader) routed at the board's seed and met timing. With bursts of
-        64 in InlineCopy and a hold of 16 as well, nextpnr's router2 did not converge at that
-        seed (overuse still rising at iteration 204), so those two stay parameters.
+        with it (32 in DmaReader, a hold of 16) routed at the board's seed and met timing. With
+        bursts of 64 in InlineCopy as well, nextpnr's router2 did not converge at that seed
+        (overuse still rising at iteration 204), so InlineCopy's burst stays 16.
     hold : int
         grants in a row the last master keeps while it asks, before the others' turn (1: plain
-        round robin, the default, and no added logic). One request each in turn makes DRAM
+        round robin and no added logic; 16, the default). One request each in turn makes DRAM
         switch rows with nearly every request when two masters stream to two rows of a bank
         (the responder filling a receive buffer while the engine copies the previous one into a
         block: a row miss costs 3 core cycles on the ECPIX-5 DDR3); 16 in a row cut a STORE
@@ -144,7 +144,7 @@ class MemArbiter(wiring.Component):
         above). Another master waits at most ``hold`` requests longer.
     """
 
-    def __init__(self, n, outstanding=32, hold=1):
+    def __init__(self, n, outstanding=32, hold=16):
         if hold < 1:
             raise ValueError(f"MemArbiter: hold {hold} < 1")
         self.n = n
