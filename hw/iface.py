@@ -29,7 +29,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS",
+    "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS", "QPN_BASE", "qp_index_of",
     "MemReq", "MemRsp", "MemBusSignature",
     "WrOp", "WcStatus", "RecvNotify", "RecvRepost", "WorkRequest", "WorkCompletion",
     "Space", "HostBusSignature", "counter_ports",
@@ -41,7 +41,20 @@ ADDR_BITS = 32
 MEM_DATA_BITS = 64
 #: Width of a queue pair number on the wire, and of a local QP table index.
 QPN_BITS = 24
-QP_INDEX_BITS = 4
+QP_INDEX_BITS = 6
+#: The local QPN of QP table index ``i`` is ``QPN_BASE + i + 2**QP_INDEX_BITS * g``, where the
+#: generation ``g`` counts the reuses of index ``i`` (host/cm.py). A QPN's index is therefore
+#: ``(qpn - QPN_BASE) mod 2**QP_INDEX_BITS`` (:func:`qp_index_of`), and the hardware finds a
+#: packet's QP by that subtraction and one compare with the indexed row's ``local_qpn``,
+#: instead of comparing the QPN with every QP's (a search that grows with the QP count).
+QPN_BASE = 0x11
+
+
+def qp_index_of(qpn):
+    """QP table index of local QPN ``qpn`` (an int, or an Amaranth value: then a value)."""
+    if isinstance(qpn, int):
+        return (qpn - QPN_BASE) % (1 << QP_INDEX_BITS)
+    return (qpn - QPN_BASE)[:QP_INDEX_BITS]
 
 
 def counter_ports(names):

@@ -11,7 +11,7 @@ Fields narrower than 32 bits read back zero-extended; writes ignore the upper bi
 QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
 
     0x00 state           QpState; a write raises load[i] for one cycle (PSN reload)
-    0x04 local_qpn       24 bits
+    0x04 local_qpn       24 bits; found by index (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (qp_lookup)
     0x08 remote_qpn      24 bits
     0x0C peer_mac_hi     peer MAC bits 47:32
     0x10 peer_mac_lo     peer MAC bits 31:0
@@ -43,7 +43,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QPN_BITS, QP_INDEX_BITS, QpConfig,
-                     QpState, REG_MR, REG_QP, REG_TRANSPORT, Space)
+                     QpState, REG_MR, REG_QP, REG_TRANSPORT, Space, qp_index_of)
 
 __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
            "QP_REGS", "MR_REGS", "qp_lookup", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
@@ -97,18 +97,25 @@ class MrLookupSignature(wiring.Signature):
 
 
 def qp_lookup(m, cfgs, qpn, name="qpl"):
-    """Combinational compare of ``qpn`` with every entry's ``local_qpn``.
+    """Find the QP of local QPN ``qpn``: its index is ``qp_index_of(qpn)`` (hw/iface.py
+    QPN_BASE), and it is a hit when that index names an entry whose ``local_qpn`` is ``qpn``
+    and whose state is not RESET (a zero QPN register must not capture QPN 0 traffic).
 
-    Returns ``(index, hit)`` signals; the lowest matching index wins. Entries in RESET never
-    match (a zero QPN register must not capture QPN 0 traffic).
+    Returns ``(index, hit, row)`` signals, ``row`` the indexed :data:`QpConfig` (all zero for
+    an index at or beyond ``len(cfgs)``). Combinational: a 6-bit subtraction, one multiplexer
+    and one compare, whatever the QP count.
     """
     n = len(cfgs)
     index = Signal(QP_INDEX_BITS, name=f"{name}_index")
     hit = Signal(name=f"{name}_hit")
-    for i in reversed(range(n)):
-        with m.If((cfgs[i].local_qpn == qpn) & (cfgs[i].state != QpState.RESET)):
-            m.d.comb += [index.eq(i), hit.eq(1)]
-    return index, hit
+    row = Signal(QpConfig, name=f"{name}_row")
+    m.d.comb += index.eq(qp_index_of(qpn))
+    with m.Switch(index):
+        for i in range(n):
+            with m.Case(i):
+                m.d.comb += row.eq(cfgs[i])
+    m.d.comb += hit.eq((row.local_qpn == qpn) & (row.state != QpState.RESET))
+    return index, hit, row
 
 
 def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
@@ -137,7 +144,7 @@ class QpTable(wiring.Component):
     bus : In(HostBusSignature)      register map in the module docstring
     cfg : Out(QpConfig).array(n_qp) current configuration
     load : Out(n_qp)                bit i high for one cycle after the host writes QP i's state
-    lookup_qpn : In(QPN_BITS)       local QPN to find (combinational)
+    lookup_qpn : In(QPN_BITS)       local QPN to find (combinational, :func:`qp_lookup`)
     lookup_index : Out(QP_INDEX_BITS), lookup_hit : Out(1)
     """
 
@@ -174,7 +181,7 @@ class QpTable(wiring.Component):
             return stmts
 
         _reg_target(m, bus, REG_QP, QP_STRIDE, self.n_qp, QP_REGS, read_of, write_of)
-        idx, hit = qp_lookup(m, self.cfg, self.lookup_qpn)
+        idx, hit, _ = qp_lookup(m, self.cfg, self.lookup_qpn)
         m.d.comb += [self.lookup_index.eq(idx), self.lookup_hit.eq(hit)]
         return m
 

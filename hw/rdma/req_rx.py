@@ -18,7 +18,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
-from hw.iface import ADDR_BITS, MemBusSignature, QpConfig
+from hw.iface import ADDR_BITS, MemBusSignature, QPN_BITS, QP_INDEX_BITS, QpConfig, qp_index_of
 from hw.lib.dma import DmaWriter
 from hw.lib.stream import PacketStream
 from hw.rdma.req_sq import qp_bits
@@ -67,11 +67,19 @@ class ResponseIntake(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c, rh, pl = self.ctl, self.rsp_hdr.p, self.rsp_payload
+        # The QP of the destination QPN by its index (hw/iface.py QPN_BASE): one row
+        # selected, then one QPN and one address compare.
         hit_qp = Signal(qp_bits(self._n_qp))
-        for i in range(self._n_qp):
-            with m.If((rh.bth.dest_qp == self.cfg[i].local_qpn) & self.rts[i]):
-                m.d.comb += [c.hit.eq(1), hit_qp.eq(i),
-                             c.hit_src.eq(rh.meta.src_ip == self.cfg[i].peer_ip)]
+        index = Signal(QP_INDEX_BITS)
+        sel_qpn, sel_ip, sel_rts = Signal(QPN_BITS), Signal(32), Signal()
+        m.d.comb += [index.eq(qp_index_of(rh.bth.dest_qp)), hit_qp.eq(index)]
+        with m.Switch(index):
+            for i in range(self._n_qp):
+                with m.Case(i):
+                    m.d.comb += [sel_qpn.eq(self.cfg[i].local_qpn),
+                                 sel_ip.eq(self.cfg[i].peer_ip), sel_rts.eq(self.rts[i])]
+        m.d.comb += [c.hit.eq((rh.bth.dest_qp == sel_qpn) & sel_rts),
+                     c.hit_src.eq(rh.meta.src_ip == sel_ip)]
         is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
                  (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)

@@ -64,12 +64,7 @@ class RespAdmit(wiring.Component):
         # bit by the QP index, as it selects the QP's state: no 32-bit n_qp-to-1 multiplexer
         # and no comparator after the QPN match on the LOOKUP path.
         src_ok = Signal(nq)
-        idx, hit = qp_lookup(m, self.cfg, h.bth.dest_qp)
-        cfg_sel = Signal(QpConfig)
-        with m.Switch(idx):
-            for i in range(nq):
-                with m.Case(i):
-                    m.d.comb += cfg_sel.eq(self.cfg[i])
+        idx, hit, cfg_sel = qp_lookup(m, self.cfg, h.bth.dest_qp)
         m.d.comb += inc.eq(0)               # every bit driven (only some are counted here)
 
         with m.FSM():

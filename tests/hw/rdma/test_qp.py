@@ -8,7 +8,7 @@ import random
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from hw.iface import REG_MR, REG_QP, REG_TRANSPORT, Space
+from hw.iface import QP_INDEX_BITS, QPN_BASE, REG_MR, REG_QP, REG_TRANSPORT, Space
 from hw.rdma.qp import (MR_STRIDE, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
                        QpTable)
 from tests.hw.rdma.responder_bench import bus_access, mr_words
@@ -83,18 +83,29 @@ def test_qp_registers_load_lookup():
         await no_answer(ctx, bus, REG_QP + QP_STRIDE * n)
         await no_answer(ctx, bus, REG_QP - 4)
         await no_answer(ctx, bus, REG_QP, Space.MEM)
-        # Lookup by local QPN: lowest index whose QPN matches and whose state is not RESET.
-        qpns = [vals[i, 0x04] for i in range(n)]
-        for i, q in ((1, qpns[0]), (3, qpns[0])):
+        # Lookup by local QPN: the index is (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (hw/iface.py),
+        # a hit when that entry holds the QPN and is not in RESET. Oracle: the rule in Python
+        # over the values written. QP 1 gets its own generation-0 QPN, QP 3 one of generation
+        # 5, QP 0 a QPN of another index (never found), QP 2 is in RESET.
+        stride = 1 << QP_INDEX_BITS
+        for i, q in ((1, QPN_BASE + 1), (3, QPN_BASE + 3 + 5 * stride), (0, QPN_BASE + 2),
+                     (2, QPN_BASE + 2)):
             await bus_access(ctx, bus, REG_QP + QP_STRIDE * i + 0x04, q)
-            qpns[i] = q
+            vals[i, 0x04] = q
+        qpns = [vals[i, 0x04] for i in range(n)]
         states = [vals[i, 0x00] for i in range(n)]
-        for q in set(qpns) | {qpns[2], 0x123456}:
+        probes = set(qpns) | {QPN_BASE + 3, QPN_BASE + 3 + 4 * stride, QPN_BASE + n,
+                              QPN_BASE - 1, 0, 0x123456}
+        hits = 0
+        for q in sorted(probes):
             ctx.set(dut.lookup_qpn, q)
-            want = next((i for i in range(n) if qpns[i] == q and states[i] != 0), None)
-            assert ctx.get(dut.lookup_hit) == (want is not None)
+            i = (q - QPN_BASE) % stride
+            want = i if i < n and qpns[i] == q and states[i] != 0 else None
+            assert ctx.get(dut.lookup_hit) == (want is not None), hex(q)
             if want is not None:
                 assert ctx.get(dut.lookup_index) == want
+                hits += 1
+        assert hits == 2            # QP 1 and QP 3; QP 0's QPN is QP 2's, and QP 2 is in RESET
 
     simulate(dut, bench)
 
