@@ -197,7 +197,8 @@ class Requester(wiring.Component):
         for i in range(nq):
             m.d.comb += ctl.cfg[i].eq(self.cfg[i])
         m.d.comb += [sq.load_valid.eq(self.load_valid), sq.load_qp.eq(self.load_qp),
-                     sq.load_row.eq(self.load_row), self.qp_error.eq(sq.qp_error), rx.rts.eq(sq.rts),
+                     sq.load_row.eq(self.load_row), self.qp_error.eq(sq.qp_error),
+                     rx.rts.eq(sq.rts),
                      pick.zero.eq(timers.zero),
                      self.error_event.eq(ctl.error_event), self.error_qp.eq(ctl.error_qp)]
 

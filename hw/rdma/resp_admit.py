@@ -7,9 +7,9 @@ packet is finished), its QP index and the QP's configuration (latched), and the 
 need no QP context: known request opcode, not malformed, QPN known, QP in RTR/RTS, IPv4 source
 = the QP's ``peer_ip``. The QP's row is read from the responder's copy of the QP table
 (registered read port ``cfg``) at ``qp_index_of(dest_qp)`` in the cycle the header is taken, so
-it is there for the checks in the next cycle (LOOKUP): no cycle is added. A refused packet is counted and handed to the sequencer to be drained
-(``drop``); an admitted one waits until its QP's context is not being reset and is then handed
-over (``start``). The next header is taken when the sequencer says ``done``.
+it is there for the checks in the next cycle (LOOKUP): no cycle is added. A refused packet is
+counted and handed to the sequencer to be drained (``drop``); an admitted one waits until its
+QP's context is not being reset and is then handed over (``start``). The next header is taken when the sequencer says ``done``.
 """
 
 from amaranth import Module, Signal

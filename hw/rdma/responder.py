@@ -31,7 +31,8 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
   request, nothing changes.
 - R_Key / range / rights failure: NAK 0x62; opcode sequence, length, misaligned atomic,
   unknown invalidate R_Key: NAK 0x61. Both are fatal: the responder marks the QP in error (its
-  packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (the load event).
+  packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (the QP
+  table's load event).
 - Unknown QPN, QP not in RTR/RTS, unknown/non-RC/response opcodes, malformed packets: dropped
   and counted.
 - Source check (as rxe's ``check_addr``): a packet whose IPv4 source address (its RoCEv2
@@ -163,7 +164,8 @@ class Responder(wiring.Component):
         load = Signal(nq)                   # one-hot: QP i's state was written
         m.d.comb += load.eq(self.load_valid << self.load_qp)
         m.d.comb += [store.load_valid.eq(self.load_valid), store.load_qp.eq(self.load_qp),
-                     store.load_row.eq(self.load_row), store.qi.eq(qi), store.consume.eq(pl.consume),
+                     store.load_row.eq(self.load_row), store.qi.eq(qi),
+                     store.consume.eq(pl.consume),
                      store.commit.eq(seq.commit), store.wdata.seq.eq(seq.ctx),
                      store.wdata.place.eq(pl.ctx),
                      cache.load.eq(load), cache.qi.eq(qi), cache.ptr.eq(seq.ctx.cache_ptr),

@@ -1,7 +1,8 @@
 # Ref: hw/rdma/qp.py (register maps in its docstring); hw/iface.py (QpConfig, MrEntry,
 #      REG_QP, REG_MR); hw/target/hostlink.py (HostBusSignature handshake).
 """QP and MR tables: host-bus register read-back, the load event, the reader copies, decode
-errors, the QPN index rule and the MR lookup against a brute-force Python reference on random tables and queries."""
+errors, the QPN index rule and the MR lookup against a brute-force Python reference on random
+tables and queries."""
 
 import random
 
