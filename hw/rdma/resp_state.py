@@ -35,8 +35,8 @@ class QpContextStore(wiring.Component):
 
     The ``rq_psn`` of a load is captured in a small memory (LUT RAM, written by the event, read
     combinationally when the reset is served) rather than read from the QP table then: several
-    resets may wait behind commits, the capture keeps the one-cycle service of today without a
-    second read port and its extra cycle, and it costs no n_qp x 24 flip-flops.
+    resets may wait behind commits, and the capture serves one in the cycle it is chosen, with
+    no second read port on the QP table (and its extra cycle) and no n_qp x 24 flip-flops.
 
     Ports
     -----

@@ -8,12 +8,17 @@ import random
 
 import pytest
 from amaranth import Elaboratable, Module, Signal
+from amaranth.back import rtlil
+from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
 from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_MR, REG_QP, REG_TRANSPORT, ReqCfg,
                       Space, qp_index_of)
 from hw.rdma.qp import (MR_STRIDE, QP_REGS, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
                        QpTable, qp_match)
+from hw.rdma.requester import Requester
+from hw.rdma.responder import Responder
+from hw.rdma.txpath import TxPath
 from tests.hw.rdma.responder_bench import bus_access, mr_words
 
 #: Independent restatement of the QP register widths (docstring of hw/rdma/qp.py).
@@ -278,3 +283,33 @@ def test_counter_bank():
     tick = Signal()
     top.d.sync += tick.eq(~tick)
     simulate(top, bench)
+
+
+class QpReaders(wiring.Component):
+    """QpTable wired to its readers as in hw/target/target.py."""
+
+    def __init__(self, n):
+        self.n = n
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.qpt = qpt = QpTable(self.n)
+        m.submodules.resp = resp = Responder(8, self.n)
+        m.submodules.req = req = Requester(8, self.n)
+        m.submodules.txp = txp = TxPath(8, 2, self.n)
+        wiring.connect(m, resp.cfg, qpt.resp)
+        wiring.connect(m, req.intake, qpt.intake)
+        wiring.connect(m, txp.cfg, qpt.tx)
+        for i in range(self.n):
+            m.d.comb += req.cfg[i].eq(qpt.req_cfg[i])
+        for unit in (resp, req):
+            m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
+                         unit.load_row.eq(qpt.load_row)]
+        return m
+
+
+@pytest.mark.parametrize("n", [4, 64])
+def test_qp_readers_elaborate(n):
+    """The QP table and its readers (responder, requester, TX path) elaborate at 4 and 64 QPs."""
+    assert "module" in rtlil.convert(QpReaders(n))
