@@ -138,8 +138,9 @@ class QpTable(wiring.Component):
     ``full`` (QpConfig, 254 bits: host read-back and read-modify-write), ``resp``
     (:data:`~hw.iface.QpRespCfg`, 107 bits), ``intake`` (:data:`~hw.iface.QpIntakeCfg`, 56) and
     ``tx`` (:data:`~hw.iface.QpTxCfg`, 120). A reader port's ``data`` is the row at its ``addr``
-    of the previous cycle; a write of row i in cycle t shows from cycle t + 1 on (a port
-    addressing row i in cycle t itself gets the old row in t + 1, the new one from t + 2).
+    of the previous cycle; every row starts all zero (RESET). A write of row i in cycle t: a
+    port addressing row i in cycle t gets the old row (in t + 1), from cycle t + 1 on the new
+    one (in t + 2).
 
     ``req_cfg`` (:data:`~hw.iface.ReqCfg`, 14 bits per QP) stays in flip-flops: the requester's
     control FSM selects it at its current QP, decides and writes back in one cycle, which a
