@@ -123,7 +123,8 @@ class KbtpEngine(wiring.Component):
     Parameters
     ----------
     n_qp : int
-        QPs with a session context (at most 2**QP_INDEX_BITS).
+        QPs with a session context (at most, and by default, 2**QP_INDEX_BITS; the per-QP
+        state is in memories, a row per QP).
     n_ranges : int
         Handle ranges in the LOAD authorization table.
     base : int
@@ -516,11 +517,11 @@ class KbtpEngine(wiring.Component):
                      u.cpl.scratch.eq(h.scratch + slot * SLOT_SIZE)]
 
     def _counter(self, m, name, shape, update, *reads, comb=False, guard=None):
-        """A counter per QP (mod 2**len(shape)) in a memory with one writer: ``update`` =
-        (QP, increment) adds one at that QP when increment (and ``guard``, a function of the
-        value read at that QP, holds). Returns its values at the QPs ``reads``, registered
-        (the address must be stable a cycle before the value is used) or, if ``comb``,
-        combinational; each read is a copy of the memory (LUT RAM)."""
+        """A counter per QP (of ``shape``: bits, or a range it wraps in) in a memory with one
+        writer: ``update`` = (QP, increment) adds one at that QP when increment (and
+        ``guard``, a function of the value read at that QP, holds). Returns its values at the
+        QPs ``reads``, registered (the address must be stable a cycle before the value is
+        used) or, if ``comb``, combinational; each read is a copy of the memory (LUT RAM)."""
         nq = self.n_qp
         mem = m.submodules[name] = memory.Memory(shape=shape, depth=nq, init=[])
         wp = mem.write_port()
@@ -529,7 +530,10 @@ class KbtpEngine(wiring.Component):
         ok = up if guard is None else up & guard(rmw.data)
         if nq < 1 << len(at):
             ok &= at < nq           # (no QP of that number: nothing, as before)
-        m.d.comb += [rmw.addr.eq(at), wp.addr.eq(at), wp.en.eq(ok), wp.data.eq(rmw.data + 1)]
+        nxt = rmw.data + 1
+        if isinstance(shape, range):
+            nxt = Mux(rmw.data == shape.stop - 1, 0, nxt)
+        m.d.comb += [rmw.addr.eq(at), wp.addr.eq(at), wp.en.eq(ok), wp.data.eq(nxt)]
         out = []
         for addr in reads:
             rp = mem.read_port(domain="comb") if comb else \
