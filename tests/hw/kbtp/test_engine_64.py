@@ -5,19 +5,16 @@
 model, USAGE and the host order kept per QP, and the register bank's USAGE updates (one write
 port: a host access in the cycle of an engine update is answered a cycle later)."""
 
-import random
-
 from amaranth.sim import Simulator
 
 from hw.headers import Opcode
 from hw.iface import QP_INDEX_BITS, REG_KBTP, Space
 from hw.kbtp.engine import FAST_OPS, reg
 from hw.kbtp.engine_regs import EngineRegs
-from sim.hdl import stream_get, stream_put
-from sim.hostbus import bus_access
+from sim.hdl import stream_get
 from sim.workload import build
 from tests.hw.kbtp.test_kbtp_engine import (RAM_BYTES, RECV_BASE, Top, configure, hello,
-                                            make_model, reg_read, run_mix)
+                                            make_model, ram_write, reg_read, run_mix)
 
 N_QP = 1 << QP_INDEX_BITS
 QPS = (0, 37, 63)
@@ -67,7 +64,6 @@ def test_host_order_per_qp_at_64():
     async def offer(ctx, q, raw, cycles=30):
         """Offer a message of QP q; True if the engine takes it within ``cycles``."""
         addr = RECV_BASE + 1024 * QPS.index(q)
-        from tests.hw.kbtp.test_kbtp_engine import ram_write
         ram_write(ctx, top.ram, addr, raw)
         ctx.set(eng.notify.payload, {"qp": q, "addr": addr, "length": len(raw)})
         ctx.set(eng.notify.valid, 1)
