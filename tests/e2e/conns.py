@@ -11,8 +11,8 @@ rdma_cm (the target's REJ) within the timeout, not time out. Then connection 1 s
 (release) and a new connection (initiator 200) is accepted on the QP that freed, stores and
 loads a block, and every connection frees its blocks and says GOODBYE.
 
-Output: ``OK <name> <detail>`` / ``FAIL <name> <detail>`` per check, ``SUMMARY passed=<n>
-failed=<m>`` last; exit status 1 if any check failed. Oracle: the data this script generated.
+Output: one line per check and a SUMMARY line last, exit status 1 if any check failed
+(tests/e2e/guestcheck.py). Oracle: the data this script generated.
 """
 
 import random
@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 
+import guestcheck
 from host.initiator import ALL_FEATURES, KbtpClient, KbtpTransportError, env_target
 from hw.headers import Features
 
@@ -31,18 +32,12 @@ SIZE = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 RNG = random.Random(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
 #: Seconds rdma_cm may take to refuse; a timeout is a failure (the REJ never came).
 REFUSE_S = 30
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    passed, failed = passed + bool(cond), failed + (not cond)
-    print(f"{'OK' if cond else 'FAIL'} {name} {detail}", flush=True)
-    return cond
+CHECKS = guestcheck.Checks()
+check = CHECKS.check
 
 
 def blob(n):
-    return bytes(RNG.getrandbits(8) for _ in range(n))
+    return guestcheck.blob(RNG, n)
 
 
 def store_load(tag, clients, blocks):
@@ -126,5 +121,4 @@ try:
 except Exception as exc:
     traceback.print_exc()
     check("exception", False, f"{type(exc).__name__}: {exc}")
-print(f"SUMMARY passed={passed} failed={failed}", flush=True)
-sys.exit(1 if failed else 0)
+CHECKS.finish()
