@@ -6,11 +6,11 @@
 choose sections (default all): ``sizes``, ``ops``, ``errors``, ``direct``, ``pipeline``,
 ``record``, ``invalidate``, ``abandon``.
 
-Output: ``OK <name> <detail>`` or ``FAIL <name> <detail>`` per check; ``ENTRY <handle>
-<flags> <generation> <data_length>`` for handles the host test compares with the model's table;
-``TIME <name> <seconds> <octets>`` per transfer; ``SUMMARY passed=<n> failed=<m>`` last.
-Exit status 1 if any check failed. The oracle for data is the data this script generated
-(seeded random octets), for statuses the draft's rules.
+Output: one line per check and a SUMMARY line last, exit status 1 if any check failed
+(tests/e2e/guestcheck.py); ``ENTRY <handle> <flags> <generation> <data_length>`` for handles
+the host test compares with the model's table; ``TIME <name> <seconds> <octets>`` per transfer.
+The oracle for data is the data this script generated (seeded random octets), for statuses
+the draft's rules.
 """
 
 import random
@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 
+import guestcheck
 from host import codec
 from host.initiator import ALL_FEATURES, KbtpClient, KbtpStatusError, env_target
 from hw.headers import Features, ReqFlags
@@ -32,31 +33,17 @@ SIZES = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [64, 
 RNG = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 PARTS = set(sys.argv[3:]) or {"sizes", "ops", "errors", "direct", "pipeline", "record",
                               "invalidate", "abandon"}
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"OK {name} {detail}", flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name} {detail}", flush=True)
-    return cond
+CHECKS = guestcheck.Checks()
+check = CHECKS.check
 
 
 def expect_status(name, status, fn):
     """Run ``fn``; the check passes when it raises KbtpStatusError with ``status``."""
-    try:
-        fn()
-    except KbtpStatusError as exc:
-        return check(name, exc.status_name == status, f"got {exc.status_name}")
-    return check(name, False, f"no error, expected {status}")
+    return CHECKS.expect_status(name, status, fn, error=KbtpStatusError)
 
 
 def blob(n):
-    return bytes(RNG.getrandbits(8) for _ in range(n))
+    return guestcheck.blob(RNG, n)
 
 
 def entry(c, h):
@@ -334,8 +321,7 @@ def main():
         except Exception as exc:
             traceback.print_exc()
             check("invalidate.after_exception", False, f"{type(exc).__name__}: {exc}")
-    print(f"SUMMARY passed={passed} failed={failed}", flush=True)
-    sys.exit(1 if failed else 0)
+    CHECKS.finish()
 
 
 main()

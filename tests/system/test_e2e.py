@@ -268,6 +268,43 @@ def test_kbtp_counts_retransmitted_bad_request(tmp_path):
 
 
 @needs_guest
+def test_connections_at_once_then_rej(tmp_path_factory):
+    """Issue 22: the guest opens as many rdma_cm connections at once as the shipped target has
+    QPs (sim/serve_hw.py HW, the ECPIX-5 core in DDR3); each stores and loads its own blocks
+    (2 each, interleaved, inline and by RDMA READ) while all are open. One more connection
+    attempt is refused: rdma_cm in the guest fails the connect (not its 30 s alarm), and the
+    target's CM sent a REJ with reason 1, No QP available (IBTA CM REJ reasons). Then one
+    connection leaves and a new one is served on the QP it freed. The served pool's 12 shared
+    blocks (sim/frameserver.py model_config) are shared out as quotas of 2, so that every
+    connection may allocate (quotas of 4 would give the fourth none)."""
+    from sim.serve_hw import HW
+    n = HW["n_qp"]
+    r = _run("conns", "gateware", tmp_path_factory, script="conns.py",
+             args=[str(n), "2", "1000", "7"], mtu=1500, timeout_s=900,
+             config={"quota_per_initiator": 2})
+    out = r.output
+    assert r.exit_code == 0 and re.search(r"SUMMARY passed=\d+ failed=0", out), out
+    ok = {x[0] for x in _lines(out, "OK")}
+    print("\n".join(ln for ln in out.splitlines()
+                    if ln.startswith(("SESSION", "OK connect", "OK extra", "OK reuse.conn",
+                                      "RETRY", "WALL"))), file=sys.stderr)
+    assert len(_lines(out, "SESSION")) == n, out
+    for i in range(1, n + 1):
+        for k in range(2):
+            assert {f"all.c{i}.b{k}.alloc_store", f"all.c{i}.b{k}.load"} <= ok, (i, k, out)
+    assert {"connect.all_open", "extra.refused", "extra.others_unharmed",
+            "reuse.connected", "reuse.c0.b0.load"} <= ok, out
+    # The target's side: n connections placed on QPs 0..n-1, the one beyond refused with
+    # reason 1, and the new connection on the QP connection 1 left (QP 0).
+    placed = [int(m.group(1)) for m in (re.search(r"CM REQ from .* -> qp (\d+)", ln)
+                                        for ln in r.log) if m]
+    assert placed[:n] == list(range(n)) and placed[n:] == [0], placed
+    retries = len(_lines(out, "RETRY"))         # a reconnect refused while QP 0 waited
+    assert sum("CM REJ reason 1 " in ln for ln in r.log) == 1 + retries, [
+        ln for ln in r.log if "REJ" in ln]
+
+
+@needs_guest
 @requires_tool("tshark", shutil.which("tshark") is not None, "make apt")
 def test_pcap_tshark(run_mtu1024, tmp_path):
     """tshark with the KBTP dissector (tools/wireshark/kbtp.lua) and no other option: no
