@@ -187,7 +187,7 @@ MrRights = data.StructLayout({"read": 1, "write": 1, "atomic": 1})
 MrEntry = data.StructLayout({
     "valid": 1,
     "rights": MrRights,
-    "qp_mask": 16,          # QPs (by table index) allowed to use it; bit i = QP i
+    "qp_mask": 1 << QP_INDEX_BITS,  # QPs (by table index) allowed to use it; bit i = QP i
     "rkey": 32,
     "va": 64,               # first Tagged Offset of the region
     "length": 32,
@@ -226,7 +226,7 @@ __all__ += ["QpState", "QpConfig", "QpRespCfg", "QpIntakeCfg", "QpTxCfg", "ReqCf
 
 #: Host register map (HostBusSignature ``Space.REG`` byte addresses), one window per block.
 REG_TOP = 0x0000        # own MAC / IP, MAC/IP/ARP counters, ID register
-REG_QP = 0x1000         # QP i at REG_QP + 0x100 * i
+REG_QP = 0x1000         # QP i at REG_QP + 0x40 * i (64 QPs end at REG_MR)
 REG_MR = 0x2000         # MR j at REG_MR + 0x40 * j
 REG_TRANSPORT = 0x3000  # responder/requester counters, QP error events
 REG_KBTP = 0x4000       # KBTP engine configuration and counters

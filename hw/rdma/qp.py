@@ -10,7 +10,7 @@ Every register reads back. Fields narrower than 32 bits read back zero-extended;
 the upper bits. The MR table answers in the cycle of the request; the QP table, whose rows are
 in memories, one cycle later (:class:`QpTable`).
 
-QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
+QP register map (QP ``i`` at ``REG_QP + 0x40 * i``: 64 QPs end at REG_MR; word offsets)::
 
     0x00 state           QpState; a write raises the load event of QP i (PSN reload)
     0x04 local_qpn       24 bits; found by index (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (qp_match)
@@ -32,12 +32,13 @@ QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
 MR register map (MR ``j`` at ``REG_MR + 0x40 * j``; word offsets)::
 
     0x00 control         bit 0 valid, bit 1 read, bit 2 write, bit 3 atomic
-    0x04 qp_mask         bit i: QP table index i may use this region
+    0x04 qp_mask_lo      bit i: QP table index i (0..31) may use this region
     0x08 rkey
     0x0C va_hi           Tagged Offset bits 63:32
     0x10 va_lo           Tagged Offset bits 31:0
     0x14 length          octets
     0x18 laddr           target-memory address of ``va``
+    0x1C qp_mask_hi      bit i: QP table index 32 + i may use this region
 """
 
 from amaranth import Cat, Module, Mux, Signal
@@ -56,7 +57,7 @@ __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess",
 #: requester's may follow from REG_TRANSPORT + 0x100.
 RESPONDER_COUNTERS_BASE = REG_TRANSPORT
 
-QP_STRIDE = 0x100
+QP_STRIDE = 0x40
 MR_STRIDE = 0x40
 
 #: QP register word offset -> (field path, low bit of the field held by the word, bits).
@@ -70,8 +71,9 @@ QP_REGS = {
 }
 #: MR register word offset -> (field path, low bit, bits); 0x00 packs valid + rights.
 MR_REGS = {
-    0x04: ("qp_mask", 0, 16), 0x08: ("rkey", 0, 32), 0x0C: ("va", 32, 32),
+    0x04: ("qp_mask", 0, 32), 0x08: ("rkey", 0, 32), 0x0C: ("va", 32, 32),
     0x10: ("va", 0, 32), 0x14: ("length", 0, 32), 0x18: ("laddr", 0, 32),
+    0x1C: ("qp_mask", 32, 32),
 }
 
 
@@ -147,7 +149,7 @@ class QpTable(wiring.Component):
     registered read would not allow; 64 x 14 bits is cheap (splitting the record is a later
     stage).
 
-    Host access: the word's QP index comes from the address bits (stride 0x100), its field from
+    Host access: the word's QP index comes from the address bits (stride 0x40), its field from
     the word offset, decoded once. The request cycle reads row i of ``full``; the next cycle
     answers (``ack``): a read returns the field, a write merges the field into the row and
     writes the merged row into ``full`` and its subsets into every copy and ``req_cfg``. A
@@ -185,8 +187,8 @@ class QpTable(wiring.Component):
             (bus.addr < REG_QP + QP_STRIDE * nq)
         rel = Signal(32)
         qp = Signal(ib)
-        word = Signal(6)                                # word offset / 4 within the stride
-        m.d.comb += [rel.eq(bus.addr - REG_QP), qp.eq(rel[8:8 + ib]), word.eq(rel[2:8])]
+        word = Signal(4)                                # word offset / 4 within the stride
+        m.d.comb += [rel.eq(bus.addr - REG_QP), qp.eq(rel[6:6 + ib]), word.eq(rel[2:6])]
         known = (rel[0:2] == 0) & (word < len(QP_REGS))  # QP_REGS: every word 0x00..0x3C
 
         m.submodules.full = full = Memory(shape=QpConfig, depth=nq, init=[])
