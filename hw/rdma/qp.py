@@ -46,9 +46,9 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QP_INDEX_BITS, QpConfig,
+from hw.iface import (ADDR_BITS, HostBusSignature, QP_INDEX_BITS, QpConfig,
                      QpIntakeCfg, QpReadSignature, QpRespCfg, QpState, QpTxCfg, REG_MR, REG_QP,
-                     REG_TRANSPORT, ReqCfg, Space, qp_subset)
+                     REG_TRANSPORT, ReqCfg, Space, mr_entry, qp_subset)
 
 __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
            "QP_REGS", "MR_REGS", "qp_match", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
@@ -257,16 +257,18 @@ class MrTable(wiring.Component):
     -----
     bus : In(HostBusSignature)
     lookup : In(MrLookupSignature)
-    entries : Out(MrEntry).array(n_mr)
+    entries : Out(mr_entry(n_qp)).array(n_mr)   ``qp_mask`` has ``n_qp`` bits; mask bits of
+        higher QPs written by the host are dropped and read back 0
     inv_valid : In(1), inv_rkey : In(32), inv_found : Out(1)
     """
 
-    def __init__(self, n_mr):
-        self.n_mr = n_mr
+    def __init__(self, n_mr, n_qp=1 << QP_INDEX_BITS):
+        self.n_mr, self.n_qp = n_mr, n_qp
+        self._layout = mr_entry(n_qp)
         super().__init__({
             "bus": In(HostBusSignature()),
             "lookup": In(MrLookupSignature()),
-            "entries": Out(MrEntry).array(n_mr),
+            "entries": Out(self._layout).array(n_mr),
             "inv_valid": In(1), "inv_rkey": In(32), "inv_found": Out(1),
         })
 
@@ -308,7 +310,7 @@ class MrTable(wiring.Component):
             e = self.entries[j]
             with m.If(e.valid & (e.rkey == lk.rkey) & (e.qp_mask.bit_select(lk.qp, 1))):
                 m.d.comb += [sel.eq(j), found.eq(1)]
-        e = Signal(MrEntry)
+        e = Signal(self._layout)
         with m.Switch(sel):
             for j in range(self.n_mr):
                 with m.Case(j):

@@ -228,7 +228,7 @@ class KbtpTarget(wiring.Component):
         sm.icrcins = icrcins = IcrcInsert(w)
         sm.ethtx = ethtx = EthIpTx(w)
         sm.qpt = qpt = QpTable(nq)
-        sm.mrt = mrt = MrTable(self.n_mr)
+        sm.mrt = mrt = MrTable(self.n_mr, n_qp=nq)
         sm.arb = arb = MemArbiter(5 if self.engine else 4)
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
