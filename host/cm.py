@@ -27,7 +27,7 @@ only adds the FCS.
 
 API
 ---
-``CmServer(driver, port, *, mac, ip, cm_port=18515, qpn_base=0x11, log=None, seed=0)``
+``CmServer(driver, port, *, mac, ip, cm_port=18515, qpn_base=QPN_BASE, log=None, seed=0)``
 ``await poll(now_us=None)`` handles queued CM frames and timers; returns the number of frames.
 ``await disconnect(qp)`` target-initiated disconnect.
 ``conns`` QP index -> :class:`CmLink` (state ``REP_SENT``, ``ESTABLISHED``, ``DREQ_SENT``,
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from hw.headers import (DETH, GSI_QKEY, IP_CM_SERVICE_ID_TCP, BthOpcode, CmAttr, pack)
-from hw.iface import QpState, REG_QP, Space
+from hw.iface import QP_INDEX_BITS, QPN_BASE, QpState, REG_QP, Space
 from hw.rdma.qp import QP_STRIDE
 from hw.rdma.rawq import Q_RAW_RX, Q_RAW_TX
 from roce.rc import rxe_udp_sport
@@ -125,13 +125,15 @@ class CmServer:
     cm_port : int
         RDMA CM port (IP CM service ID = 0x0000000001060000 | port).
     qpn_base : int
-        Local QPN of QP index ``i`` is ``qpn_base + i + n_qp * g`` (``g`` counts the
-        connections of that index, so a late packet of an old connection never matches).
+        Local QPN of QP index ``i`` is ``qpn_base + i + 2**QP_INDEX_BITS * g`` (``g`` counts
+        the connections of that index, so a late packet of an old connection never matches).
+        The hardware finds a QP by ``(qpn - QPN_BASE) mod 2**QP_INDEX_BITS`` (hw/iface.py), so
+        ``qpn_base`` must be ``QPN_BASE`` (the default) for the target's transport.
     responder_resources, initiator_depth : int
         Advertised in the REP (responder replay cache depth, requester READ depth).
     """
 
-    def __init__(self, driver, port=None, *, mac, ip, cm_port=18515, qpn_base=0x11, log=None,
+    def __init__(self, driver, port=None, *, mac, ip, cm_port=18515, qpn_base=QPN_BASE, log=None,
                  seed=0, responder_resources=4, initiator_depth=4, target_ack_delay=15,
                  rnr_retry=7, max_ack_timeout=31):
         self.driver = driver
@@ -251,7 +253,7 @@ class CmServer:
         qp = next((i for i in range(self.driver.n_qp) if i not in self.conns), None)
         if qp is None:
             return await self._reject(pkt, hdr["tid"], req["local_comm_id"], REJ_NO_QP)
-        qpn = self.qpn_base + qp + self.driver.n_qp * self.gen[qp]
+        qpn = self.qpn_base + qp + (1 << QP_INDEX_BITS) * self.gen[qp]
         self.gen[qp] = (self.gen[qp] + 1) % 1024
         epsn = self.rng.getrandbits(24)
         # rdma_cm programs the passive QP (RTR, then RTS) before the REP: packets may follow

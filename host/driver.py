@@ -132,7 +132,8 @@ from hw.headers import (Features, Opcode, ReqFlags, RingSlot, SLOT_EMPTY, Status
                         CommonHeader, RING_ADD_DATA, RING_ADD_DATA_UNMASKED, wire_fields)
 from host import codec, policy
 from host.policy import PartitionState, SessionState, next_generation
-from hw.iface import (REG_KBTP, REG_MR, QpConfig, QpState, RecvNotify, WcStatus,
+from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_KBTP, REG_MR, QpConfig, QpState,
+                      RecvNotify, WcStatus, qp_index_of,
                       WorkCompletion, WrOp)
 from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, reg as ENG
 from hw.rdma.qp import MR_STRIDE
@@ -626,13 +627,24 @@ class KbtpDriver:
         await self._ereg(ENG["CTRL"], self._ctrl(self.fast_ok))
 
     @_batched
-    async def open_qp(self, qp, *, program=True, state=QpState.RTS, local_qpn=0, remote_qpn=0,
+    async def open_qp(self, qp, *, program=True, state=QpState.RTS, local_qpn=None, remote_qpn=0,
                       peer_mac=0, peer_ip=0, udp_sport=0xC000, pmtu=3, rq_psn=0, sq_psn=0,
                       timeout=14, retry_cnt=7, rnr_retry=7):
         """Program transport QP ``qp`` (receive buffers from :attr:`plan`) and start a
-        connection on it; any earlier connection of ``qp`` must have been closed."""
+        connection on it; any earlier connection of ``qp`` must have been closed.
+
+        ``local_qpn`` (default ``QPN_BASE + qp``) must name index ``qp``: the hardware finds a
+        packet's QP by ``(qpn - QPN_BASE) mod 2**QP_INDEX_BITS`` (hw/iface.py)."""
         if not 0 <= qp < self.n_qp:
             raise ValueError(f"QP {qp} not in 0..{self.n_qp - 1}")
+        if local_qpn is None:
+            local_qpn = QPN_BASE + qp
+        if not 0 <= local_qpn < 1 << QPN_BITS or qp_index_of(local_qpn) != qp:
+            raise ValueError(
+                f"local QPN {local_qpn:#x} is not one of QP {qp}'s: the target finds QP "
+                f"(qpn - {QPN_BASE:#x}) mod {1 << QP_INDEX_BITS} = "
+                f"{qp_index_of(local_qpn) if local_qpn >= 0 else '?'}; use {QPN_BASE + qp:#x} "
+                f"+ {1 << QP_INDEX_BITS} * generation")
         c = self._conns.get(qp)
         if c is not None and not c.closed:
             raise ValueError(f"QP {qp} has a live connection")

@@ -25,11 +25,12 @@ chip instead of behind PCIe::
   The requester answers each request with one :data:`WorkCompletion` beat, in order per QP.
 """
 
+from amaranth import Cat
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS",
+    "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS", "QPN_BASE", "qp_index_of",
     "MemReq", "MemRsp", "MemBusSignature",
     "WrOp", "WcStatus", "RecvNotify", "RecvRepost", "WorkRequest", "WorkCompletion",
     "Space", "HostBusSignature", "counter_ports",
@@ -41,7 +42,20 @@ ADDR_BITS = 32
 MEM_DATA_BITS = 64
 #: Width of a queue pair number on the wire, and of a local QP table index.
 QPN_BITS = 24
-QP_INDEX_BITS = 4
+QP_INDEX_BITS = 6
+#: The local QPN of QP table index ``i`` is ``QPN_BASE + i + 2**QP_INDEX_BITS * g``, where the
+#: generation ``g`` counts the reuses of index ``i`` (host/cm.py). A QPN's index is therefore
+#: ``(qpn - QPN_BASE) mod 2**QP_INDEX_BITS`` (:func:`qp_index_of`), and the hardware finds a
+#: packet's QP by that subtraction and one compare with the indexed row's ``local_qpn``,
+#: instead of comparing the QPN with every QP's (a search that grows with the QP count).
+QPN_BASE = 0x11
+
+
+def qp_index_of(qpn):
+    """QP table index of local QPN ``qpn`` (an int, or an Amaranth value: then a value)."""
+    if isinstance(qpn, int):
+        return (qpn - QPN_BASE) % (1 << QP_INDEX_BITS)
+    return (qpn - QPN_BASE)[:QP_INDEX_BITS]
 
 
 def counter_ports(names):
@@ -180,7 +194,35 @@ MrEntry = data.StructLayout({
     "laddr": ADDR_BITS,     # target-memory address of ``va``
 })
 
-__all__ += ["QpState", "QpConfig", "MrRights", "MrEntry"]
+#: The subsets of a QP's row that each reader keeps in its own copy (hw/rdma/qp.py QpTable):
+#: the responder's admission and execution, the requester's response intake, the TX header.
+QpRespCfg = data.StructLayout({
+    "state": QpState, "local_qpn": QPN_BITS, "peer_ip": 32, "pmtu": 3,
+    "recv_base": ADDR_BITS, "recv_count": 8, "recv_size_log2": 5,
+})
+QpIntakeCfg = data.StructLayout({"local_qpn": QPN_BITS, "peer_ip": 32})
+QpTxCfg = data.StructLayout({"remote_qpn": QPN_BITS, "peer_mac": 48, "peer_ip": 32,
+                             "udp_sport": 16})
+#: The requester control FSM's fields, kept in flip-flops (see QpTable).
+ReqCfg = data.StructLayout({"pmtu": 3, "timeout": 5, "retry_cnt": 3, "rnr_retry": 3})
+
+
+class QpReadSignature(wiring.Signature):
+    """A registered read port on one copy of the QP table, seen from the reader: ``data`` is
+    the row (of ``layout``) at the ``addr`` of the previous cycle."""
+
+    def __init__(self, layout):
+        super().__init__({"addr": Out(QP_INDEX_BITS), "data": In(layout)})
+
+
+def qp_subset(layout, row):
+    """The fields of ``layout`` (StructLayout of QpConfig field names) taken from ``row``, a
+    QpConfig view, as one value of ``layout``'s size."""
+    return Cat(*(getattr(row, name) for name, _ in data.Layout.cast(layout)))
+
+
+__all__ += ["QpState", "QpConfig", "QpRespCfg", "QpIntakeCfg", "QpTxCfg", "ReqCfg",
+            "QpReadSignature", "qp_subset", "MrRights", "MrEntry"]
 
 #: Host register map (HostBusSignature ``Space.REG`` byte addresses), one window per block.
 REG_TOP = 0x0000        # own MAC / IP, MAC/IP/ARP counters, ID register

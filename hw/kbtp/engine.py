@@ -92,8 +92,8 @@ the block that runs, and a MemArbiter of the front's, the back's and the ring al
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import CommonHeader, Opcode, Status
@@ -123,7 +123,8 @@ class KbtpEngine(wiring.Component):
     Parameters
     ----------
     n_qp : int
-        QPs with a session context (at most 2**QP_INDEX_BITS).
+        QPs with a session context (at most, and by default, 2**QP_INDEX_BITS; the per-QP
+        state is in memories, a row per QP).
     n_ranges : int
         Handle ranges in the LOAD authorization table.
     base : int
@@ -500,37 +501,65 @@ class KbtpEngine(wiring.Component):
                      locks.take_idx.eq(wr.wr_id), locks.take_addr.eq(wr.laddr),
                      locks.release.eq(issuer.release_lock), locks.release_idx.eq(issuer.lock_idx),
                      locks.probe.eq(baddr)]
+        # Two counters per QP, mod 2 * SCRATCH_SLOTS, each in a memory of its own with one
+        # writer (taken: the issuer at the WorkRequest's QP; freed: its WorkCompletion's QP),
+        # updated through a combinational read at that QP; the back reads both at its head's
+        # QP, registered: ``h`` holds its QP from HEAD on, and COMPLETE comes after HEAD.
         k = SCRATCH_SLOTS
-        taken = [Signal(range(2 * k), name=f"slots_taken{q}") for q in range(self.n_qp)]
-        freed = [Signal(range(2 * k), name=f"slots_freed{q}") for q in range(self.n_qp)]
         take = issuer.issued & (wr.wr_id & WR_SCRATCH != 0)
-        for q in range(self.n_qp):
-            with m.If(take & (wr.qp == q)):
-                m.d.sync += taken[q].eq(Mux(taken[q] == 2 * k - 1, 0, taken[q] + 1))
-            with m.If(issuer.release_scratch & (issuer.release_qp == q)):
-                m.d.sync += freed[q].eq(Mux(freed[q] == 2 * k - 1, 0, freed[q] + 1))
-        n_qp_bits = max(1, (self.n_qp - 1).bit_length())
-        t, f = Array(taken)[h.qp[:n_qp_bits]], Array(freed)[h.qp[:n_qp_bits]]
+        t, f = (self._counter(m, name, range(2 * k), (at, up), h.qp)[0]
+                for name, at, up in (("slots_taken", wr.qp, take),
+                                     ("slots_freed", issuer.release_qp, issuer.release_scratch)))
         slot = Signal(range(k))
         u.slot_free = Signal()
         m.d.comb += [slot.eq(Mux(t >= k, t - k, t)),
                      u.slot_free.eq((t != f + k) & (t + k != f)),
                      u.cpl.scratch.eq(h.scratch + slot * SLOT_SIZE)]
 
+    def _counter(self, m, name, shape, update, *reads, comb=False, guard=None):
+        """A counter per QP (of ``shape``: bits, or a range it wraps in) in a memory with one
+        writer: ``update`` = (QP, increment) adds one at that QP when increment (and
+        ``guard``, a function of the value read at that QP, holds). Returns its values at the
+        QPs ``reads``, registered (the address must be stable a cycle before the value is
+        used) or, if ``comb``, combinational; each read is a copy of the memory (LUT RAM)."""
+        nq = self.n_qp
+        mem = m.submodules[name] = memory.Memory(shape=shape, depth=nq, init=[])
+        wp = mem.write_port()
+        rmw = mem.read_port(domain="comb")
+        at, up = update
+        ok = up if guard is None else up & guard(rmw.data)
+        if nq < 1 << len(at):
+            ok &= at < nq           # (no QP of that number: nothing, as before)
+        nxt = rmw.data + 1
+        if isinstance(shape, range):
+            nxt = Mux(rmw.data == shape.stop - 1, 0, nxt)
+        m.d.comb += [rmw.addr.eq(at), wp.addr.eq(at), wp.en.eq(ok), wp.data.eq(nxt)]
+        out = []
+        for addr in reads:
+            rp = mem.read_port(domain="comb") if comb else \
+                mem.read_port(domain="sync", transparent_for=(wp,))
+            m.d.comb += rp.addr.eq(addr)
+            out.append(rp.data)
+        return out
+
     def _host_order(self, m, qp, to_host):
         """Messages forwarded to the host and not yet finished there, per QP; returns "the QP
         of the RecvNotify offered now has none"."""
-        at_host = [Signal(range(64), name=f"at_host{q}") for q in range(self.n_qp)]
-        for q in range(self.n_qp):
-            up = to_host & (qp == q)
-            down = self.host_done & (self.host_done_qp == q)
-            with m.If(up & ~down):
-                m.d.sync += at_host[q].eq(at_host[q] + 1)
-            with m.Elif(down & ~up & (at_host[q] != 0)):
-                m.d.sync += at_host[q].eq(at_host[q] - 1)
+        # Messages forwarded (``sent``, up at the request's QP) and finished (``done``, up at
+        # ``host_done_qp``), two counters mod 64 per QP, each with one writer; their difference
+        # is the count at the host. ``done`` does not pass ``sent`` (a host_done of a QP with
+        # none at the host, one in the cycle of its own forward aside, changes nothing).
+        hq = self.host_done_qp
+        sent_hq = Signal(6)
+        sent_n, sent_hq_v = self._counter(m, "hostq_sent", 6, (qp, to_host),
+                                          self.notify.payload.qp, hq, comb=True)
+        m.d.comb += sent_hq.eq(sent_hq_v)
+        up_same = to_host & (qp == hq)
+        done_n, = self._counter(m, "hostq_done", 6, (hq, self.host_done),
+                                self.notify.payload.qp, comb=True,
+                                guard=lambda done: (sent_hq != done) | up_same)
         notify_free = Signal()
-        n_qp_bits = max(1, (self.n_qp - 1).bit_length())
-        m.d.comb += notify_free.eq(Array(at_host)[self.notify.payload.qp[:n_qp_bits]] == 0)
+        m.d.comb += notify_free.eq(sent_n == done_n)
         return notify_free
 
 

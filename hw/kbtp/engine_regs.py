@@ -5,9 +5,9 @@
 does to it.
 
 It owns the configuration registers (exported as :data:`~hw.kbtp.regmap.CONFIG`), the RANGE
-registers (looked up by ``range_idx``), the sessions (VALID / RECORD / domain and USAGE in
-flip-flops, the other session words in a LUT RAM read at the request's QP), the COUNT memory with
-its clearing sweep after reset, the host command register and the free queue, the statistics
+registers (looked up by ``range_idx``), the sessions (every session word in one LUT RAM, a row
+per QP, and a flip-flop per QP saying the row was written since reset), the COUNT memory
+with its clearing sweep after reset, the host command register and the free queue, the statistics
 (STALL_CYCLES, LAST_LATENCY, LAST_CYCLES, HOSTQ_COUNT) and the host-bus decode, generated from
 :data:`~hw.kbtp.regmap.REGS`: every register of the table must have a storage here (elaborate
 fails otherwise) and every access to a word of the window that no register holds is refused
@@ -48,10 +48,28 @@ SESSION = data.StructLayout({"valid": 1, "record": 1, "addr_le": 1, "host_alloc"
                              "scratch": ADDR_BITS})
 
 _QP = next(r for r in REGS if r.name == "QP")
-#: Session registers held in flip-flops (the engine reads them for any QP, or writes them);
-#: the other session words live in a LUT RAM, one row per QP.
-_QP_FLOPS = ("SESSION", "USAGE")
-_QP_MEM = [f for f in _QP.fields if f.name not in _QP_FLOPS]
+#: A row of the sessions memory: each session register of the map, SESSION's implemented bits
+#: only (bits 3..0 and 15..8), as ``name: (first bit, bits)``; written in lanes of _LANE bits,
+#: the width of an ECP5 LUT RAM (DPR16X4), so a word or USAGE is written alone.
+_LANE = 4
+_FIELD, _ROW_BITS = {}, 0
+for _f in _QP.fields:
+    _FIELD[_f.name] = (_ROW_BITS, 12 if _f.name == "SESSION" else 32 * _f.n_words)
+    _ROW_BITS += _FIELD[_f.name][1]
+assert all(p % _LANE == 0 and w % _LANE == 0 for p, w in _FIELD.values())
+
+
+def _row(v):
+    """The fields of a sessions row ``v``, by register name."""
+    return {n: v[p:p + w] for n, (p, w) in _FIELD.items()}
+
+
+def _lanes(name, k=None):
+    """Write-enable lanes of register ``name`` of a row (its word ``k`` only, if given)."""
+    p, w = _FIELD[name]
+    if k is not None and name != "SESSION":
+        p, w = p + 32 * k, 32
+    return ((1 << w // _LANE) - 1) << p // _LANE
 
 
 class EngineRegs(wiring.Component):
@@ -63,15 +81,16 @@ class EngineRegs(wiring.Component):
     cfg : Out(CONFIG)                   configuration registers
     qp : In(QP_INDEX_BITS), qp_next : In(QP_INDEX_BITS), session : Out(SESSION)
         the session of QP ``qp`` (the request's). ``qp_next`` is the QP ``qp`` will hold in
-        the next cycle: every field but USAGE is looked up at it and registered, so the
-        session shows the request's QP from the cycle ``qp`` takes it, from flops. (The
-        lookup behind ``qp``, a LUT RAM row and flip-flop multiplexers feeding the request's
-        checks, began the core clock's longest path on the ECPIX-5.) USAGE stays a
-        multiplexer at ``qp``: the engine changes it in the very cycles it is compared.
+        the next cycle: the session row is read at it and registered, so the session shows
+        the request's QP from the cycle ``qp`` takes it, from flops, and each write (the
+        host's, an engine USAGE update) the cycle after it, as flip-flops would. (The lookup
+        behind ``qp``, a LUT RAM row and flip-flop multiplexers feeding the request's checks,
+        began the core clock's longest path on the ECPIX-5.)
     usage_inc, usage_dec : In(1), dec_qp : In(QP_INDEX_BITS)
                                         add one block to QP ``qp``'s USAGE / remove one from
-                                        QP ``dec_qp``'s (a host write of that USAGE in the
-                                        same cycle wins)
+                                        QP ``dec_qp``'s (never both in one cycle; a host
+                                        access to a session in that cycle is answered the
+                                        cycle after, so a host write of that USAGE wins)
     range_idx : In, range : Out(9)      RANGE[range_idx]
     cmd_valid : Out(1), cmd_kind : Out(2), cmd_arg : Out(64), cmd_ack : In(1)
         a host command (:class:`~hw.kbtp.ring_alloc.Cmd`) for the ring allocator, held until
@@ -186,66 +205,72 @@ class EngineRegs(wiring.Component):
                 "RING_OCCUPANCY": [(self.occupancy, None)], "HOSTQ_COUNT": [(hostq_count, None)]}
 
     def _sessions(self, m, rel):
-        nq, qp = self.n_qp, self.qp
-        s_valid = Array(Signal(name=f"s_valid{q}") for q in range(nq))
-        s_record = Array(Signal(name=f"s_record{q}") for q in range(nq))
-        s_le = Array(Signal(name=f"s_addr_le{q}") for q in range(nq))
-        s_ha = Array(Signal(name=f"s_host_alloc{q}") for q in range(nq))
-        s_domain = Array(Signal(8, name=f"s_domain{q}") for q in range(nq))
-        s_usage = Array(Signal(32, name=f"s_usage{q}") for q in range(nq))
-        # The other session words live in a memory (LUT RAM on the ECP5, one row per QP) read at
-        # the request's QP, instead of n_qp x 160 flip-flops behind QP multiplexers. Reset does
-        # not clear them (the host writes a session before it sets its VALID bit).
-        n_words = sum(f.n_words for f in _QP_MEM)
-        m.submodules.sessions = sessions = memory.Memory(shape=32 * n_words, depth=nq, init=[])
-        wp = sessions.write_port(granularity=32)    # host writes, one word at a time
-        # the request's QP, registered (see ``qp_next``); a host write shows a cycle later
+        nq, bus, qn = self.n_qp, self.bus, self.qp_next
+        # Every session word in one memory, one row per QP (LUT RAM on the ECP5), instead of
+        # n_qp-wide flip-flop arrays behind QP multiplexers and an adder per QP. Two read ports
+        # (each a copy of the LUT RAM): the request's, registered at ``qp_next`` and
+        # transparent, so a write shows the next cycle as a flip-flop's would; and one
+        # combinational port shared by the host's accesses and USAGE's read-modify-write.
+        m.submodules.sessions = sessions = memory.Memory(shape=_ROW_BITS, depth=nq, init=[])
+        wp = sessions.write_port(granularity=_LANE)
+        all_lanes = (1 << len(wp.en)) - 1
         rp = sessions.read_port(domain="sync", transparent_for=(wp,))
-        bus_rp = sessions.read_port(domain="comb")  # host reads
-        sess, qn = self.session, self.qp_next
-        flops = Signal(SESSION)
-        m.d.sync += [flops.valid.eq(s_valid[qn]), flops.record.eq(s_record[qn]),
-                     flops.addr_le.eq(s_le[qn]), flops.host_alloc.eq(s_ha[qn]),
-                     flops.domain.eq(s_domain[qn])]
-        m.d.comb += [rp.addr.eq(qn), sess.valid.eq(flops.valid), sess.record.eq(flops.record),
-                     sess.addr_le.eq(flops.addr_le), sess.host_alloc.eq(flops.host_alloc),
-                     sess.domain.eq(flops.domain), sess.usage.eq(s_usage[qp])]
-        # The engine's USAGE updates come first: a host write in the same cycle wins. (The
-        # engine's front stage adds, at QP ``qp``; its back stage removes, at ``dec_qp``; both
-        # in one cycle may be one QP.)
-        for q in range(nq):
-            inc = self.usage_inc & (qp == q)
-            dec = self.usage_dec & (self.dec_qp == q)
-            with m.If(inc & ~dec):
-                m.d.sync += s_usage[q].eq(s_usage[q] + 1)
-            with m.Elif(dec & ~inc):
-                m.d.sync += s_usage[q].eq(s_usage[q] - 1)
+        hp = sessions.read_port(domain="comb")
+        # A memory has no reset: ``live`` (a bit per QP, cleared by reset) says the row was
+        # written since; a row that is not reads 0 (SESSION, USAGE reset 0), and the host's
+        # first write fills the whole row (zeros beside the word written).
+        live = Signal(nq)
+        sq = Signal(range(max(2, nq)))  # the host's QP (when the Switch below decodes rel)
+        m.d.comb += sq.eq((rel - _QP.offset) >> (_QP.stride.bit_length() - 1))
+        live_h, live_r = live.bit_select(sq, 1), Signal()
+        m.d.sync += live_r.eq(live.bit_select(qn, 1))
+        row = _row(rp.data)
+        sess = self.session
+        m.d.comb += [rp.addr.eq(qn), hp.addr.eq(sq),
+                     sess.valid.eq(live_r & row["SESSION"][0]), sess.record.eq(row["SESSION"][1]),
+                     sess.addr_le.eq(row["SESSION"][2]), sess.host_alloc.eq(row["SESSION"][3]),
+                     sess.domain.eq(row["SESSION"][4:12]), sess.usage.eq(row["USAGE"]),
+                     sess.handle_base.eq(row["HANDLE_BASE"]),
+                     sess.handle_count.eq(row["HANDLE_COUNT"]), sess.quota.eq(row["QUOTA"]),
+                     sess.scratch.eq(row["SCRATCH"])]
+        # USAGE has one writer, this port: the front's +1 (at ``qp``) and the back's -1 (at
+        # ``dec_qp``) never come in one cycle (both are the ring allocator's ``done``), and a
+        # host access to a session in such a cycle is not answered until the next (the bus
+        # holds it), so a host write of USAGE still lands after the engine's update ("the host
+        # wins"). One read-modify-write port rather than an increment and a decrement counter
+        # per QP: the host's absolute writes would make those three writers again.
+        engine = Signal()
+        usage_qp = Mux(self.usage_dec, self.dec_qp, self.qp)
+        m.d.comb += engine.eq(self.usage_inc | self.usage_dec)
+        with m.If(engine):
+            old = _row(hp.data)["USAGE"]
+            m.d.comb += [hp.addr.eq(usage_qp), wp.addr.eq(usage_qp), wp.en.eq(_lanes("USAGE")),
+                         wp.data.eq(Mux(self.usage_dec, old - 1, old + 1)[:32] <<
+                                    _FIELD["USAGE"][0])]
 
-        store, w0 = {}, 0
-        for f in _QP_MEM:
-            m.d.comb += sess[f.name.lower()].eq(rp.data[32 * w0:32 * (w0 + f.n_words)])
-            store["QP_" + f.name] = lambda k, w=w0: self._session_word(m, rel, bus_rp, wp, w + k)
-            w0 += f.n_words
+        def word(name, k):
+            """Host access to word ``k`` of session register ``name`` of QP ``sq``."""
+            pos, width = _FIELD[name]
+            def access():
+                v = _row(hp.data)[name]
+                if name == "SESSION":
+                    v, width_k = Cat(v[:4], Const(0, 4), v[4:12]), 12
+                else:
+                    v, width_k = v[32 * k:32 * (k + 1)], 32
+                with m.If(engine):
+                    m.d.comb += bus.ack.eq(0)           # the port is USAGE's this cycle: wait
+                with m.Else():
+                    m.d.comb += bus.rdata.eq(Mux(live_h, v, 0))
+                    with m.If(bus.we):
+                        wd = Cat(bus.wdata[:4], bus.wdata[8:16]) if name == "SESSION" else \
+                            bus.wdata
+                        m.d.comb += [wp.addr.eq(sq),
+                                     wp.en.eq(Mux(live_h, _lanes(name, k), all_lanes)),
+                                     wp.data.eq(wd[:width_k] << (pos + 32 * k))]
+                        m.d.sync += live.bit_select(sq, 1).eq(1)
+            return access
 
-        def session_write(q):
-            return lambda wd: [s_valid[q].eq(wd[0]), s_record[q].eq(wd[1]), s_le[q].eq(wd[2]),
-                               s_ha[q].eq(wd[3]), s_domain[q].eq(wd[8:16])]
-        store["QP_SESSION"] = [(Cat(s_valid[q], s_record[q], s_le[q], s_ha[q], Const(0, 4),
-                                    s_domain[q]),
-                                session_write(q)) for q in range(nq)]
-        store["QP_USAGE"] = [(s_usage[q], s_usage[q]) for q in range(nq)]
-        return store
-
-    def _session_word(self, m, rel, rp, wp, w):
-        bus = self.bus
-
-        def access():
-            sq = rel[6:12] - _QP.offset // _QP.stride
-            m.d.comb += [rp.addr.eq(sq), bus.rdata.eq(rp.data[32 * w:32 * (w + 1)])]
-            with m.If(bus.we):
-                m.d.comb += [wp.en.eq(1 << w), wp.addr.eq(sq),
-                             wp.data.eq(bus.wdata.replicate(len(wp.en)))]
-        return access
+        return {"QP_" + f.name: (lambda k, n=f.name: word(n, k)) for f in _QP.fields}
 
     def _counts(self, m, rel):
         # COUNT[k] in a memory (LUT RAM on the ECP5: 48 x 32 flip-flops behind a 48-to-1

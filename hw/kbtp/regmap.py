@@ -96,7 +96,9 @@ REGS = (
     Reg("FREE_REFUSED", 0x0B4, "R", "FREE_PUSH high-word writes refused (queue full)"),
     Reg("COUNT", 0x100, "R", "requests finished, k = 16 * op + status (op 0 LOAD, 1 STORE, "
         "2 ALLOC_STORE)", count=3 * 16),
-    Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x40, fields=(
+    # (stride 0x20, the record's 7 words rounded up: 2**QP_INDEX_BITS = 64 sessions end at
+    # 0xA00, inside the window; 0x40 ran past its end at 57)
+    Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x20, fields=(
         Reg("SESSION", 0x00, "RW", "bit 0 valid, bit 1 RECORD_COMPLETION granted, bit 2 "
             "ADDR_LE granted (Block Handle and descriptors little-endian), bit 3 host "
             "allocates (the session owns a DIRECT_ALLOC partition: its ALLOC_STOREs go to the "

@@ -5,13 +5,15 @@
 Both tables are :class:`~hw.target.hostlink.HostBusSignature` targets that answer only inside
 their own window of ``Space.REG`` (so a top level may OR the ``ack``/``err``/``rdata`` of
 several targets: outside its window a table drives all three low). Inside the window an
-address that names no register is answered with ``ack`` + ``err``. Every register reads back.
-Fields narrower than 32 bits read back zero-extended; writes ignore the upper bits.
+address that names no register is answered with ``ack`` + ``err`` in the cycle of the request.
+Every register reads back. Fields narrower than 32 bits read back zero-extended; writes ignore
+the upper bits. The MR table answers in the cycle of the request; the QP table, whose rows are
+in memories, one cycle later (:class:`QpTable`).
 
 QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
 
-    0x00 state           QpState; a write raises load[i] for one cycle (PSN reload)
-    0x04 local_qpn       24 bits
+    0x00 state           QpState; a write raises the load event of QP i (PSN reload)
+    0x04 local_qpn       24 bits; found by index (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (qp_match)
     0x08 remote_qpn      24 bits
     0x0C peer_mac_hi     peer MAC bits 47:32
     0x10 peer_mac_lo     peer MAC bits 31:0
@@ -40,13 +42,15 @@ MR register map (MR ``j`` at ``REG_MR + 0x40 * j``; word offsets)::
 
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import enum, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QPN_BITS, QP_INDEX_BITS, QpConfig,
-                     QpState, REG_MR, REG_QP, REG_TRANSPORT, Space)
+from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QP_INDEX_BITS, QpConfig,
+                     QpIntakeCfg, QpReadSignature, QpRespCfg, QpState, QpTxCfg, REG_MR, REG_QP,
+                     REG_TRANSPORT, ReqCfg, Space, qp_subset)
 
 __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
-           "QP_REGS", "MR_REGS", "qp_lookup", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
+           "QP_REGS", "MR_REGS", "qp_match", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
 
 #: Where the responder's counters sit (REG_TRANSPORT + 4 * index of responder.COUNTERS); the
 #: requester's may follow from REG_TRANSPORT + 0x100.
@@ -96,19 +100,17 @@ class MrLookupSignature(wiring.Signature):
         })
 
 
-def qp_lookup(m, cfgs, qpn, name="qpl"):
-    """Combinational compare of ``qpn`` with every entry's ``local_qpn``.
+def qp_match(row, qpn):
+    """``row`` (a view with ``local_qpn`` and ``state``, read at ``qp_index_of(qpn)``,
+    hw/iface.py QPN_BASE) is the QP of local QPN ``qpn``: its ``local_qpn`` is ``qpn`` and its
+    state is not RESET (a zero QPN register must not capture QPN 0 traffic). One compare,
+    whatever the QP count."""
+    return (row.local_qpn == qpn) & (row.state != QpState.RESET)
 
-    Returns ``(index, hit)`` signals; the lowest matching index wins. Entries in RESET never
-    match (a zero QPN register must not capture QPN 0 traffic).
-    """
-    n = len(cfgs)
-    index = Signal(QP_INDEX_BITS, name=f"{name}_index")
-    hit = Signal(name=f"{name}_hit")
-    for i in reversed(range(n)):
-        with m.If((cfgs[i].local_qpn == qpn) & (cfgs[i].state != QpState.RESET)):
-            m.d.comb += [index.eq(i), hit.eq(1)]
-    return index, hit
+
+def _field(view, path):
+    v = getattr(view, path)
+    return v.as_value() if hasattr(v, "as_value") else v
 
 
 def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
@@ -130,16 +132,37 @@ def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
 
 
 class QpTable(wiring.Component):
-    """Host-writable :data:`~hw.iface.QpConfig` of ``n_qp`` queue pairs.
+    """Host-writable :data:`~hw.iface.QpConfig` of ``n_qp`` queue pairs, in memories.
+
+    Copies (each one memory of ``n_qp`` rows, one write port, one registered read port):
+    ``full`` (QpConfig, 254 bits: host read-back and read-modify-write), ``resp``
+    (:data:`~hw.iface.QpRespCfg`, 107 bits), ``intake`` (:data:`~hw.iface.QpIntakeCfg`, 56) and
+    ``tx`` (:data:`~hw.iface.QpTxCfg`, 120). A reader port's ``data`` is the row at its ``addr``
+    of the previous cycle; every row starts all zero (RESET). A write of row i in cycle t: a
+    port addressing row i in cycle t gets the old row (in t + 1), from cycle t + 1 on the new
+    one (in t + 2).
+
+    ``req_cfg`` (:data:`~hw.iface.ReqCfg`, 14 bits per QP) stays in flip-flops: the requester's
+    control FSM selects it at its current QP, decides and writes back in one cycle, which a
+    registered read would not allow; 64 x 14 bits is cheap (splitting the record is a later
+    stage).
+
+    Host access: the word's QP index comes from the address bits (stride 0x100), its field from
+    the word offset, decoded once. The request cycle reads row i of ``full``; the next cycle
+    answers (``ack``): a read returns the field, a write merges the field into the row and
+    writes the merged row into ``full`` and its subsets into every copy and ``req_cfg``. A
+    write of ``state`` then raises the load event in the following cycle: ``load_valid`` for
+    one cycle with ``load_qp`` and the merged row in ``load_row`` (every memory already holds it).
 
     Ports
     -----
     bus : In(HostBusSignature)      register map in the module docstring
-    cfg : Out(QpConfig).array(n_qp) current configuration
-    load : Out(n_qp)                bit i high for one cycle after the host writes QP i's state
-    lookup_qpn : In(QPN_BITS)       local QPN to find (combinational)
-    lookup_index : Out(QP_INDEX_BITS), lookup_hit : Out(1)
+    resp, intake, tx : In(QpReadSignature(...))   reader ports (addr in, data out)
+    req_cfg : Out(ReqCfg).array(n_qp)
+    load_valid : Out(1), load_qp : Out(QP_INDEX_BITS), load_row : Out(QpConfig)
     """
+
+    COPIES = {"resp": QpRespCfg, "intake": QpIntakeCfg, "tx": QpTxCfg}
 
     def __init__(self, n_qp):
         if not 1 <= n_qp <= 1 << QP_INDEX_BITS:
@@ -147,35 +170,71 @@ class QpTable(wiring.Component):
         self.n_qp = n_qp
         super().__init__({
             "bus": In(HostBusSignature()),
-            "cfg": Out(QpConfig).array(n_qp),
-            "load": Out(n_qp),
-            "lookup_qpn": In(QPN_BITS), "lookup_index": Out(QP_INDEX_BITS),
-            "lookup_hit": Out(1),
+            **{name: In(QpReadSignature(layout)) for name, layout in self.COPIES.items()},
+            "req_cfg": Out(ReqCfg).array(n_qp),
+            "load_valid": Out(1), "load_qp": Out(QP_INDEX_BITS), "load_row": Out(QpConfig),
         })
 
     def elaborate(self, platform):
         m = Module()
-        bus = self.bus
-        m.d.sync += self.load.eq(0)
+        bus, nq = self.bus, self.n_qp
+        ib = max(1, (nq - 1).bit_length())
 
-        def field(i, path):
-            return getattr(self.cfg[i], path).as_value() \
-                if hasattr(getattr(self.cfg[i], path), "as_value") else getattr(self.cfg[i], path)
+        # Decode once: QP index from the address bits, register from the word offset.
+        in_win = (bus.space == Space.REG) & (bus.addr >= REG_QP) & \
+            (bus.addr < REG_QP + QP_STRIDE * nq)
+        rel = Signal(32)
+        qp = Signal(ib)
+        word = Signal(6)                                # word offset / 4 within the stride
+        m.d.comb += [rel.eq(bus.addr - REG_QP), qp.eq(rel[8:8 + ib]), word.eq(rel[2:8])]
+        known = (rel[0:2] == 0) & (word < len(QP_REGS))  # QP_REGS: every word 0x00..0x3C
 
-        def read_of(i, off):
-            path, lo, bits = QP_REGS[off]
-            return field(i, path)[lo:lo + bits]
+        m.submodules.full = full = Memory(shape=QpConfig, depth=nq, init=[])
+        hrd = full.read_port()
+        m.d.comb += hrd.addr.eq(qp)                     # the bus holds its address until ack
+        row, merged = Signal(QpConfig), Signal(QpConfig)
+        m.d.comb += [row.eq(hrd.data), merged.eq(row)]
+        with m.Switch(word):
+            for off, (path, lo, bits) in QP_REGS.items():
+                with m.Case(off >> 2):
+                    m.d.comb += _field(merged, path)[lo:lo + bits].eq(bus.wdata[:bits])
+        we = Signal()
+        wports = [(full.write_port(), QpConfig)]
+        for name, layout in self.COPIES.items():
+            m.submodules[name] = mem = Memory(shape=layout, depth=nq, init=[])
+            rp = mem.read_port()
+            port = getattr(self, name)
+            m.d.comb += [rp.addr.eq(port.addr), port.data.eq(rp.data)]
+            wports.append((mem.write_port(), layout))
+        for wp, layout in wports:
+            m.d.comb += [wp.en.eq(we), wp.addr.eq(qp),
+                         wp.data.eq(merged if layout is QpConfig else qp_subset(layout, merged))]
 
-        def write_of(i, off, wdata):
-            path, lo, bits = QP_REGS[off]
-            stmts = [field(i, path)[lo:lo + bits].eq(wdata[:bits])]
-            if path == "state":
-                stmts.append(self.load[i].eq(1))
-            return stmts
-
-        _reg_target(m, bus, REG_QP, QP_STRIDE, self.n_qp, QP_REGS, read_of, write_of)
-        idx, hit = qp_lookup(m, self.cfg, self.lookup_qpn)
-        m.d.comb += [self.lookup_index.eq(idx), self.lookup_hit.eq(hit)]
+        m.d.sync += self.load_valid.eq(0)
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(in_win & (bus.re | bus.we)):
+                    with m.If(known):
+                        m.next = "ANSWER"
+                    with m.Else():
+                        m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
+            with m.State("ANSWER"):                     # row i of `full` is in hrd.data
+                m.d.comb += bus.ack.eq(1)
+                m.next = "IDLE"
+                with m.If(bus.re):
+                    with m.Switch(word):
+                        for off, (path, lo, bits) in QP_REGS.items():
+                            with m.Case(off >> 2):
+                                m.d.comb += bus.rdata.eq(_field(row, path)[lo:lo + bits])
+                with m.Else():
+                    m.d.comb += we.eq(1)
+                    with m.Switch(qp):
+                        for i in range(nq):
+                            with m.Case(i):
+                                m.d.sync += self.req_cfg[i].eq(qp_subset(ReqCfg, merged))
+                    with m.If(word == 0):
+                        m.d.sync += [self.load_valid.eq(1), self.load_qp.eq(qp),
+                                     self.load_row.eq(merged)]
         return m
 
 

@@ -28,12 +28,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
-from hw.iface import QP_INDEX_BITS, QpConfig, WcStatus, WorkCompletion, WorkRequest, WrOp
+from hw.iface import QP_INDEX_BITS, ReqCfg, WcStatus, WorkCompletion, WorkRequest, WrOp
 from hw.rdma.req_rx import rx_port
 from hw.rdma.req_sq import QSt, index_bits, pick_port, sq_port
 from hw.rdma.req_timers import timer_port
 from hw.rdma.req_tx import packet_port
-from hw.rdma.txpath import select_cfg
 
 __all__ = ["ReqEvents", "RequesterControl"]
 
@@ -102,7 +101,8 @@ class RequesterControl(wiring.Component):
     -----
     wr : In(stream of WorkRequest)
     wc : Out(stream of WorkCompletion)   ``valid`` only when ``ready``
-    cfg : In(QpConfig).array(n_qp)
+    cfg : In(ReqCfg).array(n_qp)   QpTable.req_cfg: flip-flops, selected at ``sel`` in the
+        cycle of the decision (a registered read would not fit the one-cycle steps)
     sq, pick, timer, rx, pk : Out   ports on the requester's units (see the module docstring)
     event : Out(:data:`ReqEvents`)
     error_event : Out(1), error_qp : Out(QP_INDEX_BITS)   one-cycle strobe: QP went to error
@@ -113,7 +113,7 @@ class RequesterControl(wiring.Component):
         super().__init__({
             "wr": In(stream.Signature(WorkRequest)),
             "wc": Out(stream.Signature(WorkCompletion)),
-            "cfg": In(QpConfig).array(n_qp),
+            "cfg": In(ReqCfg).array(n_qp),
             "sq": Out(sq_port(n_qp, sq_depth)), "pick": Out(pick_port(n_qp)),
             "timer": Out(timer_port(n_qp)), "rx": Out(rx_port(n_qp)), "pk": Out(packet_port()),
             "event": Out(ReqEvents), "error_event": Out(1), "error_qp": Out(QP_INDEX_BITS),
@@ -126,7 +126,11 @@ class RequesterControl(wiring.Component):
         rec, wc = rx.rec, self.wc
         ptr_bits = index_bits(self._depth) + 1
         m.d.comb += [nxt.eq(cur), wc.p.qp.eq(cqp)]
-        cfg = select_cfg(m, self.cfg, cqp, "ccfg")
+        cfg = Signal(ReqCfg)
+        with m.Switch(cqp):
+            for i, c in enumerate(self.cfg):
+                with m.Case(i):
+                    m.d.comb += cfg.eq(c)
         h_last = Signal(24)
         m.d.comb += h_last.eq(h.first_psn + h.npkts - 1)
         pmtu_log2 = Signal(4)

@@ -2,9 +2,13 @@
 #      acknowledges p, a NAK of PSN p everything before p); hw/rdma/roce_hdr.py (RoceRxHeader).
 """The requester's receive side: response headers in, READ response payloads to memory.
 
-A response header (from :class:`~hw.rdma.requester.RespDemux`) is matched against the QP table:
-``hit`` (a QP ready to send has the header's destination QPN) and ``hit_src`` (its ``peer_ip``
-is the header's source address). When the control FSM takes the header (``take``), the fields
+A response header (from :class:`~hw.rdma.requester.RespDemux`) is taken into a holding register
+while the intake's copy of the QP table (registered read port ``cfg``, QpTable.intake) reads the
+row at ``qp_index_of(dest_qp)``; from the next cycle on the control FSM sees it (``valid``)
+matched against that row: ``hit`` (the row's ``local_qpn`` is the destination QPN and the QP is
+ready to send) and ``hit_src`` (its ``peer_ip`` is the header's source address). A header thus
+reaches the FSM one cycle later than it arrives, and the next one is taken the cycle after
+``take``. When the control FSM takes the header (``take``), the fields
 it works on are latched in ``rec``, with the QP index and ``limit``, the last PSN the response
 acknowledges (its PSN for an ACK, the PSN before it for a NAK or a READ response).
 
@@ -18,7 +22,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
-from hw.iface import ADDR_BITS, MemBusSignature, QpConfig
+from hw.iface import (ADDR_BITS, MemBusSignature, QP_INDEX_BITS, QpIntakeCfg, QpReadSignature,
+                      qp_index_of)
 from hw.lib.dma import DmaWriter
 from hw.lib.stream import PacketStream
 from hw.rdma.req_sq import qp_bits
@@ -50,7 +55,8 @@ class ResponseIntake(wiring.Component):
     -----
     rsp_hdr, rsp_payload : In   responses, from :class:`~hw.rdma.requester.RespDemux`
     mem : Out(MemBusSignature())   READ response data
-    cfg : In(QpConfig).array(n_qp), rts : In(n_qp)   QP i is ready to send
+    cfg : Out(QpReadSignature(QpIntakeCfg))   the intake's copy of the QP table
+    rts : In(n_qp)   QP i is ready to send
     ctl : In(:func:`rx_port`)
     """
 
@@ -60,23 +66,39 @@ class ResponseIntake(wiring.Component):
             "rsp_hdr": In(stream.Signature(RoceRxHeader)),
             "rsp_payload": In(PacketStream(width)),
             "mem": Out(MemBusSignature()),
-            "cfg": In(QpConfig).array(n_qp), "rts": In(n_qp),
+            "cfg": Out(QpReadSignature(QpIntakeCfg)), "rts": In(n_qp),
             "ctl": In(rx_port(n_qp)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        c, rh, pl = self.ctl, self.rsp_hdr.p, self.rsp_payload
+        c, pl = self.ctl, self.rsp_payload
+        # The header waits one cycle in `rh` while its QP's row is read (at the index of the
+        # incoming header when taken, of `rh` while held): one QPN and one address compare.
+        rh = Signal(RoceRxHeader)
+        held = Signal()
+        m.d.comb += [self.rsp_hdr.ready.eq(~held),
+                     self.cfg.addr.eq(qp_index_of(Mux(held, rh.bth.dest_qp,
+                                                      self.rsp_hdr.p.bth.dest_qp)))]
+        with m.If(~held):
+            m.d.sync += [rh.eq(self.rsp_hdr.p), held.eq(self.rsp_hdr.valid)]
+        with m.If(c.take):
+            m.d.sync += held.eq(0)
         hit_qp = Signal(qp_bits(self._n_qp))
-        for i in range(self._n_qp):
-            with m.If((rh.bth.dest_qp == self.cfg[i].local_qpn) & self.rts[i]):
-                m.d.comb += [c.hit.eq(1), hit_qp.eq(i),
-                             c.hit_src.eq(rh.meta.src_ip == self.cfg[i].peer_ip)]
+        index = Signal(QP_INDEX_BITS)
+        sel_rts = Signal()
+        m.d.comb += [index.eq(qp_index_of(rh.bth.dest_qp)), hit_qp.eq(index)]
+        with m.Switch(index):
+            for i in range(self._n_qp):
+                with m.Case(i):
+                    m.d.comb += sel_rts.eq(self.rts[i])
+        row = self.cfg.data
+        m.d.comb += [c.hit.eq((rh.bth.dest_qp == row.local_qpn) & sel_rts),
+                     c.hit_src.eq(rh.meta.src_ip == row.peer_ip)]
         is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
                  (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)
-        m.d.comb += [c.valid.eq(self.rsp_hdr.valid), self.rsp_hdr.ready.eq(c.take),
-                     c.has_payload.eq(rh.payload_len != 0)]
+        m.d.comb += [c.valid.eq(held), c.has_payload.eq(rh.payload_len != 0)]
         with m.If(c.take):
             m.d.sync += [c.rec.op.eq(rh.bth.opcode), c.rec.psn.eq(rh.bth.psn),
                          c.rec.syn.eq(rh.aeth.syndrome), c.rec.plen.eq(rh.payload_len),

@@ -8,8 +8,8 @@ retry counters, timer and error state) and the send-queue memory. Its client, th
 record (``cur``), the entries at its ``head`` and ``txp`` pointers and whether it is ``full``,
 and may write the record back (``commit``, ``nxt``) or append a work request (``push``).
 PSNs are assigned here, at the push (``first_psn = alloc_psn``, ``alloc_psn += npkts``; the
-rules are in :mod:`hw.rdma.requester`). A host load of a QP's state (``load``) overrides the
-write-back.
+rules are in :mod:`hw.rdma.requester`). A host load of a QP's state (QpTable's load event:
+``load_valid``, ``load_qp``, the row in ``load_row``) overrides the write-back.
 
 The send queue is one memory of n_qp x depth entries (entry k of QP i at ``(i << ib) | k``) with
 two asynchronous read ports (the head and txp entries of the selected QP) and one write port:
@@ -27,7 +27,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import ADDR_BITS, QpConfig, QpState, WcStatus, WorkRequest, WrOp
+from hw.iface import ADDR_BITS, QP_INDEX_BITS, QpConfig, QpState, WcStatus, WorkRequest, WrOp
 
 __all__ = ["SqEntry", "QSt", "qstate_layout", "qp_bits", "index_bits", "sq_port", "sq_status",
            "SendQueues", "pick_port", "SqScheduler"]
@@ -96,9 +96,9 @@ class SendQueues(wiring.Component):
     Ports
     -----
     port : In(:func:`sq_port`)   the control FSM's access (see the module docstring)
-    cfg : In(QpConfig).array(n_qp), load : In(n_qp)
-        bit i of ``load``: the host wrote QP i's state (RTS starts the queue at ``sq_psn``;
-        ERROR flushes it; any other state stops it)
+    load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)
+        the host wrote QP ``load_qp``'s state (RTS starts the queue at ``sq_psn``; ERROR
+        flushes it; any other state stops it)
     status : Out(:func:`sq_status`)
     rts : Out(n_qp)   QP i is ready to send (responses are accepted for it)
     qp_error : Out(n_qp)   QP i is in error
@@ -110,7 +110,7 @@ class SendQueues(wiring.Component):
         self._n_qp, self._depth = n_qp, depth
         super().__init__({
             "port": In(sq_port(n_qp, depth)),
-            "cfg": In(QpConfig).array(n_qp), "load": In(n_qp),
+            "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "status": Out(sq_status(n_qp)), "rts": Out(n_qp), "qp_error": Out(n_qp),
         })
 
@@ -163,9 +163,9 @@ class SendQueues(wiring.Component):
                         m.d.sync += qs[i].eq(wb)
 
         # ---- host loads a QP state ---------------------------------------------------------------
+        c = self.load_row
         for i in range(nq):
-            c = self.cfg[i]
-            with m.If(self.load[i]):
+            with m.If(self.load_valid & (self.load_qp == i)):
                 with m.If(c.state == QpState.RTS):
                     with m.If(qs[i].st != QSt.RTS):
                         m.d.sync += [qs[i].eq(0), qs[i].st.eq(QSt.RTS),

@@ -46,7 +46,8 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
-from hw.iface import QP_INDEX_BITS, MemBusSignature, QpConfig, WorkCompletion, WorkRequest
+from hw.iface import (QP_INDEX_BITS, MemBusSignature, QpConfig, QpIntakeCfg, QpReadSignature,
+                      ReqCfg, WorkCompletion, WorkRequest)
 from hw.lib.stream import PacketStream
 from hw.rdma.req_control import ReqEvents, RequesterControl
 from hw.rdma.req_rx import ResponseIntake
@@ -132,9 +133,11 @@ class Requester(wiring.Component):
     -----
     wr : In(stream of WorkRequest)
     wc : Out(stream of WorkCompletion)   one per WR, in order per QP
-    cfg : In(QpConfig).array(n_qp)
-    load : In(n_qp)     bit i: the host wrote QP i's state (RTS starts the send queue at
-                        ``sq_psn``; ERROR flushes it; any other state stops it)
+    cfg : In(ReqCfg).array(n_qp)   QpTable.req_cfg (flip-flops)
+    intake : Out(QpReadSignature(QpIntakeCfg))   the response intake's copy (QpTable.intake)
+    load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)
+        QpTable's load event: the host wrote QP ``load_qp``'s state (RTS starts the send queue
+        at ``sq_psn``; ERROR flushes it; any other state stops it)
     tx : Out(stream of TxReq)   -> TxPath source
     rsp_hdr, rsp_payload : In   responses, from :class:`RespDemux`
     mem : Out(MemBusSignature())   READ response data
@@ -156,8 +159,9 @@ class Requester(wiring.Component):
         super().__init__({
             "wr": In(stream.Signature(WorkRequest)),
             "wc": Out(stream.Signature(WorkCompletion)),
-            "cfg": In(QpConfig).array(n_qp),
-            "load": In(n_qp),
+            "cfg": In(ReqCfg).array(n_qp),
+            "intake": Out(QpReadSignature(QpIntakeCfg)),
+            "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "tx": Out(stream.Signature(TxReq)),
             "rsp_hdr": In(stream.Signature(RoceRxHeader)),
             "rsp_payload": In(PacketStream(width)),
@@ -189,10 +193,12 @@ class Requester(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rsp_hdr), rx.rsp_hdr)
         wiring.connect(m, wiring.flipped(self.rsp_payload), rx.rsp_payload)
         wiring.connect(m, rx.mem, wiring.flipped(self.mem))
+        wiring.connect(m, wiring.flipped(self.intake), rx.cfg)
         for i in range(nq):
-            m.d.comb += [ctl.cfg[i].eq(self.cfg[i]), sq.cfg[i].eq(self.cfg[i]),
-                         rx.cfg[i].eq(self.cfg[i])]
-        m.d.comb += [sq.load.eq(self.load), self.qp_error.eq(sq.qp_error), rx.rts.eq(sq.rts),
+            m.d.comb += ctl.cfg[i].eq(self.cfg[i])
+        m.d.comb += [sq.load_valid.eq(self.load_valid), sq.load_qp.eq(self.load_qp),
+                     sq.load_row.eq(self.load_row), self.qp_error.eq(sq.qp_error),
+                     rx.rts.eq(sq.rts),
                      pick.zero.eq(timers.zero),
                      self.error_event.eq(ctl.error_event), self.error_qp.eq(ctl.error_qp)]
 

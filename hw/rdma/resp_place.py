@@ -19,7 +19,7 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemReq, QpConfig, RecvNotify
+from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemReq, QpRespCfg, RecvNotify
 from hw.lib.dma import WordWriter
 from hw.lib.stream import PacketStream
 from hw.rdma.resp_common import PlaceCtx, ReqKind
@@ -49,7 +49,7 @@ class PayloadPlacer(wiring.Component):
     o : Out(stream of MemReq)           the writes
     notify : Out(stream of RecvNotify)
     mr_inv_valid : Out(1), mr_inv_found : In(1)    to MrTable (the R_Key is the header's IETH)
-    h : In(RoceRxHeader), kind : In(ReqKind), qi : In(QP_INDEX_BITS), qcfg : In(QpConfig)
+    h : In(RoceRxHeader), kind : In(ReqKind), qi : In(QP_INDEX_BITS), qcfg : In(QpRespCfg)
         the packet in hand
     begin : In(1), empty : In(1)        a header is taken; ``empty``: it has no payload
     load : In(1), ctx_in : In(PlaceCtx)  load the working context (the QP's stored one)
@@ -66,7 +66,7 @@ class PayloadPlacer(wiring.Component):
             "notify": Out(stream.Signature(RecvNotify)),
             "mr_inv_valid": Out(1), "mr_inv_found": In(1),
             "h": In(RoceRxHeader), "kind": In(ReqKind), "qi": In(QP_INDEX_BITS),
-            "qcfg": In(QpConfig),
+            "qcfg": In(QpRespCfg),
             "begin": In(1), "empty": In(1),
             "load": In(1), "ctx_in": In(PlaceCtx), "ctx": Out(PlaceCtx),
             "consume": Out(1),

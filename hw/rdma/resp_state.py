@@ -1,5 +1,6 @@
 # Ref: roce-layouts.md §6.2 (ePSN from the QP's RQ PSN), §6.6 (duplicate READ/atomic: the
-#      replay cache, rxe ``find_resource``); hw/iface.py (QpConfig, RecvRepost).
+#      replay cache, rxe ``find_resource``); hw/iface.py (QpConfig, RecvRepost); hw/rdma/qp.py
+#      (QpTable's load event).
 """Per-QP state of the RC responder, kept in memories between packets.
 
 :class:`QpContextStore` owns the QP contexts (:data:`~hw.rdma.resp_common.QpCtx`: ePSN, MSN,
@@ -26,14 +27,20 @@ __all__ = ["QpContextStore", "ReplayCache", "CacheCtl"]
 class QpContextStore(wiring.Component):
     """QP contexts and receive-buffer credits.
 
-    A load (the host rewrote the QP) resets the context (all zero but ePSN = the QP's RQ PSN and
-    ``nak_armed``) through the memory's one write port: it waits for a cycle without a commit;
-    ``busy`` is high while QP ``qi``'s reset waits. The credits of a QP are reloaded with its
-    ``recv_count``, count up on a repost and down on a consume.
+    A load event (QpTable: the host wrote QP ``load_qp``'s state; ``load_row`` is its row)
+    resets the context (all zero but ePSN = the row's ``rq_psn`` and ``nak_armed``) through the
+    memory's one write port: it waits for a cycle without a commit; ``busy`` is high while QP
+    ``qi``'s reset waits. The credits of a QP are reloaded with the row's ``recv_count``, count
+    up on a repost and down on a consume.
+
+    The ``rq_psn`` of a load is captured in a small memory (LUT RAM, written by the event, read
+    combinationally when the reset is served) rather than read from the QP table then: several
+    resets may wait behind commits, and the capture serves one in the cycle it is chosen, with
+    no second read port on the QP table (and its extra cycle) and no n_qp x 24 flip-flops.
 
     Ports
     -----
-    cfg : In(QpConfig).array(n_qp), load : In(n_qp)
+    load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)
     repost : In(stream of RecvRepost)     always ready
     qi : In(QP_INDEX_BITS)                the QP that ``ctx``, ``busy``, ``credits`` show
     ctx : Out(QpCtx), busy : Out(1), credits : Out(9)
@@ -44,7 +51,7 @@ class QpContextStore(wiring.Component):
     def __init__(self, n_qp):
         self.n_qp = n_qp
         super().__init__({
-            "cfg": In(QpConfig).array(n_qp), "load": In(n_qp),
+            "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "repost": In(stream.Signature(RecvRepost)),
             "qi": In(QP_INDEX_BITS),
             "ctx": Out(QpCtx), "busy": Out(1), "credits": Out(9),
@@ -58,13 +65,19 @@ class QpContextStore(wiring.Component):
         m.submodules.mem = mem = memory.Memory(shape=QpCtx, depth=nq, init=[])
         credits = [Signal(9, name=f"credits{i}") for i in range(nq)]
         reload = Signal(nq)
+        load = Signal(nq)                   # one-hot of the load event
+        m.d.comb += load.eq(self.load_valid << self.load_qp)
+        m.submodules.epsn = epsn_mem = memory.Memory(shape=24, depth=nq, init=[])
+        ewp = epsn_mem.write_port()
+        m.d.comb += [ewp.en.eq(self.load_valid), ewp.addr.eq(self.load_qp),
+                     ewp.data.eq(self.load_row.rq_psn)]
 
         m.d.comb += self.repost.ready.eq(1)
         for i in range(nq):
             rp = self.repost.valid & (self.repost.p.qp == i)
             cn = self.consume & (qi == i)
-            with m.If(self.load[i]):
-                m.d.sync += credits[i].eq(self.cfg[i].recv_count)
+            with m.If(load[i]):
+                m.d.sync += credits[i].eq(self.load_row.recv_count)
             with m.Else():
                 m.d.sync += credits[i].eq(credits[i] + rp - cn)
 
@@ -74,10 +87,8 @@ class QpContextStore(wiring.Component):
             with m.If(reload[i]):
                 m.d.comb += reload_i.eq(i)
         init_epsn = Signal(24)
-        with m.Switch(reload_i):
-            for i in range(nq):
-                with m.Case(i):
-                    m.d.comb += init_epsn.eq(self.cfg[i].rq_psn)
+        erp = epsn_mem.read_port(domain="comb")
+        m.d.comb += [erp.addr.eq(reload_i), init_epsn.eq(erp.data)]
         # Built as one value (a partly assigned comb Signal leaves the other bits undriven in
         # Icarus/Verilator).
         init_ctx = QpCtx.const({"seq": {"nak_armed": 1}}).as_value() | \
@@ -88,7 +99,7 @@ class QpContextStore(wiring.Component):
         with m.Elif(reload != 0):
             m.d.comb += [wp.en.eq(1), wp.addr.eq(reload_i), wp.data.eq(init_ctx),
                          done_reload.eq(1 << reload_i)]
-        m.d.sync += reload.eq((reload & ~done_reload) | self.load)
+        m.d.sync += reload.eq((reload & ~done_reload) | load)
 
         rp = mem.read_port(domain="comb")
         m.d.comb += [rp.addr.eq(qi), self.ctx.eq(rp.data), self.busy.eq(reload.bit_select(qi, 1))]

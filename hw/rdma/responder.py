@@ -31,7 +31,8 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
   request, nothing changes.
 - R_Key / range / rights failure: NAK 0x62; opcode sequence, length, misaligned atomic,
   unknown invalidate R_Key: NAK 0x61. Both are fatal: the responder marks the QP in error (its
-  packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (``load``).
+  packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (the QP
+  table's load event).
 - Unknown QPN, QP not in RTR/RTS, unknown/non-RC/response opcodes, malformed packets: dropped
   and counted.
 - Source check (as rxe's ``check_addr``): a packet whose IPv4 source address (its RoCEv2
@@ -64,11 +65,12 @@ and on from there, one packet at a time; the cycle counts are those of the singl
 blocks were cut from.
 """
 
-from amaranth import Module, Mux
+from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import QP_INDEX_BITS, MemBusSignature, QpConfig, RecvNotify, RecvRepost
+from hw.iface import (QP_INDEX_BITS, MemBusSignature, QpConfig, QpReadSignature, QpRespCfg,
+                      RecvNotify, RecvRepost)
 from hw.lib.stream import PacketStream
 from hw.rdma.qp import MrAccess, MrLookupSignature
 from hw.rdma.resp_admit import RespAdmit
@@ -102,7 +104,9 @@ class Responder(wiring.Component):
     -----
     hdr : In(stream of RoceRxHeader)      from RoceRxParser (request opcodes)
     payload : In(PacketStream(width))     from RoceRxParser
-    cfg : In(QpConfig).array(n_qp), load : In(n_qp)   from QpTable
+    cfg : Out(QpReadSignature(QpRespCfg))   the responder's copy of the QP table (QpTable.resp)
+    load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)   QpTable's load
+        event (the host wrote QP ``load_qp``'s state)
     mr : Out(MrLookupSignature)           to MrTable.lookup
     mr_inv_valid : Out(1), mr_inv_rkey : Out(32), mr_inv_found : In(1)   to MrTable
         (``mr_inv_found`` must not depend on ``mr_inv_valid``: it is checked first)
@@ -121,8 +125,8 @@ class Responder(wiring.Component):
         super().__init__({
             "hdr": In(stream.Signature(RoceRxHeader)),
             "payload": In(PacketStream(width)),
-            "cfg": In(QpConfig).array(n_qp),
-            "load": In(n_qp),
+            "cfg": Out(QpReadSignature(QpRespCfg)),
+            "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "mr": Out(MrLookupSignature()),
             "mr_inv_valid": Out(1), "mr_inv_rkey": Out(32), "mr_inv_found": In(1),
             "mem": Out(MemBusSignature()),
@@ -149,8 +153,7 @@ class Responder(wiring.Component):
 
         # The packet in hand: header register, QP, class.
         wiring.connect(m, wiring.flipped(self.hdr), admit.hdr)
-        for i in range(nq):
-            m.d.comb += [admit.cfg[i].eq(self.cfg[i]), store.cfg[i].eq(self.cfg[i])]
+        wiring.connect(m, wiring.flipped(self.cfg), admit.cfg)
         m.d.comb += [admit.request.eq(k.request), admit.ctx_busy.eq(store.busy),
                      dec.op.eq(h.bth.opcode), dec.n.eq(h.payload_len), dec.pmtu_code.eq(qcfg.pmtu),
                      dec.in_send.eq(pl.ctx.in_send), dec.in_write.eq(pl.ctx.in_write)]
@@ -158,10 +161,14 @@ class Responder(wiring.Component):
 
         # Per-QP state.
         wiring.connect(m, wiring.flipped(self.repost), store.repost)
-        m.d.comb += [store.load.eq(self.load), store.qi.eq(qi), store.consume.eq(pl.consume),
+        load = Signal(nq)                   # one-hot: QP i's state was written
+        m.d.comb += load.eq(self.load_valid << self.load_qp)
+        m.d.comb += [store.load_valid.eq(self.load_valid), store.load_qp.eq(self.load_qp),
+                     store.load_row.eq(self.load_row), store.qi.eq(qi),
+                     store.consume.eq(pl.consume),
                      store.commit.eq(seq.commit), store.wdata.seq.eq(seq.ctx),
                      store.wdata.place.eq(pl.ctx),
-                     cache.load.eq(self.load), cache.qi.eq(qi), cache.ptr.eq(seq.ctx.cache_ptr),
+                     cache.load.eq(load), cache.qi.eq(qi), cache.ptr.eq(seq.ctx.cache_ptr),
                      cache.psn.eq(h.bth.psn), cache.read.eq(k.read), cache.atomic.eq(k.atomic),
                      cache.rkey.eq(h.reth.rkey), cache.va.eq(h.reth.va),
                      cache.length.eq(h.reth.dma_length), cache.pmtu_log2.eq(dec.pmtu_log2)]

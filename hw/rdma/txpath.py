@@ -1,5 +1,5 @@
 # Ref: roce-layouts.md §1.3 (IPv4 fields), §2 (BTH), §3 (opcodes).
-#      (RespTx / TxReq); hw/iface.py (MemBusSignature, QpConfig); hw/rdma/roce_hdr.py.
+#      (RespTx / TxReq); hw/iface.py (MemBusSignature, QpTxCfg); hw/rdma/roce_hdr.py.
 """Transmit path of the RC transport: merges packet requests of the responder and the requester.
 
 Each source hands over one :data:`TxReq` record per packet: the transport header fields it
@@ -8,6 +8,9 @@ in target memory. The TX path completes the header from the QP's configuration (
 QPN, peer MAC/IP, UDP source port, P_Key), fetches the payload with a :class:`DmaReader` and
 presents a :data:`~hw.rdma.roce_hdr.RoceTxHeader` record plus a payload packet, ready for
 :class:`~hw.rdma.roce_hdr.RoceTxBuilder`. Sources are served round robin, one packet at a time.
+The QP's fields come from the TX path's copy of the QP table (registered read port ``cfg``,
+QpTable.tx) read at the granted record's QP: the header is valid from the second cycle after
+the grant (one cycle after the record is latched); the payload fetch starts without waiting.
 
 Why the payload is read here and not by the sources: retransmissions (requester) and READ
 responses (responder) both need "octets at laddr, length" at the moment the packet leaves, and
@@ -19,12 +22,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import RETH, AETH, AtomicAckETH, ImmDt, IETH
-from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpConfig
+from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpReadSignature, QpTxCfg
 from hw.rdma.roce_hdr import RoceTxHeader
 from hw.lib.dma import DmaReader
 from hw.lib.stream import PacketStream
 
-__all__ = ["TxReq", "TxPath", "connect_fields", "select_cfg"]
+__all__ = ["TxReq", "TxPath", "connect_fields"]
 
 #: One packet to send (superset of the responder's ``RespTx``, same names and shapes).
 TxReq = data.StructLayout({
@@ -55,16 +58,6 @@ def connect_fields(m, src, dst):
             m.d.comb += getattr(dst.payload, name).eq(getattr(src.payload, name))
 
 
-def select_cfg(m, cfgs, index, name="cfg_sel"):
-    """Combinational multiplexer: ``cfgs[index]`` as a new ``QpConfig`` signal."""
-    out = Signal(QpConfig, name=name)
-    with m.Switch(index):
-        for i, c in enumerate(cfgs):
-            with m.Case(i):
-                m.d.comb += out.eq(c)
-    return out
-
-
 class TxPath(wiring.Component):
     """Merge :data:`TxReq` streams into RoceTxBuilder records and payload packets.
 
@@ -75,13 +68,13 @@ class TxPath(wiring.Component):
     n_sources : int
         number of :data:`TxReq` sources (e.g. 0 = responder, 1 = requester).
     n_qp : int
-        QP table entries (for the ``cfg`` ports).
+        QP table entries.
 
     Ports
     -----
     src : In(stream of TxReq).array(n_sources)
         one beat per packet; taken when the TX path starts the packet.
-    cfg : In(QpConfig).array(n_qp)
+    cfg : Out(QpReadSignature(QpTxCfg))  the TX path's copy of the QP table (QpTable.tx)
     hdr : Out(stream of RoceTxHeader)  -> RoceTxBuilder.hdr (held until the packet is built)
     payload : Out(PacketStream(width))  -> RoceTxBuilder.payload
     mem : Out(MemBusSignature())  payload reads
@@ -94,7 +87,7 @@ class TxPath(wiring.Component):
         self._n_qp = n_qp
         super().__init__({
             "src": In(stream.Signature(TxReq)).array(n_sources),
-            "cfg": In(QpConfig).array(n_qp),
+            "cfg": Out(QpReadSignature(QpTxCfg)),
             "hdr": Out(stream.Signature(RoceTxHeader)),
             "payload": Out(PacketStream(self._width)),
             "mem": Out(MemBusSignature()),
@@ -132,7 +125,11 @@ class TxPath(wiring.Component):
                     m.d.sync += rec.eq(self.src[i].p)
             m.d.sync += [busy.eq(1), last.eq(grant), cmd_done.eq(0)]
 
-        cfg = select_cfg(m, self.cfg, rec.qp)
+        # The row of rec.qp is read while the record is held: there one cycle after the grant.
+        cfg = self.cfg.data
+        row_ok = Signal()
+        m.d.comb += self.cfg.addr.eq(rec.qp)
+        m.d.sync += row_ok.eq(busy)
         h = self.hdr.p
         m.d.comb += [
             h.bth.opcode.eq(rec.opcode), h.bth.psn.eq(rec.psn), h.bth.ackreq.eq(rec.ackreq),
@@ -142,7 +139,7 @@ class TxPath(wiring.Component):
             h.payload_len.eq(rec.length),
             h.meta.dst_mac.eq(cfg.peer_mac), h.meta.dst_ip.eq(cfg.peer_ip),
             h.meta.udp_src_port.eq(cfg.udp_sport), h.meta.ip_id.eq(ip_id),
-            self.hdr.valid.eq(busy),
+            self.hdr.valid.eq(busy & row_ok),
             dma.cmd.valid.eq(busy & ~cmd_done & (rec.length != 0)),
             dma.cmd.p.addr.eq(rec.laddr), dma.cmd.p.length.eq(rec.length),
         ]

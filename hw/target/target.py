@@ -315,10 +315,16 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, tx_slice.o, mac.tx)
 
         # QP / MR tables.
+        # QP table: one memory copy per reader (registered read ports), the requester's control
+        # fields in flip-flops, and the load event to both engines.
+        wiring.connect(m, resp.cfg, qpt.resp)
+        wiring.connect(m, req.intake, qpt.intake)
+        wiring.connect(m, txp.cfg, qpt.tx)
         for i in range(nq):
-            m.d.comb += [resp.cfg[i].eq(qpt.cfg[i]), req.cfg[i].eq(qpt.cfg[i]),
-                         txp.cfg[i].eq(qpt.cfg[i])]
-        m.d.comb += [resp.load.eq(qpt.load), req.load.eq(qpt.load)]
+            m.d.comb += req.cfg[i].eq(qpt.req_cfg[i])
+        for unit in (resp, req):
+            m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
+                         unit.load_row.eq(qpt.load_row)]
         wiring.connect(m, resp.mr, mrt.lookup)
         m.d.comb += [mrt.inv_valid.eq(resp.mr_inv_valid), mrt.inv_rkey.eq(resp.mr_inv_rkey),
                      resp.mr_inv_found.eq(mrt.inv_found)]

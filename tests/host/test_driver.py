@@ -16,8 +16,8 @@ from collections import deque
 import pytest
 
 from hw.headers import Features, GoodbyeFlags, Opcode, ReqFlags, Status
-from hw.iface import (REG_KBTP, REG_MR, REG_QP, RecvNotify, Space, WcStatus, WorkCompletion,
-                     WorkRequest, WrOp)
+from hw.iface import (QP_INDEX_BITS, QPN_BASE, REG_KBTP, REG_MR, REG_QP, RecvNotify, Space,
+                     WcStatus, WorkCompletion, WorkRequest, WrOp)
 from hw.kbtp.engine import Cmd, reg as ENG
 from hw.kbtp.regmap import FREE_DEPTH
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE
@@ -282,7 +282,7 @@ class World:
     async def _setup(self):
         await self.drv.init()
         for q in range(self.n_qp):
-            await self.drv.open_qp(q, local_qpn=0x10 + q, remote_qpn=0x20 + q,
+            await self.drv.open_qp(q, local_qpn=0x11 + q, remote_qpn=0x20 + q,
                                    peer_mac="02:00:00:00:00:02", peer_ip="10.0.0.2")
             self.model.connect(q)
 
@@ -481,6 +481,20 @@ def test_hello_features_and_direct_descriptors(features):
         # a partition session's LOADs and STOREs run in the engine, its ALLOC_STOREs at the
         # host (QP_SESSION bit 3: the host allocates from the partition's ring)
         assert w.session_reg(0) & 0b1001 == 0b1001
+
+
+def test_open_qp_refuses_a_qpn_of_another_index():
+    """The target finds a packet's QP by (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (hw/iface.py):
+    a local QPN that names another index would never be found, so the driver refuses it and
+    names the value; a QPN of a later generation of the same index is taken."""
+    w = World(num_handles=128, n_qp=4)
+    with pytest.raises(ValueError, match=r"local QPN 0x13 is not one of QP 1's.*= 2; use 0x12"):
+        run(w.drv.open_qp(1, local_qpn=0x13))
+    with pytest.raises(ValueError, match=r"local QPN 0x1000000"):
+        run(w.drv.open_qp(1, local_qpn=1 << 24))
+    run(w.drv.disconnect(1))
+    run(w.drv.open_qp(1, local_qpn=QPN_BASE + 1 + 7 * (1 << QP_INDEX_BITS)))
+    assert run(w.drv.port.rreg(REG_QP + QP_STRIDE + 0x04)) == QPN_BASE + 1 + 7 * 64
 
 
 def test_hello_rejections():

@@ -111,7 +111,7 @@ def test_hello_ack_credits_are_the_posted_buffers(name, cfg, n_qp, mem_size, n_m
     run(drv.init())
     spans = []
     for q in range(n_qp):
-        run(drv.open_qp(q, local_qpn=0x10 + q, remote_qpn=0x20 + q,
+        run(drv.open_qp(q, local_qpn=0x11 + q, remote_qpn=0x20 + q,
                         peer_mac="02:00:00:00:00:02", peer_ip="10.0.0.2"))
         fake.deliver(q, hello(q + 1))
         res = run(drv.poll(0.0))

@@ -108,8 +108,9 @@ async def reg_write64(ctx, bus, off_lo, value):
     await reg_write(ctx, bus, off_lo + 4, value >> 32)
 
 
-async def configure(ctx, eng, model, conns):
-    """What the host driver does after HELLO: global layout, ranges, one session per QP."""
+async def configure(ctx, eng, model, conns, qps=None):
+    """What the host driver does after HELLO: global layout, ranges, one session per QP (conns[i]
+    on QP ``qps[i]``, QP i by default)."""
     cfg, lay = model.cfg, model.lay
     bus = eng.bus
     for off, v in [(reg["TABLE_BASE"], lay["table"]), (reg["TABLE_COUNT"], cfg.num_handles),
@@ -121,15 +122,15 @@ async def configure(ctx, eng, model, conns):
         await reg_write(ctx, bus, off, v)
     await reg_write64(ctx, bus, reg["TABLE_BASE_HANDLE_LO"], cfg.table_base_handle)
     await reg_write64(ctx, bus, reg["POOL_TO_BASE_LO"], cfg.pool_to_base)
-    for q, conn in enumerate(conns):
-        s = model.session_of(conn)
+    for i, conn in enumerate(conns):
+        s, q = model.session_of(conn), (qps or range(len(conns)))[i]
         b = reg["QP"] + reg["QP_STRIDE"] * q
         await reg_write64(ctx, bus, b + reg["QP_HANDLE_BASE_LO"], s.handle_base)
         await reg_write(ctx, bus, b + reg["QP_HANDLE_COUNT"], s.handle_count)
         await reg_write(ctx, bus, b + reg["QP_QUOTA"], s.quota)
         await reg_write(ctx, bus, b + reg["QP_USAGE"], model.usage(s.initiator_id))
         await reg_write(ctx, bus, b + reg["QP_SCRATCH"],
-                        SCRATCH_BASE + SCRATCH_SLOTS * SLOT_SIZE * q)
+                        SCRATCH_BASE + SCRATCH_SLOTS * SLOT_SIZE * i)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
         await reg_write(ctx, bus, b + reg["QP_SESSION"],
                         1 | rec << 1 | int(s.addr_le) << 2 | s.domain << 8)
@@ -165,21 +166,20 @@ def norm_model(actions):
 class Transport:
     """Stand-in for the RC transport: receive buffers, WorkRequests, WorkCompletions."""
 
-    def __init__(self, top, imems, *, wr_bp=0.0, rng=None):
+    def __init__(self, top, imems, *, wr_bp=0.0, rng=None, qps=None):
         self.top, self.imems, self.wr_bp = top, imems, wr_bp
+        self.qps = qps or range(len(imems))    # connection i is on QP qps[i]
         self.rng = rng or random.Random(0)
-        self.slot = {}
 
     async def request(self, ctx, q, raw):
-        """Deliver one request on QP q; run it to its RecvRepost; return (actions, cycles)."""
-        eng, ram = self.top.eng, self.top.ram
-        n = self.slot.get(q, 0)
-        self.slot[q] = n + 1
-        addr = RECV_BASE + 1024 * q + 256 * (n % 4) * 0   # one buffer per QP is enough (serial)
+        """Deliver one request of connection i; run it to its RecvRepost; return (actions,
+        cycles)."""
+        eng, ram, i, q = self.top.eng, self.top.ram, q, self.qps[q]
+        addr = RECV_BASE + 1024 * i     # one buffer per QP is enough (serial)
         ram_write(ctx, ram, addr, raw)
         await stream_put(ctx, eng.notify, [{"qp": q, "addr": addr, "length": len(raw)}])
         acts = []
-        imem = self.imems[q]
+        imem = self.imems[i]
         for _ in range(MAX_CYCLES):
             ctx.set(eng.repost.ready, 1)
             ready = not (self.wr_bp and self.rng.random() < self.wr_bp)
@@ -252,7 +252,11 @@ def make_model(**over):
     return model
 
 
-def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
+def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, n_qp=4, qps=None, after=None,
+            **cfg):
+    """``n_req`` random requests of three connections (on QPs ``qps``, 0, 1 and 2 by default)
+    to the model and to an engine of ``n_qp`` sessions; ``after(ctx, top, model, conns)`` runs
+    at the end."""
     rng = random.Random(seed)
     model = make_model(**cfg)
     conns = ["a", "b", "c"]
@@ -264,11 +268,11 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
         hello(model, c, i + 1, feats)
         assert model.session_of(c).addr_le == bool(feats & Features.ADDR_LE.value)
     image = bytes(model.mem) + bytes(RAM_BYTES - len(model.mem))
-    top = Top(image)
+    top = Top(image, n_qp=n_qp)
     im_m = [model.initiator_memory(c) for c in conns]
     im_h = [InitiatorMemory() for _ in conns]
     gen = Gen(rng, model, conns, im_m, im_h)
-    tr = Transport(top, im_h, wr_bp=wr_bp, rng=random.Random(seed + 1))
+    tr = Transport(top, im_h, wr_bp=wr_bp, rng=random.Random(seed + 1), qps=qps)
     stats = {"n": 0, "cycles": [], "kinds": {}}
 
     writes = []                 # (addr, wstrb) of every write the RAM accepts, in order
@@ -283,7 +287,7 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
                 writes.append((p.addr, p.wstrb))
 
     async def bench(ctx):
-        await configure(ctx, top.eng, model, conns)
+        await configure(ctx, top.eng, model, conns, qps)
         for i in range(n_req):
             q = rng.randrange(len(conns))
             raw = gen.make(q)
@@ -306,6 +310,8 @@ def run_mix(seed, n_req, *, mem_bp, wr_bp, check_each=False, **cfg):
                 v = await reg_read(ctx, top.eng.bus, reg["COUNT"] + 4 * (16 * k + st.value))
                 assert v == model.counters.get((op.name, st.name), 0), (op.name, st.name)
         stats["counters"] = {k: v for k, v in model.counters.items() if v}
+        if after:
+            await after(ctx, top, model, conns)
 
     sim = Simulator(top)
     sim.add_clock(1e-8)

@@ -58,10 +58,10 @@ class Bench(wiring.Component):
             wiring.connect(m, self.parser.payload, r.payload)
         wiring.connect(m, r.mr, self.mrt.lookup)
         wiring.connect(m, r.mem, self.ram.bus)
-        m.d.comb += [r.load.eq(self.qpt.load), self.mrt.inv_valid.eq(r.mr_inv_valid),
+        wiring.connect(m, r.cfg, self.qpt.resp)
+        m.d.comb += [r.load_valid.eq(self.qpt.load_valid), r.load_qp.eq(self.qpt.load_qp),
+                     r.load_row.eq(self.qpt.load_row), self.mrt.inv_valid.eq(r.mr_inv_valid),
                      self.mrt.inv_rkey.eq(r.mr_inv_rkey), r.mr_inv_found.eq(self.mrt.inv_found)]
-        for i in range(self.n_qp):
-            m.d.comb += r.cfg[i].eq(self.qpt.cfg[i])
         for t in (self.qpt.bus, self.mrt.bus):
             m.d.comb += [t.addr.eq(self.bus.addr), t.space.eq(self.bus.space),
                          t.wdata.eq(self.bus.wdata), t.we.eq(self.bus.we), t.re.eq(self.bus.re)]

@@ -1,16 +1,24 @@
 # Ref: hw/rdma/qp.py (register maps in its docstring); hw/iface.py (QpConfig, MrEntry,
 #      REG_QP, REG_MR); hw/target/hostlink.py (HostBusSignature handshake).
-"""QP and MR tables: host-bus register read-back, the load strobe, decode errors, QPN lookup
-and the MR lookup against a brute-force Python reference on random tables and queries."""
+"""QP and MR tables: host-bus register read-back, the load event, the reader copies, decode
+errors, the QPN index rule and the MR lookup against a brute-force Python reference on random
+tables and queries."""
 
 import random
 
-from amaranth import Module, Signal
+import pytest
+from amaranth import Elaboratable, Module, Signal
+from amaranth.back import rtlil
+from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.iface import REG_MR, REG_QP, REG_TRANSPORT, Space
-from hw.rdma.qp import (MR_STRIDE, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
-                       QpTable)
+from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_MR, REG_QP, REG_TRANSPORT, ReqCfg,
+                      Space, qp_index_of)
+from hw.rdma.qp import (MR_STRIDE, QP_REGS, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
+                       QpTable, qp_match)
+from hw.rdma.requester import Requester
+from hw.rdma.responder import Responder
+from hw.rdma.txpath import TxPath
 from tests.hw.rdma.responder_bench import bus_access, mr_words
 
 #: Independent restatement of the QP register widths (docstring of hw/rdma/qp.py).
@@ -36,10 +44,42 @@ async def no_answer(ctx, bus, addr, space=Space.REG):
     ctx.set(bus.re, 0)
 
 
-def test_qp_registers_load_lookup():
-    n = 4
-    dut = QpTable(n)
-    rng = random.Random(1)
+class QpBench(Elaboratable):
+    """QpTable plus the responder's use of its ``resp`` port (hw/rdma/resp_admit.py): the row
+    is read at ``qp_index_of(qpn)``, and one cycle later ``hit`` says whether it is QPN
+    ``qpn``'s QP (:func:`qp_match`, and an index inside the table)."""
+
+    def __init__(self, n):
+        self.n, self.qpt = n, QpTable(n)
+        self.qpn, self.hit = Signal(QPN_BITS), Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.qpt = qpt = self.qpt
+        qpn_q = Signal(QPN_BITS)
+        m.d.sync += qpn_q.eq(self.qpn)
+        m.d.comb += [qpt.resp.addr.eq(qp_index_of(self.qpn)),
+                     self.hit.eq(qp_match(qpt.resp.data, qpn_q) & (qp_index_of(qpn_q) < self.n))]
+        return m
+
+
+def row_of(vals, i):
+    """QP i's QpConfig field values from its register words."""
+    row = {}
+    for off, (path, lo, bits) in QP_REGS.items():
+        row[path] = row.get(path, 0) | vals[i, off] << lo
+    return row
+
+
+@pytest.mark.parametrize("n", [4, 64])
+def test_qp_registers_load_ports(n):
+    """Every word of every QP written and read back; a state write raises one load event with
+    the written row; each reader copy and req_cfg show the row; a reader port gives the row one
+    cycle after its address, the old row in the cycle after a write of it and the new one
+    from the next; decode errors; the QPN index rule through the responder's port."""
+    bench_top = QpBench(n)
+    dut = bench_top.qpt
+    rng = random.Random(n)
 
     async def bench(ctx):
         bus = dut.bus
@@ -52,51 +92,97 @@ def test_qp_registers_load_lookup():
                 vals[i, off] = v & ((1 << QP_WIDTHS[off]) - 1)
                 _, err = await bus_access(ctx, bus, REG_QP + QP_STRIDE * i + off, v)
                 assert not err
-                assert ctx.get(dut.load) == 0
-        # Writing a state raises load[i] for exactly one cycle.
+                assert ctx.get(dut.load_valid) == 0
+        # Writing a state raises the load event for exactly one cycle, after the ack, with the
+        # QP index and the whole merged row.
         for i in range(n):
+            st = 3 if i % 4 != 2 else 0
+            vals[i, 0x00] = st
             ctx.set(bus.addr, REG_QP + QP_STRIDE * i)
             ctx.set(bus.space, Space.REG)
-            ctx.set(bus.wdata, 3 if i != 2 else 0)
+            ctx.set(bus.wdata, st)
             ctx.set(bus.we, 1)
-            assert ctx.get(bus.ack)
+            for _ in range(3):
+                if ctx.get(bus.ack):
+                    break
+                assert ctx.get(dut.load_valid) == 0
+                await ctx.tick()
+            assert ctx.get(bus.ack) and not ctx.get(bus.err)
             await ctx.tick()
             ctx.set(bus.we, 0)
-            assert ctx.get(dut.load) == 1 << i
+            assert ctx.get(dut.load_valid) == 1 and ctx.get(dut.load_qp) == i
+            row = ctx.get(dut.load_row)
+            for path, v in row_of(vals, i).items():
+                got = getattr(row, path)
+                assert (got.value if hasattr(got, "value") else got) == v, (i, path)
             await ctx.tick()
-            assert ctx.get(dut.load) == 0
-            vals[i, 0x00] = 3 if i != 2 else 0
+            assert ctx.get(dut.load_valid) == 0
         for (i, off), v in vals.items():
             rd, err = await bus_access(ctx, bus, REG_QP + QP_STRIDE * i + off)
             assert not err and rd == v, (i, hex(off), hex(rd), hex(v))
-        # The cfg port carries the same values (peer MAC assembled from two words).
+        # Every reader copy, one cycle after its address; req_cfg at once.
         for i in range(n):
-            cfg = dut.cfg[i]
-            assert ctx.get(cfg.peer_mac) == vals[i, 0x0C] << 32 | vals[i, 0x10]
-            assert ctx.get(cfg.local_qpn) == vals[i, 0x04]
-            assert ctx.get(cfg.recv_base) == vals[i, 0x34]
-            assert ctx.get(cfg.rq_psn) == vals[i, 0x20]
+            want = row_of(vals, i)
+            for name in ("intake", "tx"):
+                ctx.set(getattr(dut, name).addr, i)
+            ctx.set(bench_top.qpn, QPN_BASE + i)          # the bench addresses `resp`
+            await ctx.tick()
+            for name, layout in QpTable.COPIES.items():
+                data = ctx.get(getattr(dut, name).data)
+                for path, _ in layout:
+                    got = getattr(data, path)
+                    assert (got.value if hasattr(got, "value") else got) == want[path], \
+                        (i, name, path)
+            rc = ctx.get(dut.req_cfg[i])
+            for path, _ in ReqCfg:
+                assert getattr(rc, path) == want[path], (i, path)
+        # A write then a read of the same row: the port addressing it in the write cycle gets
+        # the old row one cycle later, the new row from the cycle after.
+        i = n - 1
+        ctx.set(dut.tx.addr, i)
+        ctx.set(bus.addr, REG_QP + QP_STRIDE * i + 0x08)
+        ctx.set(bus.wdata, 0xABCDEF)
+        ctx.set(bus.we, 1)
+        while not ctx.get(bus.ack):
+            await ctx.tick()
+        await ctx.tick()
+        ctx.set(bus.we, 0)
+        assert ctx.get(dut.tx.data.remote_qpn) == vals[i, 0x08]
+        await ctx.tick()
+        assert ctx.get(dut.tx.data.remote_qpn) == 0xABCDEF
+        vals[i, 0x08] = 0xABCDEF
         # Decode: holes inside the window are refused, outside the window nothing answers.
-        for addr in (REG_QP + 0x40, REG_QP + QP_STRIDE * 3 + 0x80, REG_QP + 0x02 + 0x100):
+        for addr in (REG_QP + 0x40, REG_QP + QP_STRIDE * 3 + 0x80, REG_QP + 0x02 + 0x100,
+                     REG_QP + QP_STRIDE * (n - 1) + 0xFC):
             _, err = await bus_access(ctx, bus, addr)
             assert err, hex(addr)
         await no_answer(ctx, bus, REG_QP + QP_STRIDE * n)
         await no_answer(ctx, bus, REG_QP - 4)
         await no_answer(ctx, bus, REG_QP, Space.MEM)
-        # Lookup by local QPN: lowest index whose QPN matches and whose state is not RESET.
-        qpns = [vals[i, 0x04] for i in range(n)]
-        for i, q in ((1, qpns[0]), (3, qpns[0])):
+        # The QPN rule: the index is (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (hw/iface.py), a
+        # hit when that row holds the QPN and is not in RESET. Oracle: the rule in Python over
+        # the values written. QP 1 gets its own generation-0 QPN, QP 3 one of generation 5,
+        # QP 0 a QPN of another index (never found), QP 2 is in RESET.
+        stride = 1 << QP_INDEX_BITS
+        for i, q in ((1, QPN_BASE + 1), (3, QPN_BASE + 3 + 5 * stride), (0, QPN_BASE + 2),
+                     (2, QPN_BASE + 2)):
             await bus_access(ctx, bus, REG_QP + QP_STRIDE * i + 0x04, q)
-            qpns[i] = q
+            vals[i, 0x04] = q
+        qpns = [vals[i, 0x04] for i in range(n)]
         states = [vals[i, 0x00] for i in range(n)]
-        for q in set(qpns) | {qpns[2], 0x123456}:
-            ctx.set(dut.lookup_qpn, q)
-            want = next((i for i in range(n) if qpns[i] == q and states[i] != 0), None)
-            assert ctx.get(dut.lookup_hit) == (want is not None)
-            if want is not None:
-                assert ctx.get(dut.lookup_index) == want
+        probes = set(qpns[:4]) | {QPN_BASE + 3, QPN_BASE + 3 + 4 * stride, QPN_BASE + n,
+                                  QPN_BASE + 4, QPN_BASE - 1, 0, 0x123456}
+        hits = 0
+        for q in sorted(probes):
+            ctx.set(bench_top.qpn, q)
+            await ctx.tick()
+            i = (q - QPN_BASE) % stride
+            want = i < n and qpns[i] == q and states[i] != 0
+            assert ctx.get(bench_top.hit) == want, hex(q)
+            hits += want
+        assert hits >= 2            # QP 1 and QP 3; QP 0's QPN is QP 2's, and QP 2 is in RESET
 
-    simulate(dut, bench)
+    simulate(bench_top, bench)
 
 
 def mr_reference(entries, rkey, va, length, qp, access):
@@ -197,3 +283,33 @@ def test_counter_bank():
     tick = Signal()
     top.d.sync += tick.eq(~tick)
     simulate(top, bench)
+
+
+class QpReaders(wiring.Component):
+    """QpTable wired to its readers as in hw/target/target.py."""
+
+    def __init__(self, n):
+        self.n = n
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.qpt = qpt = QpTable(self.n)
+        m.submodules.resp = resp = Responder(8, self.n)
+        m.submodules.req = req = Requester(8, self.n)
+        m.submodules.txp = txp = TxPath(8, 2, self.n)
+        wiring.connect(m, resp.cfg, qpt.resp)
+        wiring.connect(m, req.intake, qpt.intake)
+        wiring.connect(m, txp.cfg, qpt.tx)
+        for i in range(self.n):
+            m.d.comb += req.cfg[i].eq(qpt.req_cfg[i])
+        for unit in (resp, req):
+            m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
+                         unit.load_row.eq(qpt.load_row)]
+        return m
+
+
+@pytest.mark.parametrize("n", [4, 64])
+def test_qp_readers_elaborate(n):
+    """The QP table and its readers (responder, requester, TX path) elaborate at 4 and 64 QPs."""
+    assert "module" in rtlil.convert(QpReaders(n))

@@ -9,6 +9,7 @@ RespDemux. Oracles: the peer's view (received SEND messages, remote memory after
 PSNs arrived), target memory after READs (the peer's memory), and the completion list.
 """
 
+import gc
 import random
 
 import pytest
@@ -22,8 +23,10 @@ from hw.iface import QpState, WcStatus, WrOp
 from hw.lib.membus import MemArbiter, MemRam
 from hw.rdma.requester import RespDemux, Requester, ack_timeout_cycles
 from hw.rdma.roce_hdr import RoceRxParser, RoceTxBuilder
+from hw.rdma.qp import QpTable
 from hw.rdma.txpath import TxPath
 from sim.hdl import beats_to_packet, stream_get, stream_put
+from tests.hw.rdma.responder_bench import write_qp
 from sim.scapy_roce import AETH, dissect_roce, roce_frame, roce_rx_beats
 
 WORDS = 8192                    # 64 KiB of target memory
@@ -46,6 +49,7 @@ class Top(wiring.Component):
         self.dmx = RespDemux(width)
         self.arb = MemArbiter(2)
         self.ram = MemRam(WORDS, init=MemRam.words_from_bytes(img))
+        self.qpt = QpTable(n_qp)
         self.n_qp = n_qp
         super().__init__({})
 
@@ -64,8 +68,14 @@ class Top(wiring.Component):
         wiring.connect(m, self.req.mem, self.arb.masters[0])
         wiring.connect(m, self.txp.mem, self.arb.masters[1])
         wiring.connect(m, self.arb.bus, self.ram.bus)
+        # The QP table, written through its host bus (write_qp).
+        m.submodules.qpt = qpt = self.qpt
+        wiring.connect(m, self.req.intake, qpt.intake)
+        wiring.connect(m, self.txp.cfg, qpt.tx)
         for i in range(self.n_qp):
-            m.d.comb += self.txp.cfg[i].eq(self.req.cfg[i])
+            m.d.comb += self.req.cfg[i].eq(qpt.req_cfg[i])
+        m.d.comb += [self.req.load_valid.eq(qpt.load_valid), self.req.load_qp.eq(qpt.load_qp),
+                     self.req.load_row.eq(qpt.load_row)]
         return m
 
 
@@ -207,16 +217,16 @@ class Bench:
         self.final_mem = None
         self.cycles = 0
 
-    def cfg(self, ctx):
-        r = self.top.req
+    async def cfg(self, ctx):
+        """Every QP written through the QP table's host bus, state (RTS, the load) last."""
         for i in range(self.top.n_qp):
-            c = r.cfg[i]
-            for k, v in dict(state=QpState.RTS, local_qpn=LOCAL_QPN[i], remote_qpn=REMOTE_QPN[i],
-                             peer_mac=0x525400000002, peer_ip=0x0A000002, udp_sport=50000 + i,
-                             pmtu=self.pmtu_code, sq_psn=SQ_PSN[i], timeout=self.timeout,
-                             retry_cnt=self.retry_cnt, rnr_retry=self.rnr_retry).items():
-                ctx.set(getattr(c, k), v)
-        ctx.set(r.load, (1 << self.top.n_qp) - 1)
+            await write_qp(ctx, self.top.qpt.bus, i, **self.qp_values(i))
+
+    def qp_values(self, i):
+        return dict(state=QpState.RTS.value, local_qpn=LOCAL_QPN[i], remote_qpn=REMOTE_QPN[i],
+                    peer_mac=0x525400000002, peer_ip=0x0A000002, udp_sport=50000 + i,
+                    pmtu=self.pmtu_code, sq_psn=SQ_PSN[i], timeout=self.timeout,
+                    retry_cnt=self.retry_cnt, rnr_retry=self.rnr_retry)
 
     def run(self, wrs, n_wc=None, max_cycles=200_000):
         top, width = self.top, self.width
@@ -232,9 +242,8 @@ class Bench:
                     self.events.append((ctx.get(top.req.error_qp), now[0]))
 
         async def wr_src(ctx):
-            self.cfg(ctx)
-            await ctx.tick()
-            ctx.set(top.req.load, 0)
+            await self.cfg(ctx)
+            await ctx.tick()                # the last load event takes effect
             await stream_put(ctx, top.req.wr, wrs, idle=self.idle, rng=self.rng)
 
         async def tx_sink(ctx):
@@ -282,6 +291,10 @@ class Bench:
             sim.add_testbench(bg, background=True)
         sim.add_testbench(main)
         sim.run()
+        # Finalise the stopped background testbenches now: collected later, inside an import
+        # of pytest's session end, their close error crashed CPython 3.11's parser.
+        del sim
+        gc.collect()
         assert len(self.wcs) == n_wc, f"only {len(self.wcs)} of {n_wc} completions"
         return self
 

@@ -8,6 +8,7 @@ import pytest
 from hw.iface import QpState, WcStatus, WrOp
 from hw.rdma.requester import ack_timeout_cycles
 from tests.hw.rdma.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, wr, VA0)
+from tests.hw.rdma.responder_bench import write_qp
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -96,9 +97,9 @@ def test_qp_not_ready_flushes():
     b = Bench(8, seed=15, timeout=TO)
     cfg = b.cfg
 
-    def cfg_reset1(ctx):
-        cfg(ctx)
-        ctx.set(b.top.req.cfg[1].state, QpState.RESET)
+    async def cfg_reset1(ctx):
+        await cfg(ctx)
+        await write_qp(ctx, b.top.qpt.bus, 1, **{**b.qp_values(1), "state": QpState.RESET.value})
     b.cfg = cfg_reset1
     wrs = [wr(1, 1, WrOp.SEND, 20, 0x10), wr(0, 2, WrOp.SEND, 20, 0x10)]
     b.run(wrs)

@@ -8,11 +8,11 @@ Oracles: the memory image itself (Python slices) for payloads, scapy's BTH/RETH/
 import random
 
 import pytest
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.iface import QpState
+from hw.iface import QpState, QpTxCfg
 from hw.lib.membus import MemRam
 from hw.rdma.roce_hdr import RoceTxBuilder
 from hw.lib.dma import DmaReader
@@ -103,6 +103,8 @@ class PathTop(wiring.Component):
         self.tx = TxPath(width, n_src, len(CFG))
         self.bld = RoceTxBuilder(width)
         self.ram = MemRam(WORDS, init=MemRam.words_from_bytes(img))
+        #: The QP rows the test sets, behind a registered read port like QpTable.tx.
+        self.rows = [Signal(QpTxCfg, name=f"row{i}") for i in range(len(CFG))]
         super().__init__({})
 
     def elaborate(self, platform):
@@ -111,6 +113,10 @@ class PathTop(wiring.Component):
         wiring.connect(m, self.tx.mem, self.ram.bus)
         wiring.connect(m, self.tx.hdr, self.bld.hdr)
         wiring.connect(m, self.tx.payload, self.bld.payload)
+        with m.Switch(self.tx.cfg.addr):
+            for i, row in enumerate(self.rows):
+                with m.Case(i):
+                    m.d.sync += self.tx.cfg.data.eq(row)
         return m
 
 
@@ -147,7 +153,8 @@ def test_txpath_scapy(width, idle, bp):
     async def sink(ctx):
         for i, c in enumerate(CFG):
             for k, v in c.items():
-                ctx.set(getattr(top.tx.cfg[i], k), v)
+                if k in dict(QpTxCfg.members):
+                    ctx.set(getattr(top.rows[i], k), v)
         for _ in range(30):
             beats = []
             while not beats or not beats[-1].last:

@@ -154,7 +154,7 @@ def test_queues():
         assert (await access(ctx, h, Space.QUEUE, Q_NOTIFY, 0))[1] == 1
         r, e = await access(ctx, h, Space.QUEUE, Q_WC, 0)
         assert e == 0 and r == pack_record(WorkCompletion, qp=5, wr_id=0xBEEF, status=3)
-        assert r == 5 | 0xBEEF << 4 | 3 << 20        # the layout's order, by hand
+        assert r == 5 | 0xBEEF << 6 | 3 << 22        # the layout's order, by hand (qp: 6 bits)
         await access(ctx, h, Space.QUEUE, Q_REPOST, 1, 9)
         await ctx.tick().repeat(3)          # FIFO read latency
         assert ctx.get(q.repost.valid) and ctx.get(q.repost.payload.qp) == 9
