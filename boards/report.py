@@ -26,10 +26,12 @@ _UTIL_RE = re.compile(r"^\s*(?:Info:\s+)?\s*([A-Z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+
 
 
 #: (substring of nextpnr's clock net name, clock domain of boards/top.py)
-#: First match wins: the LiteDRAM core's clocks (its sys clock as the bridge names it, its
-#: CRG's init clock) and the oscillator's buffer before the plain ``clk`` of ``sync``.
+#: First match wins: the LiteDRAM core's clocks (its sys clock under either name nextpnr may
+#: give the net, the bridge's ``dram_clk`` or the core's ``user_clk`` port; its CRG's init clock)
+#: and the oscillator's buffer before the plain ``clk`` of ``sync``.
 DOMAIN_HINTS = (("clk_out__2", "core"), ("core_clk", "core"), ("eth_rx", "eth_rx"),
-                ("clk_out__1", "eth_tx90"), ("dram_clk", "dram"), ("crg_clkout1", "dram_init"),
+                ("clk_out__1", "eth_tx90"), ("dram_clk", "dram"), ("user_clk", "dram"),
+                ("crg_clkout1", "dram_init"),
                 ("clk_buf.buf.i", "oscillator"), ("clk100", "oscillator"), ("$glbnet$clk", "sync"))
 
 

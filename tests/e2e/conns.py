@@ -18,7 +18,6 @@ Output: one line per check and a SUMMARY line last, exit status 1 if any check f
 import random
 import sys
 import time
-import traceback
 
 import guestcheck
 from host.initiator import ALL_FEATURES, KbtpClient, KbtpTransportError, env_target
@@ -116,9 +115,5 @@ def main():
     print(f"WALL {time.monotonic() - t0:.2f}s", flush=True)
 
 
-try:
-    main()
-except Exception as exc:
-    traceback.print_exc()
-    check("exception", False, f"{type(exc).__name__}: {exc}")
+CHECKS.guarded("exception", main)
 CHECKS.finish()

@@ -7,6 +7,7 @@ host test (tests/system/test_e2e.py) parses exactly these lines.
 """
 
 import sys
+import traceback
 
 __all__ = ["Checks", "blob"]
 
@@ -31,6 +32,14 @@ class Checks:
         except error as exc:
             return self.check(name, exc.status_name == status, f"got {exc.status_name}")
         return self.check(name, False, f"no error, expected {status}")
+
+    def guarded(self, name, fn):
+        """Run ``fn``; an exception prints its traceback and fails check ``name``."""
+        try:
+            fn()
+        except Exception as exc:
+            traceback.print_exc()
+            self.check(name, False, f"{type(exc).__name__}: {exc}")
 
     def finish(self):
         print(f"SUMMARY passed={self.passed} failed={self.failed}", flush=True)

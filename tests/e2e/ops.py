@@ -16,7 +16,6 @@ the draft's rules.
 import random
 import sys
 import time
-import traceback
 
 import guestcheck
 from host import codec
@@ -306,21 +305,13 @@ def main():
         if name in PARTS:
             t1 = time.monotonic()
             c = clients[13 if name in FAST_PARTS else 11]
-            try:
-                globals()["section_" + name](c)
-            except Exception as exc:
-                traceback.print_exc()
-                check(f"{name}.exception", False, f"{type(exc).__name__}: {exc}")
+            CHECKS.guarded(f"{name}.exception", lambda: globals()["section_" + name](c))
             print(f"SECTION {name} {time.monotonic() - t1:.2f}s", flush=True)
     for c in clients.values():
         c.goodbye(release=True)
         print(f"STATS {c.stats}")
     if "invalidate" in PARTS:
-        try:
-            invalidate_after()
-        except Exception as exc:
-            traceback.print_exc()
-            check("invalidate.after_exception", False, f"{type(exc).__name__}: {exc}")
+        CHECKS.guarded("invalidate.after_exception", invalidate_after)
     CHECKS.finish()
 
 
