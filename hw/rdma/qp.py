@@ -116,21 +116,30 @@ def _field(view, path):
 
 
 def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
-    """Common decode: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
-    ``write_of(i, off, wdata)`` -> list of sync statements."""
+    """Common decode of ``n`` register records ``stride`` octets apart (a power of two) from
+    ``base``: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
+    ``write_of(i, off, wdata)`` -> list of sync statements. The record index is the address
+    bits above the stride and the word its offset, each decoded once (not one 32-bit compare
+    per record and word)."""
+    assert stride & (stride - 1) == 0, stride
+    sb = stride.bit_length() - 1
     in_win = (bus.space == Space.REG) & (bus.addr >= base) & (bus.addr < base + stride * n)
     rel = Signal(32)
     m.d.comb += rel.eq(bus.addr - base)
+    idx, off = rel[sb:], rel[:sb]
     with m.If(in_win & (bus.re | bus.we)):
         m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
-        for i in range(n):
-            for off in sorted(words):
-                with m.If(rel == i * stride + off):
+        with m.Switch(off):
+            for o in sorted(words):
+                with m.Case(o):
                     m.d.comb += bus.err.eq(0)
-                    with m.If(bus.re):
-                        m.d.comb += bus.rdata.eq(read_of(i, off))
-                    with m.Else():
-                        m.d.sync += write_of(i, off, bus.wdata)
+                    with m.Switch(idx):
+                        for i in range(n):
+                            with m.Case(i):
+                                with m.If(bus.re):
+                                    m.d.comb += bus.rdata.eq(read_of(i, o))
+                                with m.Else():
+                                    m.d.sync += write_of(i, o, bus.wdata)
 
 
 class QpTable(wiring.Component):
