@@ -183,16 +183,24 @@ QpConfig = data.StructLayout({
 
 MrRights = data.StructLayout({"read": 1, "write": 1, "atomic": 1})
 
-#: One memory region: remote access to target memory through an R_Key.
-MrEntry = data.StructLayout({
-    "valid": 1,
-    "rights": MrRights,
-    "qp_mask": 16,          # QPs (by table index) allowed to use it; bit i = QP i
-    "rkey": 32,
-    "va": 64,               # first Tagged Offset of the region
-    "length": 32,
-    "laddr": ADDR_BITS,     # target-memory address of ``va``
-})
+
+
+def mr_entry(n_qp=1 << QP_INDEX_BITS):
+    """One memory region of a target with ``n_qp`` QPs: remote access to target memory through
+    an R_Key. ``qp_mask`` has one bit per QP (a 4-QP target keeps 4, not 64)."""
+    return data.StructLayout({
+        "valid": 1,
+        "rights": MrRights,
+        "qp_mask": n_qp,        # QPs (by table index) allowed to use it; bit i = QP i
+        "rkey": 32,
+        "va": 64,               # first Tagged Offset of the region
+        "length": 32,
+        "laddr": ADDR_BITS,     # target-memory address of ``va``
+    })
+
+
+#: One memory region at the largest QP count.
+MrEntry = mr_entry()
 
 #: The subsets of a QP's row that each reader keeps in its own copy (hw/rdma/qp.py QpTable):
 #: the responder's admission and execution, the requester's response intake, the TX header.
@@ -222,11 +230,11 @@ def qp_subset(layout, row):
 
 
 __all__ += ["QpState", "QpConfig", "QpRespCfg", "QpIntakeCfg", "QpTxCfg", "ReqCfg",
-            "QpReadSignature", "qp_subset", "MrRights", "MrEntry"]
+            "QpReadSignature", "qp_subset", "MrRights", "MrEntry", "mr_entry"]
 
 #: Host register map (HostBusSignature ``Space.REG`` byte addresses), one window per block.
 REG_TOP = 0x0000        # own MAC / IP, MAC/IP/ARP counters, ID register
-REG_QP = 0x1000         # QP i at REG_QP + 0x100 * i
+REG_QP = 0x1000         # QP i at REG_QP + 0x40 * i (64 QPs end at REG_MR)
 REG_MR = 0x2000         # MR j at REG_MR + 0x40 * j
 REG_TRANSPORT = 0x3000  # responder/requester counters, QP error events
 REG_KBTP = 0x4000       # KBTP engine configuration and counters

@@ -550,10 +550,8 @@ class KbtpEngine(wiring.Component):
         # is the count at the host. ``done`` does not pass ``sent`` (a host_done of a QP with
         # none at the host, one in the cycle of its own forward aside, changes nothing).
         hq = self.host_done_qp
-        sent_hq = Signal(6)
-        sent_n, sent_hq_v = self._counter(m, "hostq_sent", 6, (qp, to_host),
-                                          self.notify.payload.qp, hq, comb=True)
-        m.d.comb += sent_hq.eq(sent_hq_v)
+        sent_n, sent_hq = self._counter(m, "hostq_sent", 6, (qp, to_host),
+                                        self.notify.payload.qp, hq, comb=True)
         up_same = to_host & (qp == hq)
         done_n, = self._counter(m, "hostq_done", 6, (hq, self.host_done),
                                 self.notify.payload.qp, comb=True,

@@ -10,7 +10,7 @@ Every register reads back. Fields narrower than 32 bits read back zero-extended;
 the upper bits. The MR table answers in the cycle of the request; the QP table, whose rows are
 in memories, one cycle later (:class:`QpTable`).
 
-QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
+QP register map (QP ``i`` at ``REG_QP + 0x40 * i``: 64 QPs end at REG_MR; word offsets)::
 
     0x00 state           QpState; a write raises the load event of QP i (PSN reload)
     0x04 local_qpn       24 bits; found by index (qpn - QPN_BASE) mod 2**QP_INDEX_BITS (qp_match)
@@ -32,12 +32,13 @@ QP register map (QP ``i`` at ``REG_QP + 0x100 * i``; word offsets)::
 MR register map (MR ``j`` at ``REG_MR + 0x40 * j``; word offsets)::
 
     0x00 control         bit 0 valid, bit 1 read, bit 2 write, bit 3 atomic
-    0x04 qp_mask         bit i: QP table index i may use this region
+    0x04 qp_mask_lo      bit i: QP table index i (0..31) may use this region
     0x08 rkey
     0x0C va_hi           Tagged Offset bits 63:32
     0x10 va_lo           Tagged Offset bits 31:0
     0x14 length          octets
     0x18 laddr           target-memory address of ``va``
+    0x1C qp_mask_hi      bit i: QP table index 32 + i may use this region
 """
 
 from amaranth import Cat, Module, Mux, Signal
@@ -45,9 +46,9 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import (ADDR_BITS, HostBusSignature, MrEntry, QP_INDEX_BITS, QpConfig,
+from hw.iface import (ADDR_BITS, HostBusSignature, QP_INDEX_BITS, QpConfig,
                      QpIntakeCfg, QpReadSignature, QpRespCfg, QpState, QpTxCfg, REG_MR, REG_QP,
-                     REG_TRANSPORT, ReqCfg, Space, qp_subset)
+                     REG_TRANSPORT, ReqCfg, Space, mr_entry, qp_subset)
 
 __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
            "QP_REGS", "MR_REGS", "qp_match", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
@@ -56,7 +57,7 @@ __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess",
 #: requester's may follow from REG_TRANSPORT + 0x100.
 RESPONDER_COUNTERS_BASE = REG_TRANSPORT
 
-QP_STRIDE = 0x100
+QP_STRIDE = 0x40
 MR_STRIDE = 0x40
 
 #: QP register word offset -> (field path, low bit of the field held by the word, bits).
@@ -70,8 +71,9 @@ QP_REGS = {
 }
 #: MR register word offset -> (field path, low bit, bits); 0x00 packs valid + rights.
 MR_REGS = {
-    0x04: ("qp_mask", 0, 16), 0x08: ("rkey", 0, 32), 0x0C: ("va", 32, 32),
+    0x04: ("qp_mask", 0, 32), 0x08: ("rkey", 0, 32), 0x0C: ("va", 32, 32),
     0x10: ("va", 0, 32), 0x14: ("length", 0, 32), 0x18: ("laddr", 0, 32),
+    0x1C: ("qp_mask", 32, 32),
 }
 
 
@@ -114,21 +116,30 @@ def _field(view, path):
 
 
 def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
-    """Common decode: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
-    ``write_of(i, off, wdata)`` -> list of sync statements."""
+    """Common decode of ``n`` register records ``stride`` octets apart (a power of two) from
+    ``base``: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
+    ``write_of(i, off, wdata)`` -> list of sync statements. The record index is the address
+    bits above the stride and the word its offset, each decoded once (not one 32-bit compare
+    per record and word)."""
+    assert stride & (stride - 1) == 0, stride
+    sb = stride.bit_length() - 1
     in_win = (bus.space == Space.REG) & (bus.addr >= base) & (bus.addr < base + stride * n)
     rel = Signal(32)
     m.d.comb += rel.eq(bus.addr - base)
+    idx, off = rel[sb:], rel[:sb]
     with m.If(in_win & (bus.re | bus.we)):
         m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
-        for i in range(n):
-            for off in sorted(words):
-                with m.If(rel == i * stride + off):
+        with m.Switch(off):
+            for o in sorted(words):
+                with m.Case(o):
                     m.d.comb += bus.err.eq(0)
-                    with m.If(bus.re):
-                        m.d.comb += bus.rdata.eq(read_of(i, off))
-                    with m.Else():
-                        m.d.sync += write_of(i, off, bus.wdata)
+                    with m.Switch(idx):
+                        for i in range(n):
+                            with m.Case(i):
+                                with m.If(bus.re):
+                                    m.d.comb += bus.rdata.eq(read_of(i, o))
+                                with m.Else():
+                                    m.d.sync += write_of(i, o, bus.wdata)
 
 
 class QpTable(wiring.Component):
@@ -147,7 +158,7 @@ class QpTable(wiring.Component):
     registered read would not allow; 64 x 14 bits is cheap (splitting the record is a later
     stage).
 
-    Host access: the word's QP index comes from the address bits (stride 0x100), its field from
+    Host access: the word's QP index comes from the address bits (stride 0x40), its field from
     the word offset, decoded once. The request cycle reads row i of ``full``; the next cycle
     answers (``ack``): a read returns the field, a write merges the field into the row and
     writes the merged row into ``full`` and its subsets into every copy and ``req_cfg``. A
@@ -185,8 +196,8 @@ class QpTable(wiring.Component):
             (bus.addr < REG_QP + QP_STRIDE * nq)
         rel = Signal(32)
         qp = Signal(ib)
-        word = Signal(6)                                # word offset / 4 within the stride
-        m.d.comb += [rel.eq(bus.addr - REG_QP), qp.eq(rel[8:8 + ib]), word.eq(rel[2:8])]
+        word = Signal(4)                                # word offset / 4 within the stride
+        m.d.comb += [rel.eq(bus.addr - REG_QP), qp.eq(rel[6:6 + ib]), word.eq(rel[2:6])]
         known = (rel[0:2] == 0) & (word < len(QP_REGS))  # QP_REGS: every word 0x00..0x3C
 
         m.submodules.full = full = Memory(shape=QpConfig, depth=nq, init=[])
@@ -255,16 +266,18 @@ class MrTable(wiring.Component):
     -----
     bus : In(HostBusSignature)
     lookup : In(MrLookupSignature)
-    entries : Out(MrEntry).array(n_mr)
+    entries : Out(mr_entry(n_qp)).array(n_mr)   ``qp_mask`` has ``n_qp`` bits; mask bits of
+        higher QPs written by the host are dropped and read back 0
     inv_valid : In(1), inv_rkey : In(32), inv_found : Out(1)
     """
 
-    def __init__(self, n_mr):
-        self.n_mr = n_mr
+    def __init__(self, n_mr, n_qp=1 << QP_INDEX_BITS):
+        self.n_mr, self.n_qp = n_mr, n_qp
+        self._layout = mr_entry(n_qp)
         super().__init__({
             "bus": In(HostBusSignature()),
             "lookup": In(MrLookupSignature()),
-            "entries": Out(MrEntry).array(n_mr),
+            "entries": Out(self._layout).array(n_mr),
             "inv_valid": In(1), "inv_rkey": In(32), "inv_found": Out(1),
         })
 
@@ -306,7 +319,7 @@ class MrTable(wiring.Component):
             e = self.entries[j]
             with m.If(e.valid & (e.rkey == lk.rkey) & (e.qp_mask.bit_select(lk.qp, 1))):
                 m.d.comb += [sel.eq(j), found.eq(1)]
-        e = Signal(MrEntry)
+        e = Signal(self._layout)
         with m.Switch(sel):
             for j in range(self.n_mr):
                 with m.Case(j):

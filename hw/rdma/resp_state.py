@@ -8,10 +8,13 @@ message state, receive-buffer and WRITE cursors), their reset when the host rewr
 the receive-buffer credits. :class:`ReplayCache` owns the READ/atomic replay cache and the
 resolution of a duplicate READ/atomic request against it (replay, cached answer or drop).
 
-Both are memories (LUT RAM on the ECP5: one write port, asynchronous reads) rather than
-n_qp x (185 + K x 242) flip-flops behind n_qp-to-1 multiplexers: as registers they were the most
-congested logic of the ECPIX-5 build. Both read at ``qi``, the QP of the packet in hand, in the
-same cycle (combinational read ports).
+Both are memories with one write port and one registered read port, so that at 64 QPs they
+map to block RAM (ECP5 DP16KD) rather than to LUT RAM with n_qp-to-1 multiplexers after it (and
+before that, n_qp x (185 + K x 178) flip-flops: as registers they were the most congested logic
+of the ECPIX-5 build). The read ports are transparent to the write port, so a read in the cycle
+of a write returns the written value, as a flip-flop would the cycle after. Neither adds a cycle
+to a packet: the context is read at the QP index of the header register while RespAdmit checks
+the header (LOOKUP), and a replay-cache search presents entry k + 1 while it compares entry k.
 """
 
 from amaranth import Cat, Module, Mux, Signal
@@ -38,11 +41,17 @@ class QpContextStore(wiring.Component):
     resets may wait behind commits, and the capture serves one in the cycle it is chosen, with
     no second read port on the QP table (and its extra cycle) and no n_qp x 24 flip-flops.
 
+    The context memory has a registered read port: ``ctx`` shows, in cycle t + 1, QP
+    ``rqi``'s context as of the end of cycle t (a write in cycle t included). The responder
+    holds ``rqi`` at the packet's QP from its LOOKUP cycle on, and takes ``ctx`` at ``start``
+    (CTX, one cycle or more later; ``busy`` then covers a reset written in the cycle before).
+
     Ports
     -----
     load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)
     repost : In(stream of RecvRepost)     always ready
-    qi : In(QP_INDEX_BITS)                the QP that ``ctx``, ``busy``, ``credits`` show
+    rqi : In(QP_INDEX_BITS)               the QP whose context ``ctx`` shows the next cycle
+    qi : In(QP_INDEX_BITS)                the QP that ``busy``, ``credits`` show, ``commit`` writes
     ctx : Out(QpCtx), busy : Out(1), credits : Out(9)
     consume : In(1)                       QP ``qi`` takes one receive buffer
     commit : In(1), wdata : In(QpCtx)     write QP ``qi``'s context
@@ -53,7 +62,7 @@ class QpContextStore(wiring.Component):
         super().__init__({
             "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "repost": In(stream.Signature(RecvRepost)),
-            "qi": In(QP_INDEX_BITS),
+            "rqi": In(QP_INDEX_BITS), "qi": In(QP_INDEX_BITS),
             "ctx": Out(QpCtx), "busy": Out(1), "credits": Out(9),
             "consume": In(1),
             "commit": In(1), "wdata": In(QpCtx),
@@ -101,8 +110,9 @@ class QpContextStore(wiring.Component):
                          done_reload.eq(1 << reload_i)]
         m.d.sync += reload.eq((reload & ~done_reload) | load)
 
-        rp = mem.read_port(domain="comb")
-        m.d.comb += [rp.addr.eq(qi), self.ctx.eq(rp.data), self.busy.eq(reload.bit_select(qi, 1))]
+        rp = mem.read_port(domain="sync", transparent_for=(wp,))
+        m.d.comb += [rp.addr.eq(self.rqi), self.ctx.eq(rp.data),
+                     self.busy.eq(reload.bit_select(qi, 1))]
         with m.Switch(qi):
             for i in range(nq):
                 with m.Case(i):
@@ -124,8 +134,12 @@ CacheCtl = wiring.Signature({
 class ReplayCache(wiring.Component):
     """READ/atomic replay cache, ``depth`` entries per QP, and the duplicate resolution.
 
-    Entry valid bits are registers (a load clears a QP's entries at once). A search looks at
-    one entry per cycle, lowest index first, so the first match is the answer: an atomic entry
+    Entry valid bits are registers (a load clears a QP's entries at once). The entries are in
+    a memory with a registered read port, addressed by ``qi`` and a search index ``k`` that is
+    0 between searches: a search compares entry ``kd`` while entry ``k = kd + 1`` is read, so
+    it still looks at one entry per cycle, lowest index first, and the first match is the
+    answer (``qi`` must be stable for a cycle before ``start``; it is, from the packet's CTX
+    cycle on): an atomic entry
     matches an atomic at its PSN, a READ entry a READ whose PSN is in ``psn .. psn + npsn - 1``.
     The next cycle checks the match: an atomic is answered with the cached original value; a
     READ is replayed only with the original's R_Key and with VA and length consistent with the
@@ -169,10 +183,13 @@ class ReplayCache(wiring.Component):
             for i in range(nq):
                 with m.Case(i):
                     m.d.comb += cur_cvalid.eq(cvalid[i])
-        k = Signal(kb)                      # entry being compared
-        rp = mem.read_port(domain="comb")
+        k = Signal(kb)                      # entry being read (0 between searches)
+        kd = Signal(kb)                     # entry being compared (read in the cycle before)
+        rp = mem.read_port(domain="sync")   # no read meets a write: writes come with new requests
         c = Signal(CacheEntry)
-        m.d.comb += [rp.addr.eq(Cat(k, qi)), c.eq(rp.data), c.valid.eq(cur_cvalid.bit_select(k, 1))]
+        m.d.comb += [rp.addr.eq(Cat(k, qi)), c.eq(rp.data),
+                     c.valid.eq(cur_cvalid.bit_select(kd, 1))]
+        k_next = k + 1 if K > 1 else k
         dk = Signal(24)
         m.d.comb += dk.eq(self.psn - c.psn)
         found = c.valid & Mux(c.atomic, self.atomic & (dk == 0), self.read & (dk < c.npsn))
@@ -182,19 +199,20 @@ class ReplayCache(wiring.Component):
         off = Signal(64)                    # octets of the READ before this PSN
         m.d.comb += [off.eq(dup_k << self.pmtu_log2), ctl.orig.eq(dup.va)]
         with m.FSM():
-            with m.State("IDLE"):
+            with m.State("IDLE"):               # entry 0 of QP qi is being read
                 with m.If(ctl.start):
-                    m.d.sync += k.eq(0)
+                    m.d.sync += [kd.eq(0), k.eq(k_next)]
                     m.next = "SEARCH"
             with m.State("SEARCH"):
                 with m.If(found):
-                    m.d.sync += [dup.eq(c), dup_k.eq(dk)]
+                    m.d.sync += [dup.eq(c), dup_k.eq(dk), k.eq(0)]
                     m.next = "CHECK"
-                with m.Elif(k == K - 1):
+                with m.Elif(kd == K - 1):
                     m.d.comb += ctl.drop.eq(1)
+                    m.d.sync += k.eq(0)
                     m.next = "IDLE"
                 with m.Else():
-                    m.d.sync += k.eq(k + 1)
+                    m.d.sync += [kd.eq(k), k.eq(k_next)]
             with m.State("CHECK"):
                 with m.If(dup.atomic):
                     m.d.comb += ctl.atomic.eq(1)

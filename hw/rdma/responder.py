@@ -70,7 +70,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import (QP_INDEX_BITS, MemBusSignature, QpConfig, QpReadSignature, QpRespCfg,
-                      RecvNotify, RecvRepost)
+                      RecvNotify, RecvRepost, qp_index_of)
 from hw.lib.stream import PacketStream
 from hw.rdma.qp import MrAccess, MrLookupSignature
 from hw.rdma.resp_admit import RespAdmit
@@ -165,6 +165,8 @@ class Responder(wiring.Component):
         m.d.comb += load.eq(self.load_valid << self.load_qp)
         m.d.comb += [store.load_valid.eq(self.load_valid), store.load_qp.eq(self.load_qp),
                      store.load_row.eq(self.load_row), store.qi.eq(qi),
+                     # the header register's QP from LOOKUP on: its context is ready at CTX
+                     store.rqi.eq(qp_index_of(h.bth.dest_qp)),
                      store.consume.eq(pl.consume),
                      store.commit.eq(seq.commit), store.wdata.seq.eq(seq.ctx),
                      store.wdata.place.eq(pl.ctx),

@@ -104,8 +104,9 @@ TOP_COUNTERS = (
 REQ_COUNTERS = ("cnt_timeouts", "cnt_seq_naks", "cnt_rnr_naks", "cnt_retransmits", "cnt_stale",
                 "cnt_src_mismatch")
 REQ_COUNTER_BASE = REG_TRANSPORT + 0x100
-#: Read after REQ_COUNTERS: QPs in error (bit i = QP i), error events (count).
-REQ_STATUS = ("qp_error", "error_events")
+#: Read after REQ_COUNTERS: QPs in error (bit i = QP i; ``qp_error_hi`` bit i = QP 32 + i),
+#: error events (count).
+REQ_STATUS = ("qp_error", "qp_error_hi", "error_events")
 #: Bit of WorkRequest.wr_id that marks a host work request (set by the merge, cleared on return).
 HOST_WR_TAG = 1 << 15
 #: The MAC's counters among TOP_COUNTERS, in order (``mac_counters`` ports with ``mac=False``).
@@ -227,7 +228,7 @@ class KbtpTarget(wiring.Component):
         sm.icrcins = icrcins = IcrcInsert(w)
         sm.ethtx = ethtx = EthIpTx(w)
         sm.qpt = qpt = QpTable(nq)
-        sm.mrt = mrt = MrTable(self.n_mr)
+        sm.mrt = mrt = MrTable(self.n_mr, n_qp=nq)
         sm.arb = arb = MemArbiter(5 if self.engine else 4)
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
@@ -400,6 +401,9 @@ class KbtpTarget(wiring.Component):
         error_events = Signal(32)
         with m.If(req.error_event):
             m.d.sync += error_events.eq(error_events + 1)
-        m.d.comb += [qcnt.counters[len(REQ_COUNTERS)].eq(req.qp_error),
-                     qcnt.counters[len(REQ_COUNTERS) + 1].eq(error_events)]
+        qp_error = Signal(64)
+        m.d.comb += [qp_error.eq(req.qp_error),
+                     qcnt.counters[len(REQ_COUNTERS)].eq(qp_error[:32]),
+                     qcnt.counters[len(REQ_COUNTERS) + 1].eq(qp_error[32:]),
+                     qcnt.counters[len(REQ_COUNTERS) + 2].eq(error_events)]
         return m

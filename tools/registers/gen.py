@@ -74,7 +74,8 @@ bank (hw/kbtp/engine_regs.py) decodes the bus from it.
 Read-only 32-bit counters of the RC transport (writes are refused), in the order of
 `RESP_COUNTERS` (hw/rdma/responder.py) from REG_TRANSPORT and of `REQ_COUNTERS` + `REQ_STATUS`
 (hw/target/target.py) from REQ_COUNTER_BASE = 0x{REQ_COUNTER_BASE:04X}; `qp_error` is a bitmap
-(bit i: QP i is in the error state), `error_events` counts the moves of a QP into it.
+(bit i: QP i is in the error state; `qp_error_hi` bit i: QP 32 + i), `error_events` counts
+the moves of a QP into it.
 
 {_transport()}
 ## UDP host link (REG_UDPLINK = 0x{REG_UDPLINK:04X})

@@ -151,9 +151,11 @@ def test_qp_registers_load_ports(n):
         await ctx.tick()
         assert ctx.get(dut.tx.data.remote_qpn) == 0xABCDEF
         vals[i, 0x08] = 0xABCDEF
-        # Decode: holes inside the window are refused, outside the window nothing answers.
-        for addr in (REG_QP + 0x40, REG_QP + QP_STRIDE * 3 + 0x80, REG_QP + 0x02 + 0x100,
-                     REG_QP + QP_STRIDE * (n - 1) + 0xFC):
+        # Decode: every aligned word of the window is a register (16 words, stride 0x40);
+        # unaligned addresses are refused, outside the window nothing answers.
+        assert QP_STRIDE == 4 * len(QP_REGS) and REG_QP + QP_STRIDE * 64 <= REG_MR
+        for addr in (REG_QP + 0x01, REG_QP + QP_STRIDE * 3 + 0x22, REG_QP + 0x03 + QP_STRIDE,
+                     REG_QP + QP_STRIDE * (n - 1) + 0x3E):
             _, err = await bus_access(ctx, bus, addr)
             assert err, hex(addr)
         await no_answer(ctx, bus, REG_QP + QP_STRIDE * n)
@@ -210,7 +212,7 @@ def test_mr_lookup_brute_force():
     for j in range(n):
         entries.append(dict(valid=rng.random() < 0.85, read=rng.getrandbits(1),
                             write=rng.getrandbits(1), atomic=rng.getrandbits(1),
-                            qp_mask=rng.getrandbits(16), rkey=rng.choice(keys),
+                            qp_mask=rng.getrandbits(64), rkey=rng.choice(keys),
                             va=rng.choice([0, rng.getrandbits(64) & ~0xFFFF,
                                            (1 << 64) - 0x10000]),
                             length=rng.choice([0, 8, 4096, rng.getrandbits(20)]),
@@ -234,7 +236,7 @@ def test_mr_lookup_brute_force():
                                rng.getrandbits(12)])
             va = (e["va"] + edge) % (1 << 64)
             length = rng.choice([0, 1, 8, 256, e["length"], rng.getrandbits(13)])
-            qp = rng.randrange(16)
+            qp = rng.randrange(64)
             access = rng.choice(list(MrAccess))
             for sig, v in ((lk.rkey, rkey), (lk.va, va), (lk.length, length), (lk.qp, qp),
                            (lk.access, access)):

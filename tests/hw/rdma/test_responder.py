@@ -76,10 +76,11 @@ class Oracle:
 
 
 async def configure(ctx, env, pmtu, rq_psn, qp=0, local_qpn=DUT_QPN, state=3,
-                    recv_count=RECV_COUNT, recv_log2=RECV_LOG2):
+                    recv_count=RECV_COUNT, recv_log2=RECV_LOG2, mask_or=0):
+    """MRS (each MR's QP mask ORed with ``mask_or``) and QP ``qp``."""
     bus = env.dut.bus
     for j, (rkey, va, length, laddr, rd, wr, at, qm) in enumerate(MRS):
-        await write_mr(ctx, bus, j, valid=1, read=rd, write=wr, atomic=at, qp_mask=qm,
+        await write_mr(ctx, bus, j, valid=1, read=rd, write=wr, atomic=at, qp_mask=qm | mask_or,
                        rkey=rkey, va=va, length=length, laddr=laddr)
     await write_qp(ctx, bus, qp, state=state, local_qpn=local_qpn, remote_qpn=PEER_QPN,
                    peer_mac=int.from_bytes(mac_bytes(PEER_MAC), "big"),
@@ -95,8 +96,8 @@ def make_env(width, pmtu, seed, idle=0.3, bp=0.3, **kw):
     return env, rng
 
 
-def peer_qp(env, pmtu, psn):
-    return env.peer.create_qp(qpn=PEER_QPN, dest_qpn=DUT_QPN, remote_ip=DUT_IP,
+def peer_qp(env, pmtu, psn, dest_qpn=DUT_QPN):
+    return env.peer.create_qp(qpn=PEER_QPN, dest_qpn=dest_qpn, remote_ip=DUT_IP,
                               remote_mac=DUT_MAC, pmtu=pmtu, sq_psn=psn, retry_cnt=7,
                               rnr_retry=7, timeout=14)
 

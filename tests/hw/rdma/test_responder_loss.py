@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from hw.iface import QPN_BASE
 from roce.rc import WcStatus
 from tests.hw.rdma.test_responder import Oracle, configure, first_diff, make_env, peer_qp
 from tests.hw.rdma.test_responder import PEER_QPN
@@ -68,15 +69,27 @@ def check_recovered(env, impaired):
 
 @pytest.mark.parametrize("width,n_ops,loss,dup", [(64, 40, 0.08, 0.05), (8, 16, 0.08, 0.05)])
 def test_lossy_link(width, n_ops, loss, dup):
+    lossy_link(width, n_ops, loss, dup)
+
+
+def test_lossy_link_qp63_of_64():
+    """The same on the last QP of a 64-QP responder: its context and replay-cache entries sit
+    at the top of their memories (rows 63 and 252..255), read through registered ports."""
+    lossy_link(64, 40, 0.08, 0.05, n_qp=64, qp_index=63)
+
+
+def lossy_link(width, n_ops, loss, dup, n_qp=2, qp_index=0):
     env, rng = make_env(width, 256, seed=width * 3 + n_ops, idle=0.2, bp=0.2,
-                        auto_repost=True)
+                        auto_repost=True, n_qp=n_qp)
     orc = Oracle(env.init)
     link = random.Random(width)
+    local_qpn = QPN_BASE + qp_index
 
     async def scenario(ctx, env):
         psn0 = 0xFFFF00
-        await configure(ctx, env, 256, psn0)
-        qp = peer_qp(env, 256, psn0)
+        await configure(ctx, env, 256, psn0, qp=qp_index, local_qpn=local_qpn,
+                        mask_or=1 << qp_index)
+        qp = peer_qp(env, 256, psn0, dest_qpn=local_qpn)
         expect = {}
         sends = []
         # READs only touch MR 1 (never written) and atomics a word range nothing reads, so a
@@ -104,6 +117,7 @@ def test_lossy_link(width, n_ops, loss, dup):
         done, impaired = await pump_lossy(ctx, env, qp, link, loss, dup, 400)
         check_done(expect, done)
         assert [n["data"] for n in env.notes] == sends
+        assert {n["qp"] for n in env.notes} <= {qp_index}
         mem = env.mem(ctx)
         # Receive buffers hold consumed messages; everything below them is the oracle's.
         assert mem[:0x4000] == bytes(orc.image[:0x4000]), first_diff(mem, orc.image)
