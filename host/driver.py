@@ -136,7 +136,7 @@ from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_KBTP, REG_MR, QpCon
                       RecvNotify, WcStatus, qp_index_of,
                       WorkCompletion, WrOp)
 from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, reg as ENG
-from hw.rdma.qp import MR_REGS, MR_STRIDE
+from hw.rdma.qp import MR_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_WC
 
 __all__ = ["KbtpDriver", "Handled", "DriverError", "memory_plan", "HOST_SCRATCH",
@@ -681,9 +681,7 @@ class KbtpDriver:
 
     async def _mr_mask(self, j, mask):
         self._mr_masks[j] = mask
-        for off, (path, lo, bits) in MR_REGS.items():      # qp_mask: two words (64 QPs)
-            if path == "qp_mask":
-                await self.port.wreg(REG_MR + MR_STRIDE * j + off, mask >> lo & (1 << bits) - 1)
+        await self.port.set_mr_mask(j, mask)
 
     # ---------------------------------------------------------------- work requests
     async def _wait_wc(self, wr_id):

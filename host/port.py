@@ -225,6 +225,19 @@ class TargetPort:
     async def top_counter(self, index):
         return await self.rreg(REG_TOP + TOP_COUNTER_BASE + 4 * index)
 
+    async def _write_fields(self, base, regs, what, cfg, absent=None):
+        """Write the register words (``regs``: offset -> (field, low bit, bits)) of the fields
+        in ``cfg``, in offset order; a field not in ``cfg`` is written as ``absent``, or not at
+        all when ``absent`` is None. A field split over two words (an MR's 64-bit qp_mask)
+        writes both."""
+        unknown = set(cfg) - {path for path, _, _ in regs.values()}
+        if unknown:
+            raise KeyError(f"no such {what} field(s) {unknown}")
+        for off, (path, lo, bits) in sorted(regs.items()):
+            value = cfg.get(path, absent)
+            if value is not None:
+                await self.wreg(base + off, (value >> lo) & ((1 << bits) - 1))
+
     async def set_qp(self, i, *, state, **cfg):
         """Write QP ``i``'s fields (QpConfig names; peer_mac/peer_ip may be strings), then state
         (the state write makes the transport load its PSNs)."""
@@ -232,24 +245,19 @@ class TargetPort:
         for k in ("peer_mac", "peer_ip"):
             if isinstance(cfg.get(k), str):
                 cfg[k] = (mac_value if k == "peer_mac" else ip_value)(cfg[k])
-        unknown = set(cfg) - {path for path, _, _ in QP_REGS.values()}
-        if unknown:
-            raise KeyError(f"no such QP field(s) {unknown}")
-        for off, (path, lo, bits) in sorted(QP_REGS.items()):
-            if path == "state" or path not in cfg:
-                continue
-            await self.wreg(base + off, (cfg[path] >> lo) & ((1 << bits) - 1))
+        await self._write_fields(base, QP_REGS, "QP", cfg)
         await self.wreg(base, getattr(state, "value", state))
 
     async def set_mr(self, j, *, valid=1, read=1, write=1, atomic=0, **cfg):
-        """Write MR ``j`` (MrEntry names), control word (valid + rights) last."""
+        """Write MR ``j`` (MrEntry names; a field not given is written 0), control word
+        (valid + rights) last."""
         base = REG_MR + MR_STRIDE * j
-        unknown = set(cfg) - {path for path, _, _ in MR_REGS.values()}
-        if unknown:
-            raise KeyError(f"no such MR field(s) {unknown}")
-        for off, (path, lo, bits) in sorted(MR_REGS.items()):
-            await self.wreg(base + off, (cfg.get(path, 0) >> lo) & ((1 << bits) - 1))
+        await self._write_fields(base, MR_REGS, "MR", cfg, absent=0)
         await self.wreg(base, valid | read << 1 | write << 2 | atomic << 3)
+
+    async def set_mr_mask(self, j, mask):
+        """Write MR ``j``'s qp_mask alone (bit i: QP i may use the region)."""
+        await self._write_fields(REG_MR + MR_STRIDE * j, MR_REGS, "MR", {"qp_mask": mask})
 
     # ---- memory --------------------------------------------------------------------------
     async def _write_words(self, addr, octets):
