@@ -315,7 +315,7 @@ class KbtpDriver:
 
     def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
                  mr_base=0, n_mr=None, recv_count=None, notify_depth=None, wc_polls=100000,
-                 max_messages=16, zero_pool=True):
+                 max_messages=16, zero_pool=True, wc_room=16):
         self.port = port
         # init() writes the pool's zeros too (draft §Block Free: a block may not carry another
         # trust domain's data); False leaves the pool as it is: a memory known to be zero (a
@@ -331,6 +331,9 @@ class KbtpDriver:
         self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size,
                                 notify_depth=notify_depth)
         self.wc_polls = wc_polls
+        # WorkCompletions the target holds before its requester waits: HostQueues' Q_WC
+        # (hw/target/target.py queue_depth, 16); the requester's own FIFO of 4 is margin.
+        self.wc_room = wc_room
         self.host_actions = 0
         self.stats: dict[tuple[str, str], int] = {}
         self.now_ms = 0.0
@@ -714,8 +717,20 @@ class KbtpDriver:
                 key = ("REPLY_WC", WcStatus(wc["status"]).name)
                 self.stats[key] = self.stats.get(key, 0) + 1
 
+    async def _drain_wcs(self):
+        """Keep the replies whose WorkCompletion the target still holds below its queues'
+        room: the requester's completion FIFO and HostQueues Q_WC (``wc_room``) hold them, and a
+        full Q_WC stops the requester for every QP (it waits to complete the head of the QP an
+        ACK is about). One reply per QP may be in flight (``_scratch``), so with more QPs than
+        room the driver pops completions here before it posts another reply."""
+        unclaimed = [w for w in self._inflight.values() if w not in self._wcs]
+        if len(unclaimed) >= self.wc_room:
+            for wc in await self.port.poll_wcs(len(unclaimed)):
+                self._wcs[wc["wr_id"]] = wc
+
     async def _send(self, qp, payload, inv=None, acts=None):
         a = await self._scratch(qp, payload)
+        await self._drain_wcs()
         op = WrOp.SEND if inv is None else WrOp.SEND_INV
         self._inflight[qp] = await self._post(qp, op, length=len(payload), laddr=a,
                                               inv_rkey=inv or 0)
