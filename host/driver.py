@@ -691,8 +691,7 @@ class KbtpDriver:
         for _ in range(self.wc_polls):
             if wr_id in self._wcs:
                 return self._wcs.pop(wr_id)
-            for wc in await self.port.poll_wcs(len(self._inflight) + 1):
-                self._wcs[wc["wr_id"]] = wc
+            await self._pop_wcs(len(self._inflight) + 1)
         raise DriverError(f"no WorkCompletion for host work request {wr_id}")
 
     async def _post(self, qp, op, **f):
@@ -725,8 +724,12 @@ class KbtpDriver:
         room the driver pops completions here before it posts another reply."""
         unclaimed = [w for w in self._inflight.values() if w not in self._wcs]
         if len(unclaimed) >= self.wc_room:
-            for wc in await self.port.poll_wcs(len(unclaimed)):
-                self._wcs[wc["wr_id"]] = wc
+            await self._pop_wcs(len(unclaimed))
+
+    async def _pop_wcs(self, n):
+        """Up to ``n`` WorkCompletions from Q_WC, kept until claimed by their wr_id."""
+        for wc in await self.port.poll_wcs(n):
+            self._wcs[wc["wr_id"]] = wc
 
     async def _send(self, qp, payload, inv=None, acts=None):
         a = await self._scratch(qp, payload)
