@@ -28,11 +28,15 @@ from hw.target.hostlink import HostBusDemoTarget
 
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
            "MacCdcLoopbackCore", "KbtpCore", "KbtpCore1", "CORE_FREQ", "CORES", "DEFAULT_IP",
-           "DEFAULT_MAC", "default_core_name", "kbtp_mem_words"]
+           "DEFAULT_MAC", "SHIPPED_QPS", "default_core_name", "kbtp_mem_words"]
 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
 #: divided by 25. At width 64 that is 1.6 Gb/s of datapath for the 1 Gb/s line.
 CORE_FREQ = 625e6 / 25
+
+#: QPs of the kbtp core with its memory in the board's DRAM (issue 22 item 3: 64 rdma_cm
+#: connections at once; their contexts in block RAM, hw/rdma/resp_state.py and req_sq.py).
+SHIPPED_QPS = 64
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
 DEFAULT_IP = 0xC0A80132                # 192.168.1.50
@@ -308,7 +312,11 @@ class KbtpCore(wiring.Component):
         # partitions (counters, ring, blocks each) needs 2 + 3 * 2 of them (host/driver.py);
         # with 4 the board could not serve the configuration kbtp-sim serve runs.
         mem_words = dram.size_bytes // 8 if dram is not None else kbtp_mem_words(memory)
-        kwargs = dict(width=64, n_qp=4, n_mr=8, mem_words=mem_words,
+        # Issue 22 item 3: 64 QPs (64 rdma_cm connections) with the DDR3. The block-RAM
+        # variant keeps 4: its 128 KiB of memory hold the pool and no more receive buffers
+        # (each QP has its own, RecvBuffers).
+        n_qp = SHIPPED_QPS if dram is not None else 4
+        kwargs = dict(width=64, n_qp=n_qp, n_mr=8, mem_words=mem_words,
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
                       mac_rx_depth=memory.mac_rx_bytes, engine=True, udp_link=True)
         kwargs.update(overrides)

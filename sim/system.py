@@ -740,19 +740,24 @@ def op_kind(raw):
     return op.name
 
 
-async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=None):
+async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=None,
+                max_batch=None):
     """Random rounds on a brought-up bench: LOAD / STORE / ALLOC_STORE (inline and by READ,
     some malformed on purpose) and FREE from every initiator; with ``direct``, initiator 0's
     turns are also DIRECT_LOAD reads and DIRECT_ALLOC allocations + BIND. Stops after
-    ``rounds`` rounds or ``ops`` operations. Returns the stats dict (per-kind counts in
-    ``kinds``)."""
+    ``rounds`` rounds or ``ops`` operations. A round is 1 to ``max_batch`` (default: all)
+    initiators, one request each, at once: :meth:`SystemBench.round` tries every order of a
+    round's requests against the model, so a round of k costs up to k! model runs. Returns the
+    stats dict (per-kind counts in ``kinds``; ``initiators``: the initiators that took part)."""
     n_init = b.n_init
-    stats = {"requests": 0, "free": 0, "direct_load": 0, "bind": 0, "rounds": 0, "kinds": {}}
+    most = min(n_init, max_batch or n_init)
+    stats = {"requests": 0, "free": 0, "direct_load": 0, "bind": 0, "rounds": 0, "kinds": {},
+             "initiators": set()}
     r = 0
     while (rounds is None or r < rounds) and (ops is None or
                                               stats["requests"] + stats["direct_load"] < ops):
         r += 1
-        who = b.rng.sample(range(n_init), b.rng.randrange(1, n_init + 1))
+        who = b.rng.sample(range(n_init), b.rng.randrange(1, most + 1))
         batch = []
         for q in who:
             if direct and q == 0 and b.rng.random() < 0.4:
@@ -777,6 +782,7 @@ async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=No
         if not batch:
             continue
         stats["requests"] += len(batch)
+        stats["initiators"].update(q for q, _ in batch)
         for q, raw in batch:
             k = op_kind(raw)
             if direct and q == 0 and k == "BIND":
@@ -816,6 +822,7 @@ async def mixed_checks(b, stats, *, direct=False):
     hostq = await b.port.rreg(REG_KBTP + ENG["HOSTQ_COUNT"])
     assert hostq == b.slow_sent, (hostq, b.slow_sent)
     assert b.driver.host_actions == b.slow_sent
-    return dict(stats, link=b.link.stats, fast_path=sum(got.values()), host_messages=hostq,
+    return dict(stats, initiators=len(stats.get("initiators", ())), link=b.link.stats,
+                fast_path=sum(got.values()), host_messages=hostq,
                 stall_cycles=await b.port.rreg(REG_KBTP + ENG["STALL_CYCLES"]),
                 peer_retransmissions=b.ep.counters.retransmissions, cycles=b.cycles)

@@ -526,7 +526,7 @@ def test_core_contract_is_checked():
 # ---- synthesis, place and route (slow) -------------------------------------------------------
 
 #: CI's place-and-route check: the full default core (RoCE transport + KBTP engine, width 64,
-#: 4 QPs, its memory the DDR3 through LiteDRAM, see boards/ecpix5.py; KBTP_BOARD_CI_CORE=
+#: 64 QPs, its memory the DDR3 through LiteDRAM, see boards/ecpix5.py; KBTP_BOARD_CI_CORE=
 #: kbtp-bram: in block RAM) synthesised, placed and routed for the ECPIX-5 85F with the
 #: board's default nextpnr seed, exactly what `make bitstream` builds; the test fails on any
 #: clock without positive slack after routing, or on a build that did not finish routing.
@@ -654,7 +654,8 @@ def test_board_core_options_reach_the_core():
     from boards.cores import MacLoopbackCore
 
     eco = BOARDS["ecpix5"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["ecpix5"].memory)
-    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (4, 8, 8)
+    # 64 QPs with the DDR3 (issue 22 item 3); the block-RAM variant keeps 4 (below).
+    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (64, 8, 8)
     # Width 64 on the core clock: the datapath is faster than the 1 Gb/s line.
     assert eco.target.width == 64 and eco.target.mac is False
     assert eco.target.width * eco.core_freq > 1.25e9
@@ -664,6 +665,7 @@ def test_board_core_options_reach_the_core():
     assert eco.dram is ECPIX5_DDR3 and eco.target.mem_words * 8 == ECPIX5_DDR3.size_bytes == 512 << 20
     bram = CORES["kbtp-bram"][0](BOARDS["ecpix5"].memory)
     assert bram.dram is None and bram.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
+    assert bram.target.n_qp == 4
     ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
     assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore

@@ -26,7 +26,7 @@ N = 65536
 
 def test_ddr3_is_the_shipped_core_with_ddr3():
     """What the ECPIX-5 builds by default is the kbtp core with its memory in the DDR3 through
-    LiteDRAM, and the shipped simulation is that core with the DDR3 model in LiteDRAM's place
+    LiteDRAM and 64 QPs, and the shipped simulation is that core with the DDR3 model in LiteDRAM's place
     (512 MB, LiteDRAM's figures at the board's core clock); the block-RAM variant differs from
     it in its memory only."""
     from boards import BOARDS
@@ -41,8 +41,11 @@ def test_ddr3_is_the_shipped_core_with_ddr3():
     from sim.vltarget import make_target
     p, d = board_params("ecpix5"), board_params("ecpix5", "ddr3")
     assert d["mem_words"] * 8 == ECPIX5_DDR3.size_bytes == 512 << 20
-    assert {k: v for k, v in d.items() if k not in ("mem_words", "dram")} == \
-        {k: v for k, v in p.items() if k != "mem_words"}
+    # The DDR3 holds receive buffers for 64 QPs (issue 22 item 3); the 128 KiB of block RAM
+    # for 4.
+    assert (d["n_qp"], p["n_qp"]) == (64, 4)
+    assert {k: v for k, v in d.items() if k not in ("mem_words", "dram", "n_qp")} == \
+        {k: v for k, v in p.items() if k not in ("mem_words", "n_qp")}
     core = make_target(SHIPPED)
     assert isinstance(core.target.ram, DramModel)
     assert core.target.ram.timing == ECPIX5_DDR3.cycles(CORE_FREQ)

@@ -6,7 +6,8 @@
 
 ``VlTarget(SHIPPED)`` is :class:`boards.cores.KbtpCore` built by the board's own factory: the
 GMII MAC at 125 MHz behind ``MacCdc``, the target at width 64 in its own 25 MHz clock (one
-core cycle every 5 GMII cycles), the pipelined block RAM, 4 QPs, 8 memory regions, a 128 KiB memory, the host bus
+core cycle every 5 GMII cycles), 64 QPs, 8 memory regions, its memory the 512 MB of DDR3
+(boards/dram.py's timing model of LiteDRAM's user port in LiteDRAM's place), the host bus
 behind ``HostBusRegister``; its timers run at the board's real rate (no timer scaling). The
 system bench (4 initiators, loss, duplication and corruption, every round matched to the golden
 model, the final memory image and counters compared) and a short soak run on it. The
@@ -17,7 +18,7 @@ configuration by default).
 import pytest
 
 from tools.soak import report, soak
-from sim.system import VlSystemBench, mixed, mixed_checks, run_sync
+from sim.system import VlSystemBench, mixed, mixed_checks, model_config, run_sync
 from sim.vltarget import SHIPPED, VlTarget, board_params
 
 #: GMII cycles per core cycle of the shipped core (boards.cores.CORE_FREQ; checked exactly in
@@ -99,3 +100,28 @@ def test_shipped_soak_short(built):
     assert c["in_rings"] + c["in_table"] + c["pending"] == c["blocks"]
     assert f["link"]["lost"] > 0 and f["link"]["duplicated"] > 0
     assert f["peer"]["retransmissions"] + f["target_requester"]["cnt_retransmits"] > 0
+
+
+def test_shipped_64_initiators(built):
+    """Issue 22: one initiator per QP of the shipped core (64), each with its own handle range
+    of 16 handles, HELLO from all, then mixed rounds through 2 % loss, 1 % duplication and
+    0.5 % corruption, every round matched to the golden model, then the image and the
+    counters. Rounds have 1 to 4 initiators at once (the bench tries every order of a round's
+    requests: 64 at once would be 64! orders); over the run every initiator takes part, and
+    the LOADs and STOREs run in the engine, not the host (its 64 RANGE registers)."""
+    n = board_params("ecpix5", "ddr3")["n_qp"]
+    assert n == 64
+    cfg = model_config(num_handles=16 * n, handles_per_initiator=16, num_blocks=48,
+                       quota_per_initiator=2)
+    with VlTarget(SHIPPED) as vt:
+        b = VlSystemBench(vt, n_init=n, loss=0.02, dup=0.01, corrupt=0.005, seed=23, cfg=cfg)
+        assert b.driver.fast_ok, "the engine must check all 64 handle ranges"
+        run_sync(b.bring_up())
+        stats = run_sync(mixed(b, rounds=160, max_batch=4))
+        figs = run_sync(mixed_checks(b, stats))
+        print(f"\nshipped 64-initiator bench: {figs}; {vt.cycle:,} GMII cycles "
+              f"({vt.cycle * 8 / 1e6:.2f} ms at the board's clocks)")
+        assert stats["rounds"] == 160 and len(stats["initiators"]) == n
+        assert figs["fast_path"] > stats["requests"] // 2
+        link = b.link.stats
+        assert link["lost"] > 0 and link["duplicated"] > 0 and link["corrupted"] > 0, link
