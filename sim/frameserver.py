@@ -59,8 +59,18 @@ def served_config(n_qp, mem_size, **overrides):
     128 KiB of block RAM (``--hw ecpix5-bram``) fits 4: the structures end at 90112 octets
     (pool 81920 of them), the engine's and the driver's scratch (4 x 512 + 4 x 256) at 93184,
     the buffers start at 94208 (2048-aligned); 131072 - 94208 = 36864 octets = 18 buffers, 4 per
-    QP. An explicit ``request_credits`` is kept (and refused by the driver if it does not fit)."""
+    QP. An explicit ``request_credits`` is kept (and refused by the driver if it does not fit).
+
+    The table has a handle range for every QP (``handles_per_initiator * n_qp`` handles when
+    that is more than :func:`model_config`'s): a HELLO takes a free range, so a 64-QP target
+    with 4 ranges would serve 4 sessions. The pool stays as given: the shared blocks are
+    shared out as quotas in HELLO order (host/policy.py ``session_quota``)."""
     from host.driver import memory_plan
+    if "num_handles" not in overrides:
+        base = model_config(**overrides)
+        want = base.handles_per_initiator * n_qp
+        if want > base.num_handles:
+            overrides = {**overrides, "num_handles": want}
     cfg = model_config(**overrides)
     if "request_credits" in overrides:
         return cfg

@@ -274,14 +274,15 @@ def test_connections_at_once_then_rej(tmp_path_factory):
     (2 each, interleaved, inline and by RDMA READ) while all are open. One more connection
     attempt is refused: rdma_cm in the guest fails the connect (not its 30 s alarm), and the
     target's CM sent a REJ with reason 1, No QP available (IBTA CM REJ reasons). Then one
-    connection leaves and a new one is served on the QP it freed. The served pool's 12 shared
-    blocks (sim/frameserver.py model_config) are shared out as quotas of 2, so that every
-    connection may allocate (quotas of 4 would give the fourth none)."""
+    connection leaves and a new one is served on the QP it freed. The served pool gets 2 shared
+    blocks per connection (8 + 2 n blocks: 2 DIRECT_ALLOC partitions of 4, sim/frameserver.py
+    model_config) as quotas of 2, so that every connection may allocate; the table has a
+    handle range per QP (served_config)."""
     from sim.serve_hw import HW
     n = HW["n_qp"]
     r = _run("conns", "gateware", tmp_path_factory, script="conns.py",
-             args=[str(n), "2", "1000", "7"], mtu=1500, timeout_s=900,
-             config={"quota_per_initiator": 2})
+             args=[str(n), "2", "1000", "7"], mtu=1500, timeout_s=1800,
+             config={"quota_per_initiator": 2, "num_blocks": 8 + 2 * n})
     out = r.output
     assert r.exit_code == 0 and re.search(r"SUMMARY passed=\d+ failed=0", out), out
     ok = {x[0] for x in _lines(out, "OK")}
