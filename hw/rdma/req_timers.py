@@ -1,30 +1,63 @@
 # Ref: docs/roce-layouts.md §6.7 (local ACK timeout 4.096 us * 2**timeout, RNR NAK timer);
 #      IBTA Vol. 1 §9.7.5.2.8 (RNR timer table).
-"""The requester's retry timers: one down-counter per QP, for the ACK timeout and the RNR wait.
+"""The requester's retry timers: a deadline per QP in a memory (ACK timeout, RNR wait).
 
-The counters run every cycle; the control FSM only loads one (``start_ack``: the local ACK
-timeout of the QP's ``timeout`` code; ``start_rnr``: the RNR NAK's timer code, which wins when
-both are asked for in one cycle) and sees them reach zero through the scheduler
-(:class:`~hw.rdma.req_sq.SqScheduler`). Whether a timer is running at all is the QP record's
-``timer_on`` bit, not the counter's.
+The control FSM only starts a timer (``start_ack``: the local ACK timeout of the QP's
+``timeout`` code; ``start_rnr``: the RNR NAK's timer code, which wins when both are asked for
+in one cycle) and sees it expire through the scheduler (:class:`~hw.rdma.req_sq.SqScheduler`).
+Whether a timer is running at all is the QP record's ``timer_on`` bit, not this block's.
+
+Design
+------
+One free-running counter ``now`` of :func:`timer_bits` bits. A start of QP ``i`` at cycle k
+writes the deadline ``now + cycles`` into row ``i`` of a memory (one row per QP) and clears the
+flip-flop ``zero[i]`` (``cycles == 0``, ACK code 0, sets it instead), seen by the FSM from cycle
+k+1. A sweep reads one row per cycle, QP 0, 1, ..., n_qp-1, 0, ...; the row read at cycle t
+arrives at t+1, where ``now - deadline`` >= 0 (the sign bit of the difference, modulo
+2**width) sets ``zero[i]`` for cycle t+2. ``zero[i]`` then stays set until QP i's next start.
+
+Timing against the old down-counters (a counter loaded with ``cycles`` at cycle k read 0 from
+cycle k+1+cycles on): ``zero[i]`` is never early (the compare at cycle t >= k+cycles is the
+first that can set it) and at most n_qp-1 cycles late (every row is compared once every n_qp
+cycles; tests/hw/rdma/test_req_timers.py holds it to n_qp+1). ``zero`` is all 1 at reset, as
+the counters were 0 at reset.
+
+A restart of QP i while the sweep is on i must not let the old deadline set ``zero[i]``: the
+read port is transparent to the write port (a start and the sweep's read of the same row in one
+cycle return the new deadline), and a start wins over the compare of the row read the cycle
+before (both would act on the same clock edge).
+
+Width
+-----
+``timer_bits = bit_length(longest + n_qp + 1) + 1``, ``longest`` the largest value of
+:func:`ack_timeout_cycles` and :func:`rnr_timer_cycles` over codes 0..31 at the given clock and
+``timer_scale``: ``now - deadline`` goes from ``-longest`` (just started) to ``n_qp - 1`` (the
+sweep's lateness) before ``zero`` sticks, a range the sign of a difference this wide tells
+apart. 39 bits at 25 MHz with 4 or 64 QPs (ACK code 31: 4.096 us * 2**31 * 25 MHz =
+2**38 * 0.8 cycles), 42 at 125 MHz. The down-counters were a fixed 40 bits, which at 125 MHz
+could not hold ACK code 31 (4.096 us * 2**31 * 125 MHz = 2**40 cycles: it loaded 0, a timeout
+at once).
+
+Why a memory: the counters were 40 flip-flops and a decrementer per QP; at 64 QPs they took
+3,909 LUT4, 1,280 CCU2C and 2,560 flip-flops of the ECP5 (synth_ecp5 of this block alone),
+which does not fit beside the rest. The deadlines take LUT RAM, three adders (``now + 1``,
+``now + cycles``, ``now - deadline``) and one flip-flop per QP: 541 LUT4, 63 CCU2C, 121
+flip-flops and 40 TRELLIS_DPR16X4 at 64 QPs, 25 MHz.
 """
 
 from amaranth import Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.rdma.req_sq import qp_bits
 
-__all__ = ["RNR_TIMER_MS", "ack_timeout_cycles", "rnr_timer_cycles", "timer_port",
-           "RetryTimers"]
+__all__ = ["RNR_TIMER_MS", "ack_timeout_cycles", "rnr_timer_cycles", "timer_bits",
+           "timer_port", "RetryTimers"]
 
 #: IBTA RNR NAK timer field (AETH syndrome bits 4:0) -> minimum delay in milliseconds.
 RNR_TIMER_MS = [655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64,
                 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96,
                 61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52]
-
-#: Counter width.
-TIMER_BITS = 40
 
 
 def ack_timeout_cycles(code, clk_hz, timer_scale=1):
@@ -39,22 +72,31 @@ def rnr_timer_cycles(code, clk_hz, timer_scale=1):
     return max(1, round(RNR_TIMER_MS[code] * 1e-3 * clk_hz / timer_scale))
 
 
+def timer_bits(n_qp, clk_hz, timer_scale=1):
+    """Width of ``now`` and of a deadline (see the module docstring, Width)."""
+    longest = max(f(code, clk_hz, timer_scale)
+                  for f in (ack_timeout_cycles, rnr_timer_cycles) for code in range(32))
+    return (longest + n_qp + 1).bit_length() + 1
+
+
 def timer_port(n_qp):
     """The control FSM's port on :class:`RetryTimers`, seen from the FSM (Out: driven by it)."""
     return wiring.Signature({
         "index": Out(qp_bits(n_qp)),
         "ack_code": Out(5),                 # the QP's timeout code (QpConfig.timeout)
-        "start_ack": Out(1),                # load timer `index` with the ACK timeout
-        "start_rnr": Out(1),                # load timer `index` with the RNR timer
+        "start_ack": Out(1),                # start timer `index` with the ACK timeout
+        "start_rnr": Out(1),                # start timer `index` with the RNR timer
         "rnr_code": Out(5),                 # AETH syndrome bits 4:0 of the RNR NAK
     })
 
 
 class RetryTimers(wiring.Component):
-    """``n_qp`` down-counters; ``zero[i]``: counter i is 0.
+    """``n_qp`` retry timers; ``zero[i]``: timer i expired (see the module docstring).
 
     Parameters
     ----------
+    n_qp : int
+        number of QPs (memory rows; the sweep visits each once every n_qp cycles).
     clk_hz : float
         clock frequency.
     timer_scale : int
@@ -64,14 +106,16 @@ class RetryTimers(wiring.Component):
     -----
     ctl : In(:func:`timer_port`)
     zero : Out(n_qp)
+        sticky from the sweep's first compare at or after the deadline to the QP's next start.
     """
 
     def __init__(self, n_qp, clk_hz, timer_scale=1):
         self._n_qp, self._clk_hz, self._scale = n_qp, clk_hz, timer_scale
+        self.width = timer_bits(n_qp, clk_hz, timer_scale)
         super().__init__({"ctl": In(timer_port(n_qp)), "zero": Out(n_qp)})
 
     def _table(self, m, code, cycles, name):
-        out = Signal(TIMER_BITS, name=name)
+        out = Signal(self.width, name=name)
         with m.Switch(code):
             for c in range(32):
                 with m.Case(c):
@@ -80,16 +124,34 @@ class RetryTimers(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        c = self.ctl
+        nq, w, c = self._n_qp, self.width, self.ctl
         ack_cyc = self._table(m, c.ack_code, ack_timeout_cycles, "ack_cyc")
         rnr_cyc = self._table(m, c.rnr_code, rnr_timer_cycles, "rnr_cyc")
-        value = Signal(TIMER_BITS)
-        m.d.comb += value.eq(Mux(c.start_rnr, rnr_cyc, ack_cyc))
-        for i in range(self._n_qp):
-            t = Signal(TIMER_BITS, name=f"timer{i}")
-            m.d.comb += self.zero[i].eq(t == 0)
-            with m.If((c.start_ack | c.start_rnr) & (c.index == i)):
-                m.d.sync += t.eq(value)
-            with m.Elif(t != 0):
-                m.d.sync += t.eq(t - 1)
+        value = Signal(w)
+        start = Signal()
+        m.d.comb += [value.eq(Mux(c.start_rnr, rnr_cyc, ack_cyc)),
+                     start.eq(c.start_ack | c.start_rnr)]
+
+        now = Signal(w)
+        m.d.sync += now.eq(now + 1)
+
+        m.submodules.deadlines = mem = memory.Memory(shape=w, depth=nq, init=[])
+        wr = mem.write_port()
+        rd = mem.read_port(transparent_for=(wr,))
+        m.d.comb += [wr.en.eq(start), wr.addr.eq(c.index), wr.data.eq(now + value)]
+
+        sweep = Signal(range(nq))           # the row read this cycle
+        swept = Signal(range(nq))           # the row in rd.data
+        m.d.sync += [sweep.eq(Mux(sweep == nq - 1, 0, sweep + 1)), swept.eq(sweep)]
+        m.d.comb += rd.addr.eq(sweep)
+        late = Signal(w)
+        m.d.comb += late.eq(now - rd.data)  # >= 0: the deadline is reached
+
+        expired = Signal(nq, init=(1 << nq) - 1)
+        m.d.comb += self.zero.eq(expired)
+        for i in range(nq):
+            with m.If(start & (c.index == i)):
+                m.d.sync += expired[i].eq(value == 0)
+            with m.Elif(~late[-1] & (swept == i)):
+                m.d.sync += expired[i].eq(1)
         return m
