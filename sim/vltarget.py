@@ -99,11 +99,11 @@ def _dram(key):
 
 def board_params(name, dram=None):
     """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
-    ``n_mr``, ``n_ranges``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
-    (the board's real clocks), ``timer_scale`` (1: the board's timers run in real time) and
-    ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the core); with
-    ``dram`` (a key of :data:`DRAMS`) those of the core with the DRAM timing model, and
-    ``dram``."""
+    ``n_mr``, ``n_ranges``, ``mem_words``, ``core_div`` (GMII cycles per core cycle),
+    ``mac_hz``, ``core_hz`` (the board's real clocks), ``timer_scale`` (1: the board's timers
+    run in real time) and ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the
+    core); with ``dram`` (a key of :data:`DRAMS`) those of the core with the DRAM timing model,
+    and ``dram``."""
     from boards import BOARDS
     from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
@@ -118,9 +118,9 @@ def board_params(name, dram=None):
         raise ValueError(f"board {name}: core clock {core_freq} Hz is not the GMII clock "
                          f"over an integer")
     return {"board": name, "width": kw["width"], "n_qp": kw["n_qp"], "n_mr": kw["n_mr"],
-            "n_ranges": n_ranges_of(kw), "mem_words": kw["mem_words"], "core_div": round(div), "mac_hz": spec.sys_freq,
-            "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1),
-            "udp_link": bool(kw.get("udp_link", False)),
+            "n_ranges": n_ranges_of(kw), "mem_words": kw["mem_words"], "core_div": round(div),
+            "mac_hz": spec.sys_freq, "core_hz": core_freq,
+            "timer_scale": kw.get("timer_scale", 1), "udp_link": bool(kw.get("udp_link", False)),
             **({"dram": dram} if dram is not None else {})}
 
 
