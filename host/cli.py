@@ -331,7 +331,9 @@ def build_parser():     # noqa: F811 - extends the codec parser above with ``dri
     drv.add_argument("--mem-size", type=_int_arg, help="target memory in octets (checked)")
     drv.add_argument("--no-fast-path", action="store_true",
                      help="leave the engine off: the driver executes every request")
-    drv.add_argument("--n-ranges", type=_int_arg, default=16, help="engine RANGE registers")
+    drv.add_argument("--n-ranges", type=_int_arg,
+                     help="engine RANGE registers (default: a target of --n-qp QPs has "
+                          "max(16, n_qp))")
     drv.add_argument("--mr-base", type=_int_arg, default=0,
                      help="first MR slot for the direct-mode STags")
     drv.add_argument("--n-mr", type=_int_arg, help="MR slots of the target (checked)")

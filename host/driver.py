@@ -21,11 +21,13 @@ API
     ``port`` a :class:`~host.port.TargetPort`; ``cfg`` a :class:`model.target.TargetConfig` (its
     ``layout()`` places counters, table, rings and pool). Options: ``n_qp`` (QPs of the target),
     ``mem_size`` (octets of target memory, checked against the plan), ``fast_path`` (enable the
-    engine), ``n_ranges`` (engine RANGE registers), ``mr_base`` / ``n_mr`` (MR table slots the
-    driver may use for the direct-mode STags), ``recv_count`` (receive buffers per QP: always
-    ``cfg.request_credits``, see "Receive buffers" below), ``notify_depth`` (the target's
-    RecvNotify FIFO, default :data:`NOTIFY_DEPTH_PER_QP` per QP), ``max_messages`` (messages
-    :meth:`poll_all` takes in one pass).
+    engine), ``n_ranges`` (engine RANGE registers; default that of a target of ``n_qp`` QPs,
+    :func:`hw.kbtp.engine.ranges_for`: give the target's own when it was built otherwise or has
+    more QPs than ``n_qp``), ``mr_base`` / ``n_mr`` (MR table slots the driver may use for the
+    direct-mode STags), ``recv_count`` (receive buffers per QP: always ``cfg.request_credits``,
+    see "Receive buffers" below), ``notify_depth`` (the target's RecvNotify FIFO, default
+    :data:`NOTIFY_DEPTH_PER_QP` per QP), ``max_messages`` (messages :meth:`poll_all` takes in
+    one pass).
 ``await init()``
     Write the table (all entries invalid), the shared ring and the DIRECT_ALLOC partition rings
     (draft initialization rules), the Head/Tail counters and a zero pool as one bulk image
@@ -135,7 +137,7 @@ from host.policy import PartitionState, SessionState, next_generation
 from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_KBTP, REG_MR, QpConfig, QpState,
                       RecvNotify, WcStatus, qp_index_of,
                       WorkCompletion, WrOp)
-from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, reg as ENG
+from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, ranges_for, reg as ENG
 from hw.rdma.qp import MR_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_WC
 
@@ -313,7 +315,7 @@ class _Conn:
 class KbtpDriver:
     """KBTP slow path over a :class:`host.port.TargetPort` (see the module docstring)."""
 
-    def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=16,
+    def __init__(self, port, cfg, *, n_qp=2, mem_size=None, fast_path=True, n_ranges=None,
                  mr_base=0, n_mr=None, recv_count=None, notify_depth=None, wc_polls=100000,
                  max_messages=16, zero_pool=True, wc_room=16):
         self.port = port
@@ -326,7 +328,7 @@ class KbtpDriver:
         self.cfg = cfg
         self.lay = cfg.layout()
         self.n_qp = n_qp
-        self.n_ranges = n_ranges
+        self.n_ranges = n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
         # recv_count: cfg.request_credits (memory_plan refuses another figure)
         self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size,
                                 notify_depth=notify_depth)

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from host.driver import disconnect_delay_ms
-from sim.vltarget import NAMED, SHIPPED, board_params
+from sim.vltarget import NAMED, SHIPPED, board_params, n_ranges_of
 
 __all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 
@@ -117,7 +117,7 @@ class Served:
                  f"request credits {cfg.request_credits}, max inline {cfg.max_inline}")
         self.driver = KbtpDriver(self.port, cfg,
                                  n_qp=p["n_qp"], mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
-                                 wc_polls=WC_POLLS)
+                                 n_ranges=n_ranges_of(p), wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],
                            log=self.log, seed=opts.get("seed", 1),
                            max_ack_timeout=ACK_TIMEOUT[hw])

@@ -36,6 +36,7 @@ from host.driver import KbtpDriver
 from host.port import TargetPort
 from hw.headers import Features, Opcode, Status
 from sim.channel import LossyLink
+from sim.vltarget import n_ranges_of
 from model.target import SendMsg, TargetConfig, TargetModel, WriteImm
 from roce.rc import RoceEndpoint
 
@@ -184,6 +185,9 @@ class SystemBench:
     ----------
     n_qp, n_mr, mem_words : int
         The target's build parameters (for the driver).
+    n_ranges : int or None
+        The target's RANGE registers (:func:`sim.vltarget.n_ranges_of` its parameters); None:
+        the default of a target of ``n_qp`` QPs.
     n_init : int
         Initiators (QPs of the one peer endpoint), at most ``n_qp``.
     loss, dup, corrupt : float
@@ -199,8 +203,8 @@ class SystemBench:
         16) is 262 us of simulated time; 6 is the same at the board's real timer rate.
     """
 
-    def __init__(self, *, n_qp, n_mr, mem_words, n_init=4, loss=0.0, dup=0.0, corrupt=0.0,
-                 seed=1, cfg=None, peer_timeout=8, target_timeout=10):
+    def __init__(self, *, n_qp, n_mr, mem_words, n_ranges=None, n_init=4, loss=0.0, dup=0.0,
+                 corrupt=0.0, seed=1, cfg=None, peer_timeout=8, target_timeout=10):
         self.n_qp, self.n_mr, self.mem_words = n_qp, n_mr, mem_words
         self.target_timeout = target_timeout
         self.n_init = n_init
@@ -220,7 +224,7 @@ class SystemBench:
                 on_message=self._on_message(q)))
         self.port = TargetPort(self.access)
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem_words * 8,
-                                 n_mr=n_mr)
+                                 n_mr=n_mr, n_ranges=n_ranges)
         self.out_frames = []        # (sim time ns of the first octet, frame)
         self.in_frames = []         # (sim time ns of the last octet, frame) delivered to the DUT
         self.handled = []           # the driver's Handled records
@@ -588,7 +592,8 @@ class VlSystemBench(SystemBench):
         p = vt.params
         # The same simulated ACK timeout (262 us) whatever the target's timer scaling.
         kw.setdefault("target_timeout", 6 + (p.get("timer_scale", 1).bit_length() - 1))
-        super().__init__(n_qp=p["n_qp"], n_mr=p["n_mr"], mem_words=p["mem_words"], **kw)
+        super().__init__(n_qp=p["n_qp"], n_mr=p["n_mr"], mem_words=p["mem_words"],
+                         n_ranges=n_ranges_of(p), **kw)
         self.vt = vt
         # One pipe round trip per run and a few per driver poll: a longer step than the cocotb
         # bench's saves Python time; 128 cycles (1 us) is the link's delay anyway.

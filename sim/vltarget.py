@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 __all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_BRAM", "DRAMS", "NAMED", "VlTarget", "TxFrame", "build", "export_verilog",
-           "board_params"]
+           "board_params", "n_ranges_of"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
 #: keyword arguments may be given too. Not what a board builds: see :data:`SHIPPED`.
@@ -99,11 +99,11 @@ def _dram(key):
 
 def board_params(name, dram=None):
     """What a bench needs to know of board ``name``'s core: ``board``, ``width``, ``n_qp``,
-    ``n_mr``, ``mem_words``, ``core_div`` (GMII cycles per core cycle), ``mac_hz``, ``core_hz``
-    (the board's real clocks), ``timer_scale`` (1: the board's timers run in real time) and
-    ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the core); with
-    ``dram`` (a key of :data:`DRAMS`) those of the core with the DRAM timing model, and
-    ``dram``."""
+    ``n_mr``, ``n_ranges``, ``mem_words``, ``core_div`` (GMII cycles per core cycle),
+    ``mac_hz``, ``core_hz`` (the board's real clocks), ``timer_scale`` (1: the board's timers
+    run in real time) and ``udp_link`` (the UDP host link of :mod:`hw.target.udplink` is in the
+    core); with ``dram`` (a key of :data:`DRAMS`) those of the core with the DRAM timing model,
+    and ``dram``."""
     from boards import BOARDS
     from boards.cores import CORE_FREQ, CORES, KbtpCore
     spec = BOARDS[name]
@@ -118,10 +118,20 @@ def board_params(name, dram=None):
         raise ValueError(f"board {name}: core clock {core_freq} Hz is not the GMII clock "
                          f"over an integer")
     return {"board": name, "width": kw["width"], "n_qp": kw["n_qp"], "n_mr": kw["n_mr"],
-            "mem_words": kw["mem_words"], "core_div": round(div), "mac_hz": spec.sys_freq,
-            "core_hz": core_freq, "timer_scale": kw.get("timer_scale", 1),
-            "udp_link": bool(kw.get("udp_link", False)),
+            "n_ranges": n_ranges_of(kw), "mem_words": kw["mem_words"], "core_div": round(div),
+            "mac_hz": spec.sys_freq, "core_hz": core_freq,
+            "timer_scale": kw.get("timer_scale", 1), "udp_link": bool(kw.get("udp_link", False)),
             **({"dram": dram} if dram is not None else {})}
+
+
+def n_ranges_of(params):
+    """The engine's RANGE registers in the target of ``params`` (KbtpTarget keyword arguments,
+    or :func:`board_params`): its ``n_ranges``, else KbtpTarget's default for its ``n_qp``. A
+    driver of the target needs it (host/driver.py: with fewer than its configuration's handle
+    ranges, every request stays on the host; a driver may use fewer QPs than the target)."""
+    from hw.kbtp.engine import ranges_for
+    n = params.get("n_ranges")
+    return ranges_for(params["n_qp"]) if n is None else n
 
 
 def _params(params):

@@ -249,6 +249,7 @@ class Bench:
         from host.port import TargetPort
         from model.target import TargetConfig
         from roce.rc import RoceEndpoint
+        from sim.vltarget import n_ranges_of
         self.vt = vt
         self.rng = random.Random(seed)
         p = vt.params
@@ -291,7 +292,9 @@ class Bench:
                 break
         self.num_blocks = nb
         self.port = TargetPort(self.vt.port_access(self.net_step))
-        self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr)
+        # (the target's RANGEs, not those of a target of the bench's n_qp: it may have more QPs)
+        self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr,
+                                 n_ranges=n_ranges_of(p))
         self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=MIN_FRAME)
         self.mtus = [mtus[q % len(mtus)] for q in range(n_init)]
         self.tx = []            # every TxFrame out of the target, in order

@@ -676,7 +676,7 @@ class Fuzzer:
         from model.target import TargetModel
         from roce.rc import RoceEndpoint
         from sim.frameserver import large_config as model_config
-        from sim.vltarget import HW_DEFAULT, VlTarget
+        from sim.vltarget import HW_DEFAULT, VlTarget, n_ranges_of
         from sim.scapy_roce import pcap_roce_frames
         from sim.workload import Gen
 
@@ -690,7 +690,8 @@ class Fuzzer:
         self.model = TargetModel(self.cfg)
         self.port = TargetPort(self.vt.port_access(self.net, every=16))
         self.driver = KbtpDriver(self.port, self.cfg, n_qp=p["n_qp"],
-                                 mem_size=p["mem_words"] * 8, n_mr=p["n_mr"])
+                                 mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
+                                 n_ranges=n_ranges_of(p))
         self.handled = []
         self._last_tick = 0.0
         self.clean = RoceEndpoint(CLEAN[0], CLEAN[1], seed=self.seed, min_frame=60)

@@ -110,10 +110,18 @@ from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE",
-           "read_window_for"]
+           "read_window_for", "ranges_for"]
 
 #: Fast-path opcodes, in counter order (op index 0, 1, 2).
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
+
+
+def ranges_for(n_qp):
+    """The RANGE registers (``n_ranges``) of an engine of ``n_qp`` QPs when none are given, by
+    KbtpEngine, KbtpTarget and the host driver alike: a range per QP, at least 16. (A
+    configuration with more handle ranges than the engine checks keeps every request on the
+    host: host/driver.py ``fast_ok``.)"""
+    return max(16, n_qp)
 
 
 class KbtpEngine(wiring.Component):
@@ -125,8 +133,9 @@ class KbtpEngine(wiring.Component):
     n_qp : int
         QPs with a session context (at most, and by default, 2**QP_INDEX_BITS; the per-QP
         state is in memories, a row per QP).
-    n_ranges : int
-        Handle ranges in the LOAD authorization table.
+    n_ranges : int or None
+        Handle ranges in the LOAD authorization table (RANGE registers); None:
+        :func:`ranges_for` ``n_qp``.
     base : int
         Byte address of the register window.
     read_window : int
@@ -159,10 +168,10 @@ class KbtpEngine(wiring.Component):
     #: tests/hw/kbtp/test_formal_ring.py).
     ring_cls = RingAllocator
 
-    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=16, base=REG_KBTP, read_window=0):
+    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=None, base=REG_KBTP, read_window=0):
         self.n_qp = n_qp
         self.read_window = read_window
-        self.n_ranges = n_ranges
+        self.n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
         self.base = base
         #: (not a port) the ring allocator takes a RETURN this cycle: for the ghost checks of
         #: tests/hw/kbtp/test_formal_ring.py, which must tell the return's Tail FetchAdd

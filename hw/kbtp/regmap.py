@@ -72,8 +72,6 @@ REGS = (
     Reg("MAX_INLINE", 0x038, "RW", "Max Inline: largest inline STORE / ALLOC_STORE payload"),
     Reg("RANGE_LOG2", 0x03C, "RW", "log2 of the handles per initiator range (LOAD "
         "authorization)", width=6),
-    Reg("RANGE", 0x040, "RW", "range i: bit 8 owned, bits 7..0 trust domain of the owner",
-        width=9, count="n_ranges"),
     Reg("CMD", 0x080, "W", "write 1: TAIL_FETCHADD (result in CMD_RESULT), 2: FREE_BLOCK (Block "
         "Offset in CMD_ARG), ignored while busy; read: bit 0 busy (command pending, free "
         "deferred or frees queued in FREE_PUSH), bit 1 free deferred", width=2),
@@ -113,6 +111,11 @@ REGS = (
             f"({SCRATCH_SLOTS * SLOT_SIZE} octets, 8-aligned) for COMPLETIONs / records: one per "
             "completion on the wire", reset=None),
     )),
+    # (after the 64 session records, which end at 0xA00: the window holds 384 RANGEs here;
+    # at 0x040, below CMD, only 16 fitted, and a target with more sessions than ranges kept
+    # every request on the host)
+    Reg("RANGE", 0xA00, "RW", "range i: bit 8 owned, bits 7..0 trust domain of the owner",
+        width=9, count="n_ranges"),
 )
 
 

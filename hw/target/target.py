@@ -67,7 +67,7 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT,
                      REG_UDPLINK, RecvNotify, RecvRepost, Space, WorkRequest)
 from hw.net.icrc import IcrcCheck, IcrcInsert
-from hw.kbtp.engine import KbtpEngine, read_window_for
+from hw.kbtp.engine import KbtpEngine, ranges_for, read_window_for
 from hw.lib.stream import PacketStream, RecordMerge, RegisterSlice
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.net.arp import ArpResponder
@@ -149,6 +149,10 @@ class KbtpTarget(wiring.Component):
         frame (:func:`~hw.kbtp.engine.read_window_for`): READ responses come back at line rate
         whatever the core drains, and one dropped for want of room waits for the QP's
         retransmission timer.
+    n_ranges : int or None
+        The engine's RANGE registers (handle ranges it authorizes LOADs in); None (default):
+        :func:`~hw.kbtp.engine.ranges_for` ``n_qp``, one per QP and at least 16, which a host
+        driver of ``n_qp`` QPs assumes unless told otherwise.
     mac : bool
         ``True`` (default): the GMII MAC is inside and the ports are GMII pins. ``False``: no
         MAC; the frame streams and the MAC's counters are ports instead (for a MAC in another
@@ -176,7 +180,7 @@ class KbtpTarget(wiring.Component):
 
     def __init__(self, width=8, n_qp=2, mem_words=8192, *, n_mr=4, init=(), clk_hz=125e6,
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
-                 queue_depth=16, engine=True, n_ranges=16, raw_rx_octets=4096,
+                 queue_depth=16, engine=True, n_ranges=None, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
                  mac_depth=8192, mac_rx_depth=32768, ram=None, udp_link=False):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
@@ -186,7 +190,8 @@ class KbtpTarget(wiring.Component):
         # Largest packet (PMTU 4096 + headers) in beats, with margin for two queued packets.
         self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
         self.queue_depth = queue_depth
-        self.engine, self.n_ranges = engine, n_ranges
+        self.engine = engine
+        self.n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
         #: Receive buffers the host may post in all (sum of recv_count over the QPs).
         self.notify_depth = notify_depth or 16 * n_qp
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth

@@ -14,13 +14,15 @@ octet for octet, and the RAM image of the KBTP structures byte for byte after ev
 
 import random
 
+import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 from amaranth.sim import Simulator
 
 from hw.headers import Features, GoodbyeFlags, ReqFlags, Status
-from hw.iface import HostBusSignature, REG_KBTP, REG_MR, REG_QP, Space, WcStatus, WrOp
+from hw.iface import (HostBusSignature, QP_INDEX_BITS, REG_KBTP, REG_MR, REG_QP, Space,
+                      WcStatus, WrOp)
 from hw.kbtp.engine import KbtpEngine, reg as ENG
 from hw.lib.membus import MemArbiter, MemRam
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE, MrTable, QpTable
@@ -38,17 +40,17 @@ CFG = dict(block_size=256, num_blocks=8, num_handles=64, handles_per_initiator=3
 
 
 class Top(wiring.Component):
-    def __init__(self, mem_bytes):
-        self.eng = KbtpEngine(n_qp=N_QP, n_ranges=8)
-        self.hq = HostQueues(8)
+    def __init__(self, mem_bytes, n_qp=N_QP, n_ranges=8, queue_depth=8):
+        self.eng = KbtpEngine(n_qp=n_qp, n_ranges=n_ranges)
+        self.hq = HostQueues(queue_depth)
         self.hmem = HostMemPort(mem_bytes)
-        self.qpt = QpTable(N_QP)
+        self.qpt = QpTable(n_qp)
         self.mrt = MrTable(8)
         self.arb = MemArbiter(2, outstanding=8)
         self.ram = MemRam(mem_bytes // 8)
         self.dec = HostDecoder([[(Space.MEM, 0, 1 << 32)], [(Space.QUEUE, 0, 4)],
                                 [(Space.REG, REG_KBTP, 0x1000)],
-                                [(Space.REG, REG_QP, QP_STRIDE * N_QP)],
+                                [(Space.REG, REG_QP, QP_STRIDE * n_qp)],
                                 [(Space.REG, REG_MR, MR_STRIDE * 8)]])
         super().__init__({"host": In(HostBusSignature())})
 
@@ -85,18 +87,21 @@ def ram_write(ctx, ram, addr, data):
 
 
 class Bench:
-    def __init__(self, **over):
-        self.cfg = TargetConfig(**CFG, **over)
-        self.model = TargetModel(TargetConfig(**CFG, **over))
-        self.plan = memory_plan(self.cfg, N_QP)
-        self.top = Top(self.plan["end"])
-        self.imem = {q: InitiatorMemory() for q in range(N_QP)}
+    """``n_qp`` QPs, an engine of ``n_ranges`` RANGEs (None: its default, and the driver's),
+    HostQueues of ``queue_depth``; ``over``: TargetConfig fields other than :data:`CFG`'s."""
+
+    def __init__(self, n_qp=N_QP, n_ranges=8, queue_depth=8, **over):
+        self.cfg = TargetConfig(**{**CFG, **over})
+        self.model = TargetModel(TargetConfig(**{**CFG, **over}))
+        self.plan = memory_plan(self.cfg, n_qp)
+        self.top = Top(self.plan["end"], n_qp, n_ranges, queue_depth)
+        self.imem = {q: InitiatorMemory() for q in range(n_qp)}
         self.sent = []                  # (source, qp, payload, inv) of every SEND
         self.reposts = [0, 0]           # engine, host
         self.ctx = None
         self.recv_k = {}
-        self.drv = KbtpDriver(TargetPort(self.access), self.cfg, n_qp=N_QP,
-                              mem_size=self.plan["end"], n_ranges=8, n_mr=8)
+        self.drv = KbtpDriver(TargetPort(self.access), self.cfg, n_qp=n_qp,
+                              mem_size=self.plan["end"], n_ranges=n_ranges, n_mr=8)
         self.now = 0.0
 
     def simulate(self, bench):
@@ -378,3 +383,61 @@ def test_driver_says_why_the_engine_is_not_used():
     assert not bad.fast_ok
     assert bad.fast_off_reasons == ["4096 handle ranges, the engine checks 16"]
     assert not KbtpDriver(TargetPort(None), model_config(), n_qp=4, fast_path=False).fast_ok
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")    # (KbtpTarget's n_ranges)
+def test_64_sessions_keep_the_fast_path():
+    """64 QPs, each with a session and its handle range (64 ranges): the engine's default RANGEs
+    (hw.kbtp.engine.ranges_for, as a KbtpTarget of 64 QPs has) are the driver's default too, so
+    the driver keeps the fast path on (with 16, where RANGE sat before 0xA00, it would not). Its
+    HELLOs write RANGE[i] (``1 << 8 | domain``) through the host bus, which reads all 64 back,
+    and the engine's LOAD authorization uses them: range 40 belongs to trust domain 1
+    (initiator 41 on QP 40), ranges 0..63 else to domain 0; a LOAD of a range owned by the
+    session's domain runs, one of a range another domain owns is refused (INVALID_HANDLE), both
+    by the engine and as the golden model answers."""
+    from hw.target.target import KbtpTarget
+    n = 1 << QP_INDEX_BITS
+    b = Bench(n_qp=n, n_ranges=None, queue_depth=16, num_handles=4 * n, handles_per_initiator=4,
+              quota_per_initiator=2, overcommit_quotas=True, trust_domains={41: 1})
+    assert b.cfg.num_ranges == n
+    assert b.drv.n_ranges == b.top.eng.n_ranges == KbtpTarget(n_qp=n).n_ranges == n
+    assert b.drv.fast_ok, b.drv.fast_off_reasons
+    assert not KbtpDriver(TargetPort(None), b.cfg, n_qp=n, n_ranges=16).fast_ok
+    out = {}
+
+    async def bench(ctx):
+        b.ctx = ctx
+        drv = b.drv
+        await drv.init()
+        for q in range(n):
+            await drv.open_qp(q)
+            b.model.connect(q)
+        for q in range(n):
+            want, _, src = await b.deliver(q, hello(q + 1))
+            assert codec.decode(want[0]).status == 0 and src == [1], q
+            assert b.model.session_of(q).range_index == q
+        ranges = [await drv.port.rreg(REG_KBTP + ENG["RANGE"] + 4 * i) for i in range(n)]
+        assert ranges == [1 << 8 | (i == 40) for i in range(n)]
+        h = {q: b.model.session_of(q).handle_base for q in (20, 21, 40)}
+        for q in (20, 40):
+            want, res, src = await b.deliver(q, alloc_inline(q, h[q], b"range %d" % q,
+                                                             flags=ReqFlags.SEAL.value))
+            assert codec.decode(want[0]).status == 0 and src == [0] and res is None, q
+        for q in (20, 21, 40):
+            for m in (b.imem[q], b.model.initiator_memory(q)):
+                m.register(0x70 + q, 256, base_to=0x1_0000_0000)
+        for q, r, status in ((40, 40, Status.OK), (21, 20, Status.OK),
+                             (20, 40, Status.INVALID_HANDLE), (40, 20, Status.INVALID_HANDLE)):
+            want, res, src = await b.deliver(q, codec.encode(codec.Load(
+                request_id=100 + q, handle=h[r], data=codec.DataDesc(0x70 + q, 0x1_0000_0000,
+                                                                     256))))
+            assert codec.decode(want[0]).status == status.value, (q, r)
+            assert src == [0] and res is None, (q, r, src)       # the engine's answer
+        assert b.imem[21].contents(0x70 + 21)[:8] == b"range 20"
+        out["counters"] = await drv.counters(transport=False)
+        out["done"] = True
+
+    b.simulate(bench)
+    assert out.get("done")
+    c = out["counters"]["engine"]
+    assert c[("LOAD", "OK")] == 2 and c[("LOAD", "INVALID_HANDLE")] == 2, c

@@ -46,6 +46,7 @@ from hw.headers import Features, Opcode, ReqFlags, Status
 from sim.hdl import cocotb_host_access, cocotb_start_gmii, get_params
 from sim.system import (DIRECT, PERIOD_NS, STEP, SystemBench as _Bench, mixed as _mixed,
                         mixed_checks, model_config, one_sided)
+from sim.vltarget import n_ranges_of
 from sim.workload import build
 
 FIGS = {}
@@ -57,7 +58,8 @@ class SystemBench(_Bench):
 
     def __init__(self, dut, **kw):
         p = get_params()
-        super().__init__(n_qp=p["n_qp"], n_mr=p["n_mr"], mem_words=p["mem_words"], **kw)
+        super().__init__(n_qp=p["n_qp"], n_mr=p["n_mr"], mem_words=p["mem_words"],
+                         n_ranges=n_ranges_of(p), **kw)
         self.dut = dut
         self.bus_lock = Lock()
 

@@ -64,8 +64,9 @@ register windows).
 
 Offsets from REG_KBTP; names as in `hw.kbtp.engine.reg` (host/driver.py's `ENG`). *bits*: the
 bits a register implements (reads give zeros above them); a 64-bit register is two words, low
-word first. `n_qp` and `n_ranges` are `KbtpEngine` parameters. Accesses to other words of the
-4 KiB window are refused (`err`). The table is hw/kbtp/regmap.py `REGS`; the engine's register
+word first. `n_qp` and `n_ranges` are `KbtpEngine` parameters (`n_ranges` by default
+max(16, n_qp), `hw.kbtp.engine.ranges_for`). Accesses to other words of the 4 KiB window are
+refused (`err`). The table is hw/kbtp/regmap.py `REGS`; the engine's register
 bank (hw/kbtp/engine_regs.py) decodes the bus from it.
 
 {regmap.markdown()}

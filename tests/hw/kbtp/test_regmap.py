@@ -14,7 +14,7 @@ from amaranth.sim import Simulator
 from hw import iface
 from hw.iface import QP_INDEX_BITS, REG_KBTP, Space
 from hw.kbtp import regmap
-from hw.kbtp.engine import ENGINE_ID, reg
+from hw.kbtp.engine import ENGINE_ID, ranges_for, reg
 from hw.kbtp.engine_regs import EngineRegs
 from sim.hostbus import bus_access
 
@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[3]
 GEN = ROOT / "tools" / "registers" / "gen.py"
 
 #: The offsets host/driver.py, sim/ and the tests were written against (before the table; QP
-#: records 0x20 apart since 64 QPs, issue 22: at 0x40 they left the window from QP 56 on).
+#: records 0x20 apart since 64 QPs, issue 22: at 0x40 they left the window from QP 56 on;
+#: RANGE after them since 64 ranges: at 0x040 only 16 fitted below CMD).
 OFFSETS = dict(
     ID=0x000, CTRL=0x004, TABLE_BASE=0x008, TABLE_BASE_HANDLE_LO=0x00C,
     TABLE_BASE_HANDLE_HI=0x010, TABLE_COUNT=0x014, POOL_BASE=0x018, POOL_TO_BASE_LO=0x01C,
     POOL_TO_BASE_HI=0x020, BLOCK_SIZE=0x024, RING_BASE=0x028, RING_ORDER=0x02C,
-    HEAD_ADDR=0x030, TAIL_ADDR=0x034, MAX_INLINE=0x038, RANGE_LOG2=0x03C, RANGE=0x040,
+    HEAD_ADDR=0x030, TAIL_ADDR=0x034, MAX_INLINE=0x038, RANGE_LOG2=0x03C, RANGE=0xA00,
     CMD=0x080, CMD_ARG_LO=0x084, CMD_ARG_HI=0x088, CMD_RESULT_LO=0x08C,
     CMD_RESULT_HI=0x090, FREE_PUSH_LO=0x094, FREE_PUSH_HI=0x098, FREE_QUEUE=0x09C,
     FREE_REFUSED=0x0B4, STALL_CYCLES=0x0A0, LAST_LATENCY=0x0A4, LAST_CYCLES=0x0A8,
@@ -70,18 +71,24 @@ def test_drift_is_detected(tmp_path):
 
 
 def test_overlapping_arrays_are_refused():
+    """RANGE follows the 64 session records to the window's end: 384 ranges fit."""
     regmap.check(n_qp=16, n_ranges=16)
-    with pytest.raises(ValueError, match="CMD"):
-        regmap.check(n_qp=1, n_ranges=17)
+    regmap.check(n_qp=1 << QP_INDEX_BITS, n_ranges=(regmap.WINDOW - 0xA00) // 4)
+    with pytest.raises(ValueError, match="window"):
+        regmap.check(n_qp=1, n_ranges=(regmap.WINDOW - 0xA00) // 4 + 1)
+    with pytest.raises(ValueError, match="RANGE"):
+        regmap.check(n_qp=(1 << QP_INDEX_BITS) + 1, n_ranges=1)
     with pytest.raises(ValueError, match="window"):
         EngineRegs(n_qp=113, n_ranges=1, base=REG_KBTP)
 
 
 def test_64_sessions_fit_the_window():
-    """Every QP index has a session record (2**QP_INDEX_BITS), inside the engine's window, and
-    the window ends before the next block of the host bus's register space."""
+    """Every QP index has a session record (2**QP_INDEX_BITS) and a RANGE (the default of a
+    64-QP engine, hw.kbtp.engine.ranges_for), inside the engine's window, and the window ends
+    before the next block of the host bus's register space."""
     n_qp = 1 << QP_INDEX_BITS
-    regmap.check(n_qp=n_qp, n_ranges=16)
+    assert ranges_for(n_qp) == n_qp and ranges_for(4) == 16
+    regmap.check(n_qp=n_qp, n_ranges=ranges_for(n_qp))
     last = reg["QP"] + reg["QP_STRIDE"] * (n_qp - 1) + reg["QP_SCRATCH"]
     assert last + 4 <= regmap.WINDOW
     blocks = sorted(v for k, v in vars(iface).items() if k.startswith("REG_") and
