@@ -111,7 +111,7 @@ def test_shipped_64_initiators(built):
     the LOADs and STOREs run in the engine, not the host (its 64 RANGE registers)."""
     n = board_params("ecpix5", "ddr3")["n_qp"]
     assert n == 64
-    cfg = model_config(num_handles=16 * n, handles_per_initiator=16, num_blocks=48,
+    cfg = model_config(num_handles=16 * n, handles_per_initiator=16, num_blocks=2 * n + 16,
                        quota_per_initiator=2)
     with VlTarget(SHIPPED) as vt:
         b = VlSystemBench(vt, n_init=n, loss=0.02, dup=0.01, corrupt=0.005, seed=23, cfg=cfg)
