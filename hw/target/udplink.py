@@ -52,11 +52,18 @@ Structure
 ---------
 ::
 
-    i (whole frames) -> UdpLinkRx: header checks, UDP checksum, OctetPacker (KH header + body),
-                        frame walker, PacketFifo (commit at the end / discard)
-        -> executor: seq rules; body octets -> HostLinkEngine -> bus
-                     response octets -> response RAM (kept for duplicates)
-        -> UdpLinkTx: Ethernet / IPv4 / UDP / KH header + response RAM -> OctetPacker -> o
+    i (whole frames) -> UdpLinkRx: header checks and captures at fixed beats and lanes, both
+                        checksums (one adder tree per beat), frame walker, PacketFifo (the
+                        frame's beats from octet 40 as received; commit at the end / discard)
+        -> executor: seq rules; body octets (from frame octet 50) -> HostLinkEngine -> bus
+                     response octets -> response RAM, where they go on the wire (kept for
+                     duplicates)
+        -> UdpLinkTx: checksums (a word a cycle); Ethernet / IPv4 / UDP / KH header beats,
+                      then the response RAM's words -> o
+
+Every header field is at a fixed frame octet (IPv4 without options), so at a fixed beat and
+lane: no octet realignment anywhere. A datagram costs the transmit side 13 cycles of checksum
+before its first beat.
 
 ``i`` is always ready, so the endpoint can sit on a tap of the receive stream (as the raw frame
 queues do) and never holds up the rest of the target.
@@ -71,7 +78,7 @@ Registers (``regs``, ``Space.REG``, byte offsets from ``base``, :data:`REG_UDPLI
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -79,9 +86,9 @@ from amaranth.lib.wiring import In, Out
 from hw.headers import ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader
 from hw.iface import REG_UDPLINK, HostBusSignature, counter_ports
 from hw.lib.fifo import PacketFifo
-from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, lanes, octets_be
+from hw.lib.octets import be_value, lanes, octets_be
 from hw.lib.stream import PacketStream, keep_count, packet_layout
-from hw.net.ip import IP_PROTO_UDP, ipv4_checksum, ones_sum
+from hw.net.ip import IP_PROTO_UDP
 from hw.target.hostlink import (SOF_REQUEST, HostLinkEngine, carries_data,
                                 response_words_max)
 
@@ -124,7 +131,8 @@ UDPLINK_COUNTERS = ("ignored", "disabled", "bad_src", "bad_csum", "malformed", "
 _ETH, _IP, _UDP = 14, 20, 8
 _UDP_AT = _ETH + _IP                 # 34: first octet of the UDP header
 _KH_AT = _UDP_AT + _UDP              # 42: first octet of the UDP payload (the KH header)
-_CAPTURE = _KH_AT + HEADER           # 50 header octets captured
+_SEG_AT = _UDP_AT + 6               # 40: from here, the UDP length tells the lanes inside
+_CAPTURE = _KH_AT + HEADER           # 50: the end of the KH header, the body's first octet
 _BODY_MAX = MAX_PAYLOAD - HEADER     # 1464 octets of frames at most, either way
 _SUM_BITS = 28                       # one's-complement partial sums of up to 1480 octets
 
@@ -142,9 +150,17 @@ _STORED_SIDE = data.StructLayout({"sync": 1, "seq": 32})
 
 
 def stored_layout(width):
-    """A stored datagram (KH header + frames, dense from lane 0) and its side data: a sync
-    request or a request, and its seq."""
+    """A stored datagram (frame octets from the beat holding octet 42 to the UDP end, as
+    received: the KH header at lane ``42 % (width/8)``, then the frames) and its side data: a
+    sync request or a request, and its seq."""
     return data.StructLayout({**dict(packet_layout(width).members), "side": _STORED_SIDE})
+
+
+def _fold16(n):
+    """A constant's 16-bit one's-complement sum (end-around carry)."""
+    while n >> 16:
+        n = (n & 0xFFFF) + (n >> 16)
+    return n
 
 
 def _words16(value, n):
@@ -159,23 +175,36 @@ def _words16(value, n):
 class UdpLinkRx(wiring.Component):
     """Validate host-link datagrams (rules 1-7 of the module docstring) and store the good ones.
 
-    Per frame: the header verdict at the beat holding octet 41 (rules 1-4, from
-    :class:`~hw.lib.octets.HeaderCapture`); the UDP payload (KH header + frames) into an
-    :class:`~hw.lib.octets.OctetPacker` while the UDP segment's one's-complement sum
-    accumulates; after the last beat, one decision cycle (rules 5-7 but the frame structure,
-    from registers only) in which the datagram's final octets (one beat is always held back
-    for this) go into the packer with ``last`` and the verdict. The packed beats go into a
-    :class:`~hw.lib.fifo.PacketFifo` while the frame walker follows the request frames; at the
-    packed last beat the datagram is committed (or discarded: a failed verdict, a broken frame
-    structure, no room: ``overrun``).
+    Every header field sits at a fixed frame octet (IHL 5), hence at a fixed beat and lane at
+    any width: each field is compared or captured in the beat that carries it, nothing else of
+    the header is kept. Per frame beat:
 
-    The decision cycle and the packer's last beats overlap the first beats of the next frame,
-    which never feed the packer (octets 0..41), so ``i`` is always ready.
+    - rules 1-4: the octets of the addresses, ports, EtherType, version, fragment fields and
+      protocol are compared where they pass, into sticky mismatch flags; the verdict is taken
+      at the beat holding octet 41 (the frame must reach it: else ``ignored``);
+    - the one's-complement sums (RFC 1071): one adder tree over the beat's 16-bit words, into
+      one accumulator: words 14..25, then (restarted at 26, with the UDP length word counted
+      twice for the pseudo-header) words 26 .. UDP end; the IPv4 header sum (14..33) is taken
+      at octet 34, the UDP sum (source and destination address .. UDP end, + UDP length) is
+      the accumulator after the last beat, short of the protocol number (17);
+    - ``uend``: octets left to the UDP end (+ 6), from the UDP length, down by a beat each
+      beat: the lanes inside the segment, the datagram's last beat, truncation;
+    - the frame walker (rule 7) follows the request frames: a frame's head (start octet,
+      command, count) is complete in the beat holding its count octet; one head per beat (a
+      frame is 8 octets or more), read through a window of the preceding beats;
+    - from the beat holding octet 42 to the UDP end the frame's beats go into a
+      :class:`~hw.lib.fifo.PacketFifo` as they are (no realignment: the KH header starts at
+      lane ``42 % (width/8)`` of the first stored beat), while rules 1-4 pass.
+
+    The cycle after the last beat decides (rules 5-7, from registers only): the datagram is
+    committed with its side data, or discarded (a failed rule, a broken frame structure, no
+    room: ``overrun``). The next frame may start in that cycle: its octets 0..39 are never
+    stored, so ``i`` is always ready.
 
     Ports
     -----
     i : In(PacketStream(width))      whole Ethernet frames (no FCS); ``ready`` is always 1
-    o : Out(stream of :func:`stored_layout`)   committed datagrams: KH header, then frames
+    o : Out(stream of :func:`stored_layout`)   committed datagrams
     own_mac, own_ip, host_mac, host_ip, host_port, enable : In
     cnt_* : Out(32)    :attr:`COUNTERS`
     """
@@ -187,8 +216,8 @@ class UdpLinkRx(wiring.Component):
         self._width = width
         self._max_words = max_words
         nl = width // 8
-        #: Beats of the store: two of the largest datagrams.
-        self.depth = depth or 2 * -(-MAX_PAYLOAD // nl)
+        #: Beats of the store: two of the largest datagrams (from the beat holding octet 42).
+        self.depth = depth or 2 * -(-(_KH_AT % nl + MAX_PAYLOAD) // nl)
         self._max_packets = max_packets
         members = {"i": In(PacketStream(width)), "o": Out(stream.Signature(stored_layout(width))),
                    "own_mac": In(48), "own_ip": In(32), "host_mac": In(48), "host_ip": In(32),
@@ -198,217 +227,273 @@ class UdpLinkRx(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w, nl = self._width, self._width // 8
-        side = data.StructLayout({"ok": 1, "sync": 1, "seq": 32})
-        m.submodules.packer = packer = OctetPacker(w, side)
         m.submodules.store = store = PacketFifo(w, self.depth, side=_STORED_SIDE,
                                                 max_packets=self._max_packets)
         wiring.connect(m, store.r, wiring.flipped(self.o))
 
         i = self.i
         m.d.comb += i.ready.eq(1)
-        fire = i.valid
-        pos = Signal(14)                     # frame octet of lane 0 (saturates)
+        fire, last = i.valid, i.p.last
+        x = lanes(i.p.data, nl)
+        nb = (_CAPTURE - 1) // nl + 1        # beats holding octets 0..49; ``beat`` stops there
+        beat = Signal(range(nb + 1))
         with m.If(fire):
-            m.d.sync += pos.eq(Mux(i.p.last, 0, Mux(pos[13], pos, pos + nl)))
-        cap = HeaderCapture(_CAPTURE, w, "uh").add(m, pos, i.p.data, fire)
-        hdr = self._header_verdict(m, cap, pos)
+            m.d.sync += beat.eq(Mux(last, 0, Mux(beat == nb, nb, beat + 1)))
+        first = beat == 0
+        b0 = _SEG_AT // nl                   # first beat of octets 40..: ``uend`` valid
 
-        # The UDP payload [42, 34 + UDP length), cut at the frame's end, into the packer.
-        udp = UDPHeader(cap.value(_UDP_AT, _UDP))
-        udp_end = Signal(17)
-        frame_end = Signal(15)
-        m.d.comb += [udp_end.eq(_UDP_AT + udp.length), frame_end.eq(pos + keep_count(i.p.keep))]
-        cut_end = Mux(i.p.last & (frame_end < udp_end), frame_end, udp_end)
-        lo, n, _ = lane_region(m, pos, _KH_AT, cut_end, nl, "kh")
-        # Each payload beat waits in ``held`` until the next one (or the decision) comes: the
-        # packer needs ``last`` with the final octets, and the verdict is known only after them.
-        held = SimpleNamespace(valid=Signal(), data=Signal(w), lo=Signal.like(lo),
-                               n=Signal.like(n))
-        take = fire & (hdr.now == _PASS) & (n != 0)
-        flush = Signal()                     # the decision cycle: ``held`` goes with ``last``
-        flush_side = Signal(side)
-        m.d.comb += [
-            packer.i.valid.eq(held.valid & (take | flush)),
-            packer.i.p.data.eq(held.data),
-            packer.i.p.lo.eq(held.lo),
-            packer.i.p.n.eq(held.n),
-            packer.i.p.last.eq(flush),
-            packer.i.p.side.eq(flush_side),
-        ]
-        with m.If(take):
-            m.d.sync += [held.valid.eq(1), held.data.eq(i.p.data), held.lo.eq(lo), held.n.eq(n)]
-        with m.Elif(flush):
-            m.d.sync += held.valid.eq(0)
+        def at(p):
+            """The current beat holds frame octet ``p`` (< 50)."""
+            return beat == p // nl
 
-        # One's-complement sum of the UDP segment [34, 34 + UDP length): an octet at an even
-        # frame offset (34 is even) is the high half of its 16-bit word (RFC 1071).
-        seg_end = Mux(udp_end < _KH_AT, _KH_AT, udp_end)    # stale before octets 38-39: >= 42
-        slo, sn, _ = lane_region(m, pos, _UDP_AT, seg_end, nl, "us")
-        terms = []
-        for j, octet in enumerate(lanes(i.p.data, nl)):
-            inside = i.p.keep[j] & (j >= slo) & (j < slo + sn)
-            high = ~pos[0] if nl == 1 else Const(j % 2 == 0)
-            terms.append(Mux(inside, Mux(high, Cat(Const(0, 8), octet), octet), 0))
-        acc = Signal(_SUM_BITS)
-        acc_next = Signal(_SUM_BITS)
-        m.d.comb += acc_next.eq(Mux(pos == 0, 0, acc) + sum(terms))
+        def octet(p):
+            return x[p % nl]
 
-        # Frame end: snapshot for the decision cycle (the next frame may start meanwhile).
-        fin = SimpleNamespace(hdr=Signal(range(_PASS + 1)), len=Signal(15),
-                              sum=Signal(_SUM_BITS), decide=Signal())
-        m.d.sync += fin.decide.eq(fire & i.p.last)
+        def sticky(name, fails):
+            """Set by any ``(octet, fails(value))`` in its beat; cleared by a frame's first."""
+            flag = Signal(name=name)
+            hit = Cat(*[at(p) & bad(octet(p)) for p, bad in fails]).any()
+            with m.If(fire):
+                m.d.sync += flag.eq(Mux(first, 0, flag) | hit)
+            return flag
+
+        def ne(*values):
+            return [lambda v, c=c: v != c for c in values]
+
+        def field(name, p, n):
+            """Octets ``[p, p + n)`` big-endian, captured as they pass: (register, value as of
+            the current beat)."""
+            reg = Signal(8 * n, name=name)
+            now = []
+            for k, q in enumerate(range(p, p + n)):
+                part = reg[8 * (n - 1 - k):8 * (n - k)]
+                with m.If(fire & at(q)):
+                    m.d.sync += part.eq(octet(q))
+                now.append(Mux(at(q), octet(q), part))
+            return reg, be_value(now)
+
+        # Rules 1-4 (octets 0..37).
+        not_for_us = sticky("not_for_us", [
+            *zip(range(0, 6), ne(*octets_be(self.own_mac, 6))),
+            *zip((12, 13, 14), ne(ETHERTYPE_IPV4 >> 8, ETHERTYPE_IPV4 & 0xFF, 0x45)),
+            (20, lambda v: v[:6] != 0),      # MF and the fragment offset
+            (21, lambda v: v != 0), (23, lambda v: v != IP_PROTO_UDP),
+            *zip(range(30, 34), ne(*octets_be(self.own_ip, 4))),
+            *zip((36, 37), ne(HOSTLINK_UDP_PORT >> 8, HOSTLINK_UDP_PORT & 0xFF))])
+        not_from_host = sticky("not_from_host", [
+            *zip(range(6, 12), ne(*octets_be(self.host_mac, 6))),
+            *zip(range(26, 30), ne(*octets_be(self.host_ip, 4))),
+            *zip((34, 35), ne(*octets_be(self.host_port, 2)))])
+        csum_present = sticky("csum_present", [(40, lambda v: v != 0), (41, lambda v: v != 0)])
+        kh_bad = sticky("kh_bad", list(zip((_KH_AT, _KH_AT + 1, _KH_AT + 2),
+                                           ne(MAGIC >> 8, MAGIC & 0xFF, VERSION))))
+        ip_len, _ = field("ip_len", _ETH + 2, 2)
+        udp_len, udp_len_now = field("udp_len", _UDP_AT + 4, 2)
+        kind, _ = field("kind", _KH_AT + 3, 1)
+        seq, _ = field("seq", _KH_AT + 4, 4)
+
+        # ``uend``: octets from lane 0 of the current beat to the UDP end, + 6 (= the UDP
+        # length at beat b0); from b0 on. Signed: it goes below 0 once past the end and stops.
+        uend = Signal(signed(18))
         with m.If(fire):
-            m.d.sync += acc.eq(acc_next)
-            with m.If(i.p.last):
-                m.d.sync += [fin.hdr.eq(hdr.now), fin.len.eq(frame_end), fin.sum.eq(acc_next)]
-        decided = self._decide(m, cap, fin, flush, flush_side)
-        # The packer's beats go through a register before the frame walker and the store: the
-        # packer's lane shifter and the walker's eight chained octet steps (at width 64) made
-        # one of the core clock's longest paths (tools/depth.py). ``o.ready`` is always high,
-        # so a plain register is the whole stage.
-        pk = SimpleNamespace(valid=Signal(name="pk_valid"),
-                             p=Signal(packer.o.p.shape(), name="pk"))
-        m.d.comb += packer.o.ready.eq(1)
-        m.d.sync += [pk.valid.eq(packer.o.valid), pk.p.eq(packer.o.p)]
-        self._store(m, pk, store, decided)
-        return m
+            with m.If(at(_SEG_AT - 1)):
+                m.d.sync += uend.eq(udp_len_now)
+            with m.Elif((beat >= b0) & (uend > 0)):
+                m.d.sync += uend.eq(uend - nl)
+        tail = beat >= b0
+        inside = [Mux(tail, uend > j + 6, self._header_lane(beat, j, nl)) for j in range(nl)]
 
-    def _header_verdict(self, m, cap, pos):
-        """Rules 1-4 at the beat holding octet 41 (``now``: as seen in the current beat,
-        ``reg``: the frame's verdict so far); IGNORED until then."""
-        nl = self._width // 8
-        eth = EthernetHeader(cap.value(0, _ETH))
-        ip = IPv4Header(cap.value(_ETH, _IP))
-        udp = UDPHeader(cap.value(_UDP_AT, _UDP))
-        for_us = ((eth.ethertype == ETHERTYPE_IPV4) & (eth.dst == self.own_mac)
-                  & (ip.version == 4) & (ip.ihl == 5) & ~ip.flags[0] & (ip.fragment_offset == 0)
-                  & (ip.dst == self.own_ip) & (ip.protocol == IP_PROTO_UDP)
-                  & (udp.dst_port == HOSTLINK_UDP_PORT))
-        from_host = ((eth.src == self.host_mac) & (ip.src == self.host_ip)
-                     & (udp.src_port == self.host_port))
-        ip_ok = ones_sum([cap.value(_ETH + 2 * k, 2) for k in range(10)]) == 0xFFFF
-        verdict = Signal(range(_PASS + 1))
-        with m.If(~for_us):
-            m.d.comb += verdict.eq(_IGNORED)
+        # One's-complement sums: one adder tree over the beat's words.
+        self._sums = sums = self._checksums(m, beat, fire, first, x, inside, nl)
+
+        # Rules 1-4: the verdict at the beat holding octet 41 (every octet it reads is older).
+        b41 = (_KH_AT - 1) // nl
+        verdict = Signal(range(_PASS + 1), init=_IGNORED)
+        v_now = Signal(range(_PASS + 1))
+        reached = ~last | i.p.keep[(_KH_AT - 1) % nl]
+        with m.If(not_for_us | ~reached):
+            m.d.comb += v_now.eq(_IGNORED)
         with m.Elif(~self.enable):
-            m.d.comb += verdict.eq(_DISABLED)
-        with m.Elif(~from_host):
-            m.d.comb += verdict.eq(_BAD_SRC)
-        with m.Elif(~ip_ok):
-            m.d.comb += verdict.eq(_BAD_IP_CSUM)
+            m.d.comb += v_now.eq(_DISABLED)
+        with m.Elif(not_from_host):
+            m.d.comb += v_now.eq(_BAD_SRC)
+        with m.Elif(~sums.ip_ok):
+            m.d.comb += v_now.eq(_BAD_IP_CSUM)
         with m.Else():
-            m.d.comb += verdict.eq(_PASS)
-        reg = Signal(range(_PASS + 1), init=_IGNORED)
-        now = Signal(range(_PASS + 1))
-        m.d.comb += now.eq(Mux(pos == (_KH_AT - 1) // nl * nl, verdict, reg))
-        with m.If(self.i.valid):
-            m.d.sync += reg.eq(Mux(self.i.p.last, _IGNORED, now))
-        return SimpleNamespace(now=now, reg=reg)
+            m.d.comb += v_now.eq(_PASS)
+        with m.If(fire):
+            with m.If(first):
+                m.d.sync += verdict.eq(_IGNORED)
+            with m.Elif(beat == b41):
+                m.d.sync += verdict.eq(v_now)
+        passing = Mux(beat == b41, v_now, verdict) == _PASS
 
-    def _decide(self, m, cap, fin, flush, flush_side):
-        """The decision cycle: rules 5-7 (but the frame structure) from registers; counters;
-        ``flush``: the held beat ends the packed datagram, with the verdict."""
-        ip = IPv4Header(cap.value(_ETH, _IP, now=False))
-        udp = UDPHeader(cap.value(_UDP_AT, _UDP, now=False))
-        kind = cap.reg[_KH_AT + 3]
-        ulen = udp.length
-        length_ok = ((ip.total_length == ulen + _IP) & (ulen >= _UDP + HEADER)
-                     & (ulen <= _UDP + MAX_PAYLOAD) & (fin.len >= ulen + _UDP_AT))
-        pseudo = _words16(ip.src, 2) + _words16(ip.dst, 2) + [Const(IP_PROTO_UDP, 16), ulen]
-        udp_ok = (udp.checksum != 0) & (ones_sum([fin.sum] + pseudo) == 0xFFFF)
-        kh_ok = ((cap.value(_KH_AT, 2, now=False) == MAGIC) & (cap.reg[_KH_AT + 2] == VERSION)
-                 & (((kind == T_REQUEST) & (ulen > _UDP + HEADER))
-                    | ((kind == T_SYNC) & (ulen == _UDP + HEADER))))
-        outcome = {c: Signal(name=f"is_{c}") for c in self.COUNTERS}
-        passed = fin.hdr == _PASS
-        m.d.comb += [
-            outcome["ignored"].eq(fin.hdr == _IGNORED),
-            outcome["disabled"].eq(fin.hdr == _DISABLED),
-            outcome["bad_src"].eq(fin.hdr == _BAD_SRC),
-            outcome["bad_csum"].eq((fin.hdr == _BAD_IP_CSUM) | (passed & length_ok & ~udp_ok)),
-            outcome["malformed"].eq(passed & (~length_ok | (udp_ok & ~kh_ok))),
-            flush.eq(fin.decide & passed),
-            flush_side.ok.eq(length_ok & udp_ok & kh_ok),
-            flush_side.sync.eq(kind == T_SYNC),
-            flush_side.seq.eq(cap.value(_KH_AT + 4, 4, now=False)),
-        ]
-        return {c: fin.decide & v for c, v in outcome.items()}
+        walk_ok = self._walker(m, beat, fire, first, x, uend, nl)
 
-    def _store(self, m, o, store, decided):
-        """Packed beats (``o``: registered, always taken) -> store, frame walker; commit or
-        discard at the packed last beat; counters (``decided``: the decision cycle's strobes,
-        and the store's). A beat the store cannot take is dropped (overrun)."""
+        # The store: the beats from b0 while inside the UDP segment.
         lost = Signal()                      # a beat of this datagram found the store full
-        drop = o.valid & (lost | ~store.w.ready)
-        walk_ok = self._walker(m, o)
-        good = o.p.side.ok & walk_ok & ~drop
+        take = fire & passing & (beat >= _KH_AT // nl) & (uend > 6)
         m.d.comb += [
-            store.w.valid.eq(o.valid & ~lost),
-            store.w.p.data.eq(o.p.data),
-            store.w.p.keep.eq(o.p.keep),
-            store.w.p.last.eq(o.p.last),
-            store.w.p.side.sync.eq(o.p.side.sync),
-            store.w.p.side.seq.eq(o.p.side.seq),
-            store.w_commit.eq(o.valid & o.p.last & good),
-            store.w_discard.eq(o.valid & o.p.last & ~good),
+            store.w.valid.eq(take & ~lost),
+            store.w.p.data.eq(i.p.data),
+            store.w.p.keep.eq(Cat(*inside)),
+            store.w.p.last.eq(uend <= nl + 6),
         ]
-        with m.If(o.valid & o.p.last):
+        decide = Signal()                    # the cycle after a frame's last beat
+        truncated = Signal()
+        m.d.sync += decide.eq(fire & last)
+        with m.If(fire & last):
+            m.d.sync += truncated.eq(uend > keep_count(i.p.keep) + 6)
+        with m.If(decide):
             m.d.sync += lost.eq(0)
-        with m.Elif(drop):
+        with m.Elif(take & ~store.w.ready):
             m.d.sync += lost.eq(1)
-        ended = o.valid & o.p.last & o.p.side.ok
-        more = {"overrun": ended & drop, "malformed": ended & ~drop & ~walk_ok}
+
+        # The decision: rules 5-7 from registers.
+        passed = verdict == _PASS
+        length_ok = ((ip_len == udp_len + _IP) & (udp_len >= _UDP + HEADER)
+                     & (udp_len <= _UDP + MAX_PAYLOAD) & ~truncated)
+        udp_ok = csum_present & sums.udp_ok
+        kh_ok = ~kh_bad & (((kind == T_REQUEST) & (udp_len > _UDP + HEADER))
+                           | ((kind == T_SYNC) & (udp_len == _UDP + HEADER)))
+        sound = passed & length_ok & udp_ok & kh_ok        # rules 1-7 but the frame structure
+        good = sound & ~lost & walk_ok
+        m.d.comb += [
+            store.w_commit.eq(decide & good),
+            store.w_discard.eq(decide & ~good),
+            store.w.p.side.sync.eq(kind == T_SYNC),
+            store.w.p.side.seq.eq(seq),
+        ]
+        outcome = {
+            "ignored": verdict == _IGNORED,
+            "disabled": verdict == _DISABLED,
+            "bad_src": verdict == _BAD_SRC,
+            "bad_csum": (verdict == _BAD_IP_CSUM) | (passed & length_ok & ~udp_ok),
+            "malformed": passed & (~length_ok | (udp_ok & ~kh_ok) | (sound & ~lost & ~walk_ok)),
+            "overrun": sound & lost,
+        }
         for c in self.COUNTERS:
             cnt = getattr(self, f"cnt_{c}")
-            inc = decided[c] + (more[c] if c in more else 0)
-            m.d.sync += cnt.eq(cnt + inc)
-
-    def _walker(self, m, o):
-        """Follow the request frames of the packed datagram (octets 8.. of it) octet by octet,
-        every lane of a beat in one cycle; True at the last beat when they follow each other
-        exactly and their longest response fits (rule 7)."""
-        nl = self._width // 8
-        mw = self._max_words
-        hb = HEADER // nl                    # beats of the KH header
-        beat = Signal(range(hb + 1))         # packed beat index, saturating at hb
-        with m.If(o.valid):
-            m.d.sync += beat.eq(Mux(o.p.last, 0, Mux(beat == hb, hb, beat + 1)))
-        init = dict(hoff=0, rem=0, cmd=0, ok=1, rs=0)
-        st = SimpleNamespace(hoff=Signal(3), rem=Signal(10), cmd=Signal(8), ok=Signal(init=1),
-                             rs=Signal(18))
-        cur = st
-        for j, x in enumerate(lanes(o.p.data, nl)):
-            cur = self._walk_octet(m, cur, x, o.p.keep[j] & (beat == hb), mw, f"w{j}")
-        with m.If(o.valid):
-            for k, v in vars(st).items():
-                m.d.sync += v.eq(Mux(o.p.last, init[k], getattr(cur, k)))
-        return cur.ok & (cur.hoff == 0) & (cur.rs <= _BODY_MAX)
+            with m.If(decide & outcome[c]):
+                m.d.sync += cnt.eq(cnt + 1)
+        return m
 
     @staticmethod
-    def _walk_octet(m, st, x, act, mw, name):
-        """One octet ``x`` (when ``act``) of the frame walker: ``hoff`` is the octet's place in
-        its frame's 7-octet head (7: data or CRC, ``rem`` data octets left before the CRC)."""
-        nx = SimpleNamespace(**{k: Signal.like(v, name=f"{name}_{k}") for k, v in vars(st).items()})
-        m.d.comb += [getattr(nx, k).eq(v) for k, v in vars(st).items()]
-        with m.If(act):
-            with m.Switch(st.hoff):
-                with m.Case(0):
-                    m.d.comb += [nx.ok.eq(st.ok & (x == SOF_REQUEST)), nx.hoff.eq(1)]
-                with m.Case(1):
-                    m.d.comb += [nx.cmd.eq(x), nx.hoff.eq(2)]
-                with m.Case(6):
-                    m.d.comb += [
-                        nx.rem.eq(Mux(carries_data(st.cmd, x, mw), x << 2, 0)),
-                        nx.rs.eq(st.rs + 5 + (response_words_max(st.cmd, x, mw) << 2)),
-                        nx.hoff.eq(7)]
-                with m.Case(7):
-                    with m.If(st.rem == 0):
-                        m.d.comb += nx.hoff.eq(0)
-                    with m.Else():
-                        m.d.comb += nx.rem.eq(st.rem - 1)
-                with m.Default():
-                    m.d.comb += nx.hoff.eq(st.hoff + 1)
-        return nx
+    def _header_lane(beat, j, nl):
+        """Lane ``j`` of the beat (before b0) holds an octet of 14..39 that goes into the
+        accumulator: not those of the beat of octet 26 below it (``_checksums``)."""
+        lo = max(0, -(-(_ETH - j) // nl))              # first beat with octet >= 14 in lane j
+        hi = -(-(_SEG_AT - j) // nl)                   # first beat with octet >= 40
+        inside = (beat >= lo) & (beat < hi)
+        if j < (_UDP_AT - 8) % nl:
+            inside = inside & (beat != (_UDP_AT - 8) // nl)
+        return inside
+
+    def _checksums(self, m, beat, fire, first, x, inside, nl):
+        """The IPv4 header and UDP one's-complement sums (class docstring): ``ip_ok`` (a
+        register, from the beat after octet 33 on) and ``udp_ok`` (after the last beat)."""
+        def at(p):
+            return beat == p // nl
+        # The beat's 16-bit words: an even frame offset is the high octet (RFC 1071); at width
+        # 8, ``odd`` tells (``beat`` stops counting).
+        octs = [Mux(inside[j], x[j], 0) for j in range(nl)]
+        raw = [Cat(x[2 * k + 1], x[2 * k]) for k in range(nl // 2)]
+        if nl == 1:
+            odd = Signal()
+            with m.If(fire):
+                m.d.sync += odd.eq(Mux(self.i.p.last, 0, ~odd))
+            words = [Mux(odd, octs[0], Cat(Const(0, 8), octs[0]))]
+            double = [at(_UDP_AT + 4) | at(_UDP_AT + 5)]
+        else:
+            words = [Cat(octs[2 * k + 1], octs[2 * k]) for k in range(nl // 2)]
+            double = [at(_UDP_AT + 4) if k == (_UDP_AT + 4) % nl // 2 else Const(0)
+                      for k in range(nl // 2)]
+        # The UDP length again (pseudo-header): its word counted twice, in place.
+        terms = [Mux(d, Cat(Const(0, 1), wd), wd) for wd, d in zip(words, double)]
+        split26 = (_UDP_AT - 8) % nl // 2               # words of the beat below octet 26
+        split34 = _UDP_AT % nl // 2                     # ... below octet 34
+        while len(terms) > 1:
+            terms = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)] + \
+                    ([terms[-1]] if len(terms) % 2 else [])
+        tree = terms[0]
+        # At octet 26's beat the words below it go to ``ip_a`` instead (``_header_lane``);
+        # at octet 34's the words below it are in both sums.
+        low26 = sum(raw[1:split26], raw[0]) if split26 else Const(0, 16)
+        low34 = sum(raw[1:split34], raw[0]) if split34 else Const(0, 16)
+        acc = Signal(_SUM_BITS)
+        ip_a = Signal(20)                   # words 14..25
+        ip_ok = Signal()
+        with m.If(fire):
+            with m.If(first):
+                m.d.sync += acc.eq(0)
+            with m.Elif(at(_UDP_AT - 8)):
+                m.d.sync += [acc.eq(tree), ip_a.eq(acc + low26)]
+            with m.Else():
+                m.d.sync += acc.eq(acc + tree)
+            with m.If(at(_UDP_AT)):
+                ip = Signal(20)
+                m.d.comb += ip.eq(ip_a + acc + low34)
+                # The sum of words 14..33 is 0 modulo 0xFFFF, and not 0: folded once, 0xFFFF.
+                m.d.sync += ip_ok.eq(ip[:16] + ip[16:] == 0xFFFF)
+        # acc + 17 (the protocol) is 0 modulo 0xFFFF (never 0): acc folded once is 0xFFEE.
+        udp_ok = (acc[:16] + acc[16:]) == 0xFFFF - IP_PROTO_UDP
+        return SimpleNamespace(ip_ok=ip_ok, udp_ok=udp_ok)
+
+    def _walker(self, m, beat, fire, first, x, uend, nl):
+        """Rule 7's frame structure, beat by beat: True (a register, from the beat after the
+        UDP end on) when the request frames follow each other exactly from octet 50 to the UDP
+        end and their longest responses fit in :data:`MAX_PAYLOAD`.
+
+        ``start``: where the next frame starts, from lane 0 of the current beat, + 6 (like
+        ``uend``). Its head is complete in the beat holding its count octet (``start`` below
+        the beat's width): its start octet and command are then in this beat or the
+        ``-(-6 // (width/8))`` beats before, kept in ``prev``."""
+        mw = self._max_words
+        back = -(-6 // nl)
+        prev = [Signal(8 * nl, name=f"walk_prev{k}") for k in range(back)]   # prev[0]: last beat
+        with m.If(fire):
+            m.d.sync += [prev[0].eq(Cat(*x))] + [prev[k].eq(prev[k - 1])
+                                                 for k in range(1, back)]
+        window = [o for k in reversed(range(back)) for o in lanes(prev[k], nl)] + x
+
+        start = Signal(range(_CAPTURE + 6 + 1036))
+        start_now = Signal.like(start)
+        m.d.comb += start_now.eq(Mux(first, _CAPTURE + 6, start))
+
+        def pick(offset):
+            """Window octet ``back * nl + start - 6 + offset`` (``start`` below ``nl``)."""
+            opts = [window[back * nl + u - 6 + offset] for u in range(nl)]
+            if nl == 1:
+                return opts[0]
+            v = Signal(8, name=f"walk_at{offset}")
+            with m.Switch(start_now[:nl.bit_length() - 1]):
+                for u, opt in enumerate(opts):
+                    with m.Case(u):
+                        m.d.comb += v.eq(opt)
+            return v
+        sof, cmd, count = pick(0), pick(1), pick(6)
+        head = (start_now < nl) & (start_now < uend)   # a head, starting before the UDP end
+        size = Mux(carries_data(cmd, count, mw), count << 2, 0) + 8
+        rsize = (response_words_max(cmd, count, mw) << 2) + 5
+        start_post = Signal.like(start)
+        m.d.comb += start_post.eq(start_now + Mux(head, size, 0))
+
+        ok, over = Signal(), Signal()
+        rs = Signal(range(2048))             # longest responses so far (until ``over``)
+        rs_post = Signal(range(4096))
+        m.d.comb += rs_post.eq(Mux(first, 0, rs) + Mux(head, rsize, 0))
+        ok_post = Mux(first, 1, ok) & ~(head & (sof != SOF_REQUEST))
+        over_post = Mux(first, 0, over) | (rs_post > _BODY_MAX)
+        walk_ok = Signal()
+        with m.If(fire):
+            m.d.sync += [start.eq(start_post - nl), rs.eq(rs_post), ok.eq(ok_post),
+                         over.eq(over_post)]
+            with m.If(first):
+                m.d.sync += walk_ok.eq(0)
+            with m.Elif((beat >= _SEG_AT // nl) & (uend > 6) & (uend <= nl + 6)):
+                # The beat of the UDP end: the next frame would start exactly there.
+                m.d.sync += walk_ok.eq(ok_post & ~over_post & (start_post == uend))
+        return walk_ok
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,9 +503,17 @@ class UdpLinkRx(wiring.Component):
 class UdpLinkTx(wiring.Component):
     """Send one response datagram per ``start``: Ethernet / IPv4 / UDP / KH header built from
     the inputs (held steady while ``busy``), then ``body_len`` octets from the response RAM
-    (``rd_*``, one beat of ``width`` bits per address, dense from lane 0), or for a sync
-    response the 4 octets of ``value``. One cycle computes the checksums (the UDP checksum from
-    ``body_sum``, the body's one's-complement partial sum), the next loads the header register.
+    (``rd_*``), or for a sync response the 4 octets of ``value``.
+
+    The body sits in the RAM where it goes on the wire: RAM word ``a`` is frame beat
+    ``50 // (width/8) + a``, body octet ``q`` at RAM octet ``q + 50 % (width/8)`` (the lanes
+    below that, in word 0, are the header's). So every beat is a header beat (a case over the
+    beat index: each field has a fixed beat and lane), a RAM word, or, once, both side by side.
+
+    First the checksums, one 16-bit word a cycle into two one's-complement accumulators
+    (end-around carry; the constant words preset them): the IPv4 header's and the UDP one
+    (pseudo-header, header, KH header, then ``body_sum``, the body's partial sum), 13 cycles;
+    then one beat a cycle through the output register.
 
     Ports
     -----
@@ -435,7 +528,8 @@ class UdpLinkTx(wiring.Component):
         _check_width(width)
         self._width = width
         nl = width // 8
-        self.body_depth = -(-_BODY_MAX // nl)
+        #: RAM words: the body from lane ``50 % (width/8)`` on.
+        self.body_depth = -(-(_CAPTURE % nl + _BODY_MAX) // nl)
         super().__init__({
             "start": In(1), "sync": In(1), "seq": In(32), "value": In(32),
             "body_len": In(range(_BODY_MAX + 1)), "body_sum": In(_SUM_BITS),
@@ -445,89 +539,108 @@ class UdpLinkTx(wiring.Component):
             "o": Out(PacketStream(width)),
         })
 
-    def _header(self, m, udp_csum, ip_csum):
-        """The 54 header octets (Ethernet, IPv4, UDP, KH, sync value) in wire order, the IPv4
-        header without its checksum, and the 16-bit words the UDP checksum sums (pseudo-header,
-        UDP header, KH header, payload)."""
-        plen = Mux(self.sync, HEADER + 4, HEADER + self.body_len)
+    def _header(self, m, udp_csum, ip_csum, udp_len):
+        """The 54 header octets (Ethernet, IPv4, UDP, KH, sync value) in wire order; the
+        checksum words (pseudo-header, UDP and KH header, payload) that are not constants,
+        each ``(value, also in the IPv4 header)``; the constant parts of both sums."""
         kind = Mux(self.sync, Const(T_SYNC_RESPONSE, 8), Const(T_RESPONSE, 8))
-        eth, ip, ip_nocsum, udp = (Signal(EthernetHeader), Signal(IPv4Header),
-                                   Signal(IPv4Header), Signal(UDPHeader))
+        eth, ip, udp = Signal(EthernetHeader), Signal(IPv4Header), Signal(UDPHeader)
         m.d.comb += [
             eth.dst.eq(self.host_mac), eth.src.eq(self.own_mac), eth.ethertype.eq(ETHERTYPE_IPV4),
-            ip_nocsum.version.eq(4), ip_nocsum.ihl.eq(5), ip_nocsum.total_length.eq(plen + 28),
-            ip_nocsum.flags.eq(0b010), ip_nocsum.ttl.eq(64), ip_nocsum.protocol.eq(IP_PROTO_UDP),
-            ip_nocsum.src.eq(self.own_ip), ip_nocsum.dst.eq(self.host_ip),
-            ip.eq(ip_nocsum), ip.checksum.eq(ip_csum),
+            ip.version.eq(4), ip.ihl.eq(5), ip.total_length.eq(udp_len + _IP),
+            ip.flags.eq(0b010), ip.ttl.eq(64), ip.protocol.eq(IP_PROTO_UDP),
+            ip.src.eq(self.own_ip), ip.dst.eq(self.host_ip), ip.checksum.eq(ip_csum),
             udp.src_port.eq(HOSTLINK_UDP_PORT), udp.dst_port.eq(self.host_port),
-            udp.length.eq(plen + _UDP), udp.checksum.eq(udp_csum),
+            udp.length.eq(udp_len), udp.checksum.eq(udp_csum),
         ]
         kh = [Const(MAGIC >> 8, 8), Const(MAGIC & 0xFF, 8), Const(VERSION, 8), kind]
         octs = (octets_be(eth.as_value(), _ETH) + octets_be(ip.as_value(), _IP)
                 + octets_be(udp.as_value(), _UDP) + kh + octets_be(self.seq, 4)
                 + octets_be(self.value, 4))
-        words = (_words16(self.own_ip, 2) + _words16(self.host_ip, 2)
-                 + [Const(IP_PROTO_UDP, 16), udp.length, Const(HOSTLINK_UDP_PORT, 16),
-                    self.host_port, udp.length, Const(MAGIC, 16), Cat(kind, Const(VERSION, 8))]
-                 + _words16(self.seq, 2)
-                 + [Mux(self.sync, self.value[16:], 0), Mux(self.sync, self.value[:16], 0),
-                    Mux(self.sync, 0, self.body_sum)])
-        return octs, ip_nocsum, words
+        ips = _words16(self.own_ip, 2) + _words16(self.host_ip, 2)
+        words = ([(wd, 1) for wd in ips] + [(udp_len, 1), (udp_len, 0), (self.host_port, 0)]
+                 + [(wd, 0) for wd in _words16(self.seq, 2)]
+                 + [(Mux(self.sync, self.value[16:], self.body_sum[:16]), 0),
+                    (Mux(self.sync, self.value[:16], self.body_sum[16:]), 0)])
+        # IPv4: version/IHL/TOS, identification, flags, TTL/protocol; total length - UDP length.
+        k_ip = 0x4500 + 0x4000 + (64 << 8 | IP_PROTO_UDP) + _IP
+        # UDP: protocol (pseudo-header), source port, magic, version and type.
+        k_udp = IP_PROTO_UDP + HOSTLINK_UDP_PORT + MAGIC + (VERSION << 8)
+        k_udp = Mux(self.sync, _fold16(k_udp + T_SYNC_RESPONSE), _fold16(k_udp + T_RESPONSE))
+        return octs, words, _fold16(k_ip), k_udp
 
     def elaborate(self, platform):
         m = Module()
         w, nl = self._width, self._width // 8
-        m.submodules.packer = packer = OctetPacker(w)
-        wiring.connect(m, packer.o, wiring.flipped(self.o))
-
-        udp_csum, ip_csum = Signal(16), Signal(16)
-        octs, ip_nocsum, words = self._header(m, udp_csum, ip_csum)
-        n_hdr = len(octs)                                   # 54
-        hsr = Signal(8 * nl * -(-n_hdr // nl))              # header shift register
-        hleft = Signal(range(n_hdr + 1))
         shift = nl.bit_length() - 1
-        bidx = Signal(range(self.body_depth + 1))
-        last_beat = (self.body_len - 1) >> shift
-        tail = ((self.body_len - 1) & (nl - 1)) + 1
+        o = self.o
+
+        udp_len = Signal(16)
+        m.d.comb += udp_len.eq(Mux(self.sync, _UDP + HEADER + 4, _UDP + HEADER + self.body_len))
+        acc_ip, acc_udp = Signal(17), Signal(17)      # 16 bits + the carry still to add
+        ip_csum, udp_csum = Signal(16), Signal(16)
+        m.d.comb += [ip_csum.eq(~acc_ip[:16]),
+                     udp_csum.eq(Mux(acc_udp[:16] == 0xFFFF, 0xFFFF, ~acc_udp[:16]))]
+        octs, words, k_ip, k_udp = self._header(m, udp_csum, ip_csum, udp_len)
+        n_steps = len(words) + 2                     # two more fold the last carries in
+        step = Signal(range(n_steps))
+        word = Signal(16)
+        with m.Switch(step):
+            for k, (wd, _) in enumerate(words):
+                with m.Case(k):
+                    m.d.comb += word.eq(wd)
+        n_ip = sum(f for _, f in words)             # the IPv4 header's words come first
+        assert all(f for _, f in words[:n_ip])
+        in_ip = step < n_ip
+
+        n_hdr = len(octs)                                          # 54
+        b_body, l0 = _CAPTURE // nl, _CAPTURE % nl                 # the body's first beat, lane
+        beat = Signal(range((_CAPTURE + _BODY_MAX) // nl + 2))
+        end = Signal(range(_CAPTURE + _BODY_MAX))                  # the frame's last octet
+        m.d.comb += end.eq(Mux(self.sync, n_hdr - 1, _CAPTURE - 1 + self.body_len))
+        hdr = Signal(w)
+        with m.Switch(beat):
+            for k in range(-(-n_hdr // nl)):
+                with m.Case(k):
+                    m.d.comb += hdr.eq(Cat(*[octs[p] if p < n_hdr else Const(0, 8)
+                                             for p in range(k * nl, (k + 1) * nl)]))
+        ram = lanes(self.rd_data, nl)
+        beat_data = Cat(*[Mux(self.sync | (beat < b_body) | ((beat == b_body) & (j < l0)),
+                              hdr[8 * j:8 * (j + 1)], ram[j]) for j in range(nl)])
+        is_last = beat == end >> shift
+        load = ~o.valid | o.ready
+        with m.If(o.ready):
+            m.d.sync += o.valid.eq(0)
 
         with m.FSM(name="tx") as fsm:
             with m.State("IDLE"):
+                m.d.sync += [step.eq(0), beat.eq(0), self.rd_addr.eq(0),
+                             acc_ip.eq(k_ip), acc_udp.eq(k_udp)]
                 with m.If(self.start):
                     m.next = "SUM"
             with m.State("SUM"):
-                csum = Signal(16)
-                m.d.comb += csum.eq(~ones_sum(words))
-                m.d.sync += [udp_csum.eq(Mux(csum == 0, 0xFFFF, csum)),
-                             ip_csum.eq(ipv4_checksum(ip_nocsum.as_value()))]
-                m.next = "LOAD"
-            with m.State("LOAD"):
-                m.d.sync += [hsr.eq(Cat(*octs)), hleft.eq(Mux(self.sync, n_hdr, n_hdr - 4))]
-                m.next = "HEADER"
-            with m.State("HEADER"):
-                m.d.comb += [packer.i.valid.eq(1), packer.i.p.data.eq(hsr[:w]),
-                             packer.i.p.lo.eq(0), packer.i.p.n.eq(Mux(hleft >= nl, nl, hleft)),
-                             packer.i.p.last.eq(self.sync & (hleft <= nl))]
-                with m.If(packer.i.ready):
-                    m.d.sync += [hsr.eq(hsr >> w), hleft.eq(hleft - nl)]
-                    with m.If(hleft <= nl):
+                m.d.sync += [
+                    acc_ip.eq(acc_ip[:16] + acc_ip[16] + Mux(in_ip, word, 0)),
+                    acc_udp.eq(acc_udp[:16] + acc_udp[16] + word),
+                    step.eq(step + 1),
+                ]
+                with m.If(step == n_steps - 1):
+                    m.next = "SEND"
+            with m.State("SEND"):
+                # The RAM word of beat ``beat + 1`` is read while ``beat`` is loaded.
+                m.d.comb += self.rd_en.eq(load & ~self.sync & (beat >= b_body - 1))
+                with m.If(self.rd_en):
+                    m.d.sync += self.rd_addr.eq(self.rd_addr + 1)
+                with m.If(load):
+                    m.d.sync += [
+                        o.valid.eq(1), o.p.data.eq(beat_data), o.p.last.eq(is_last),
+                        o.p.keep.eq(Mux(is_last, Cat(*[end[:shift] >= j for j in range(nl)])
+                                        if nl > 1 else 1, (1 << nl) - 1)),
+                        beat.eq(beat + 1),
+                    ]
+                    with m.If(is_last):
                         m.next = "IDLE"
-                        with m.If(~self.sync):
-                            m.next = "BODY_FETCH"
-            with m.State("BODY_FETCH"):
-                m.d.comb += [self.rd_addr.eq(0), self.rd_en.eq(1)]
-                m.d.sync += bidx.eq(0)
-                m.next = "BODY"
-            with m.State("BODY"):
-                m.d.comb += [packer.i.valid.eq(1), packer.i.p.data.eq(self.rd_data),
-                             packer.i.p.lo.eq(0),
-                             packer.i.p.n.eq(Mux(bidx == last_beat, tail, nl)),
-                             packer.i.p.last.eq(bidx == last_beat),
-                             self.rd_addr.eq(bidx + 1), self.rd_en.eq(packer.i.ready)]
-                with m.If(packer.i.ready):
-                    m.d.sync += bidx.eq(bidx + 1)
-                    with m.If(bidx == last_beat):
-                        m.next = "IDLE"
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | packer.o.valid)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | o.valid)
         return m
 
 
@@ -595,17 +708,20 @@ class UdpHostLink(wiring.Component):
                      self.cnt_bus_errors.eq(eng.bus_errors),
                      eng.frame_errors.eq(rx.cnt_malformed)]
 
-        # Response RAM: the engine's response octets, dense from lane 0; kept for duplicates.
+        # Response RAM: the engine's response octets, from lane 50 % (width/8) of word 0 (where
+        # they go on the wire: UdpLinkTx); kept for duplicates. ``ridx``: the next octet's place.
         m.submodules.resp = resp = Memory(shape=w, depth=tx.body_depth, init=[])
         bw = resp.write_port(granularity=8)
         br = resp.read_port()
         m.d.comb += [br.addr.eq(tx.rd_addr), br.en.eq(tx.rd_en), tx.rd_data.eq(br.data)]
-        ridx = Signal(range(_BODY_MAX + 1))
+        l0 = _CAPTURE % nl
+        ridx = Signal(range(l0 + _BODY_MAX + 1))
         rsum = Signal(_SUM_BITS)
         shift = nl.bit_length() - 1
         m.d.comb += [eng.tx_ready.eq(1), bw.addr.eq(ridx >> shift),
                      bw.data.eq(Cat(*[eng.tx_data] * nl))]
-        with m.If(eng.tx_valid & (ridx < _BODY_MAX)):
+        # ``l0`` is even: ``ridx`` has the parity of the body octet (the high octet of a word).
+        with m.If(eng.tx_valid & (ridx < l0 + _BODY_MAX)):
             m.d.comb += bw.en.eq(Const(1, nl) << ridx[:shift] if nl > 1 else 1)
             m.d.sync += [ridx.eq(ridx + 1),
                          rsum.eq(rsum + Mux(ridx[0], eng.tx_data, Cat(Const(0, 8), eng.tx_data)))]
@@ -616,7 +732,9 @@ class UdpHostLink(wiring.Component):
     def _executor(self, m, r, eng, tx, ridx, rsum):
         """Take stored datagrams in order: the seq rules, the engine, the response."""
         nl = self._width // 8
-        hb = HEADER // nl
+        # The stored datagram starts at the beat of frame octet 42; the body at octet 50.
+        hb = _CAPTURE // nl - _KH_AT // nl
+        l0 = _CAPTURE % nl
         kept = SimpleNamespace(valid=Signal(), seq=Signal(32), len=Signal(range(_BODY_MAX + 1)),
                                sum=Signal(_SUM_BITS))
         job = SimpleNamespace(sync=Signal(), seq=Signal(32), value=Signal(32), then_send=Signal())
@@ -632,7 +750,7 @@ class UdpHostLink(wiring.Component):
         side = r.p.side
         with m.FSM(name="exec"):
             with m.State("IDLE"):
-                m.d.sync += [hcount.eq(0), li.eq(0)]
+                m.d.sync += [hcount.eq(0), li.eq(l0)]
                 with m.If(r.valid):
                     m.d.sync += [job.sync.eq(side.sync), job.seq.eq(side.seq),
                                  job.value.eq(self.expected)]
@@ -641,7 +759,7 @@ class UdpHostLink(wiring.Component):
                         m.d.sync += job.then_send.eq(1)
                         m.next = "DRAIN"
                     with m.Elif(side.seq == self.expected):
-                        m.d.sync += [ridx.eq(0), rsum.eq(0)]
+                        m.d.sync += [ridx.eq(l0), rsum.eq(0)]
                         m.next = "HEADER"
                     # Modulo 2**32: after seq 0xFFFFFFFF ran, ``expected`` is 0.
                     with m.Elif(kept.valid & (side.seq == (self.expected - 1)[:32])):
@@ -659,7 +777,7 @@ class UdpHostLink(wiring.Component):
                     with m.If(job.then_send):
                         m.next = "SEND"
             with m.State("HEADER"):
-                # The KH header beats (the side data already holds type and seq).
+                # The beats before the body (the side data already holds type and seq).
                 m.d.comb += r.ready.eq(1)
                 with m.If(r.valid):
                     m.d.sync += hcount.eq(hcount + 1)
@@ -683,7 +801,7 @@ class UdpHostLink(wiring.Component):
                 with m.If(eng.idle):
                     count("executed")
                     m.d.sync += [self.expected.eq(self.expected + 1), kept.valid.eq(1),
-                                 kept.seq.eq(job.seq), kept.len.eq(ridx), kept.sum.eq(rsum)]
+                                 kept.seq.eq(job.seq), kept.len.eq(ridx - l0), kept.sum.eq(rsum)]
                     m.next = "SEND"
             with m.State("SEND"):
                 m.d.comb += tx.start.eq(1)

@@ -6,6 +6,7 @@
 """UDP host link in the Amaranth simulator, widths 8 and 64: execution, duplicates, sync, every
 rejection rule (its counter moves, nothing runs on the bus, nothing is sent), throughput."""
 
+import collections
 import random
 import struct
 
@@ -17,6 +18,7 @@ from amaranth.sim import Simulator
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
+from scapy.utils import checksum
 
 from hw.iface import REG_UDPLINK, Space
 from hw.target.hostlink import DEMO_ID, Cmd, HostBusDemoTarget, LinkStatus
@@ -502,6 +504,239 @@ def test_udp_checksum_zero_is_absent_and_ffff_is_zero(width):
         await b.send(ctx, sent)
         assert (await b.replies(ctx, 1))[0][:2] == (T_RESPONSE, 0)
         assert ctx.get(b.top.target.scratch[1]) == word
+
+    b.run(body)
+
+
+# ---- random traffic against an oracle -------------------------------------------------------
+
+def oracle_rules(raw, enabled=True):
+    """Rules 1-7 of hw/target/udplink.py's docstring for one Ethernet frame, read off the raw
+    octets, with scapy's RFC 1071 checksum (``scapy.utils.checksum``: 0 over a correct header
+    or pseudo-header + segment): the counter of a dropped frame, else ``(kind, seq, body)``."""
+    b16 = lambda o: int.from_bytes(o, "big")                        # noqa: E731
+    if (len(raw) < 42 or raw[:6] != bytes.fromhex(TGT_MAC.replace(":", ""))
+            or raw[12:15] != b"\x08\x00\x45" or raw[20] & 0x3F or raw[21] or raw[23] != 17
+            or b16(raw[30:34]) != ip_int(TGT_IP) or b16(raw[36:38]) != HOSTLINK_UDP_PORT):
+        return "ignored"
+    if not enabled:
+        return "disabled"
+    if (raw[6:12] != bytes.fromhex(HOST_MAC.replace(":", "")) or b16(raw[26:30]) != ip_int(HOST_IP)
+            or b16(raw[34:36]) != HOST_PORT):
+        return "bad_src"
+    if checksum(raw[14:34]):
+        return "bad_csum"
+    ulen = b16(raw[38:40])
+    if b16(raw[16:18]) != ulen + 20 or not 16 <= ulen <= 1480 or len(raw) < 34 + ulen:
+        return "malformed"
+    seg = raw[34:34 + ulen]
+    if seg[6:8] == b"\0\0" or checksum(raw[26:34] + bytes([0, 17]) + seg[4:6] + seg):
+        return "bad_csum"
+    p = seg[8:]
+    if p[:3] != b"KH\x01" or not ((p[3] == T_REQUEST and len(p) > 8)
+                                  or (p[3] == T_SYNC and len(p) == 8)):
+        return "malformed"
+    body, pos, longest = p[8:], 0, 0
+    known = {c.value for c in Cmd}
+    while pos < len(body):
+        if body[pos] != 0xA5 or pos + 8 > len(body):
+            return "malformed"
+        cmd, count = body[pos + 1], body[pos + 6]
+        accepted = cmd in known and 1 <= count <= MAX_WORDS
+        status = cmd == Cmd.STATUS.value
+        pos += 8 + (4 * count if cmd & 1 and accepted and not status else 0)
+        longest += 5 + 4 * (4 if status else count if accepted and not cmd & 1 else 0)
+    if pos != len(body) or longest > 1464:
+        return "malformed"
+    return (p[3], b16(p[4:8]), body)
+
+
+class ExecModel:
+    """The executor's seq rules (9) and the demo target's scratch registers and memory, for the
+    request frames :func:`random_frames` makes; counters as the endpoint's."""
+
+    def __init__(self):
+        self.expected, self.kept = 0, None
+        self.mem, self.scratch = [0] * 64, [0] * 4
+        self.counters = dict.fromkeys(UDPLINK_COUNTERS, 0)
+        self.responses = []             # (type, seq, body) in order
+
+    def frame(self, f):
+        cmd, addr, count = f[1], int.from_bytes(f[2:6], "big"), f[6]
+        words = list(struct.unpack(f">{(len(f) - 8) // 4}I", f[7:-1]))
+
+        def answer(status, done=0, data=()):
+            body = bytes([cmd, status.value, done]) + b"".join(struct.pack(">I", d) for d in data)
+            return bytes([0x5A]) + body + bytes([CRC.compute(body)])
+        if CRC.compute(f[1:-1]) != f[-1]:
+            self.counters["crc_errors"] += 1
+            return answer(LinkStatus.BAD_CRC)
+        if cmd not in {c.value for c in Cmd}:
+            return answer(LinkStatus.BAD_CMD)
+        if not 1 <= count <= MAX_WORDS:
+            return answer(LinkStatus.BAD_COUNT)
+        self.counters["frames_ok"] += 1
+        k = addr // 4
+        if cmd == Cmd.WRITE_MEM.value:
+            self.mem[k:k + count] = words
+        elif cmd == Cmd.READ_MEM.value:
+            return answer(LinkStatus.OK, count, self.mem[k:k + count])
+        elif cmd == Cmd.WRITE_REG.value:
+            self.scratch[k - 2] = words[0]
+        else:
+            return answer(LinkStatus.OK, 1, [DEMO_ID if addr == 0 else self.scratch[k - 2]])
+        return answer(LinkStatus.OK, count)
+
+    def datagram(self, raw, enabled=True):
+        got = oracle_rules(raw, enabled)
+        if isinstance(got, str):
+            self.counters[got] += 1
+            return got
+        kind, seq, body = got
+        c = self.counters
+        if kind == T_SYNC:
+            c["sync"] += 1
+            self.responses.append((T_SYNC_RESPONSE, seq, self.expected.to_bytes(4, "big")))
+        elif seq == self.expected:
+            c["executed"] += 1
+            frames, pos = [], 0
+            while pos < len(body):
+                n = 8 + (4 * body[pos + 6] if body[pos + 1] & 1 else 0)
+                frames.append(body[pos:pos + n])
+                pos += n
+            self.kept = (seq, b"".join(self.frame(f) for f in frames))
+            self.responses.append((T_RESPONSE,) + self.kept)
+            self.expected = (self.expected + 1) & 0xFFFFFFFF
+        elif self.kept and seq == (self.expected - 1) & 0xFFFFFFFF:
+            c["duplicate"] += 1
+            self.responses.append((T_RESPONSE,) + self.kept)
+        else:
+            c["bad_seq"] += 1
+            return "bad_seq"
+        c["tx_datagrams"] += 1
+        return "answered"
+
+
+def random_frames(rng):
+    """Request frames on scratch registers and memory (every frame good but, now and then,
+    one with a bad CRC), from 8 octets to a body of about 1,400; or reads whose longest
+    responses just fit or just do not."""
+    if rng.random() < 0.05:         # the longest responses fill 1,443 octets, then 1,480
+        return [req(Cmd.READ_MEM, 0, MAX_WORDS)] * rng.choice([39, 40])
+    frames = []
+    for _ in range(rng.choice([1, 1, 2, 3, 5, 8, 36])):
+        c = rng.randint(1, MAX_WORDS)
+        a = 4 * rng.randrange(64 - c + 1)
+        f = rng.choice([
+            lambda: req(Cmd.WRITE_MEM, a, c, [rng.getrandbits(32) for _ in range(c)]),
+            lambda: req(Cmd.READ_MEM, a, c),
+            lambda: req(Cmd.WRITE_REG, 0x08 + 4 * rng.randrange(4), 1, [rng.getrandbits(32)]),
+            lambda: req(Cmd.READ_REG, rng.choice([0, 0x08, 0x0C, 0x10, 0x14]), 1)])()
+        if rng.random() < 0.05:
+            f = f[:-1] + bytes([f[-1] ^ 0x40])
+        frames.append(f)
+    return frames
+
+
+def random_datagram(rng, model):
+    """A frame to the endpoint: a request (seq expected, the one before, or another), a sync,
+    or one of them damaged: octets added to, cut from or lost inside the body (odd lengths
+    too), a bit flipped anywhere, the frame cut short, padded or with octets after the UDP
+    datagram, wrong addresses, lengths or checksums."""
+    exp = model.expected
+    seq = rng.choice([exp] * 6 + [(exp - 1) & 0xFFFFFFFF, rng.getrandbits(32)])
+    body = b"".join(random_frames(rng))
+    r = rng.random()
+    if r < 0.04:
+        body += bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 3)))
+    elif r < 0.08:
+        body = body[:rng.randrange(1, len(body))]               # the last frame cut short
+    elif r < 0.10:
+        k = rng.randrange(len(body))
+        body = body[:k] + body[k + rng.randint(1, 2):]          # octets lost inside
+    payload = kh(T_REQUEST, seq, body)
+    if rng.random() < 0.12:
+        payload = kh(T_SYNC, rng.getrandbits(32))
+    kw = {}
+    r = rng.random()
+    if r < 0.03:
+        payload += bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 3)))   # a sync too
+    elif r < 0.12:
+        kw = rng.choice([dict(src_mac="02:00:00:00:00:03"), dict(dst_ip="10.0.0.7"),
+                         dict(sport=HOST_PORT ^ 1), dict(dport=HOSTLINK_UDP_PORT ^ 0x100),
+                         dict(udp_chksum=0), dict(ip_chksum=0x1234),
+                         dict(ip_len=20 + 8 + len(payload) + 2)])
+    raw = frame(payload, pad=rng.random() < 0.8, **kw)
+    r = rng.random()
+    if r < 0.12:
+        k = rng.randrange(len(raw))
+        raw = raw[:k] + bytes([raw[k] ^ (1 << rng.randrange(8))]) + raw[k + 1:]
+    elif r < 0.17:
+        raw = raw[:rng.choice([len(raw) - 1, rng.randrange(1, len(raw))])]
+    elif r < 0.22:
+        raw += bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 40)))
+    return raw
+
+
+@pytest.mark.parametrize("width", [8, 16, 32, 64])
+def test_random_datagrams_back_to_back_against_an_oracle(width):
+    """Bursts of frames back to back (no idle beat between them, or a few idle beats inside
+    them), each judged by :func:`oracle_rules` and :class:`ExecModel`: the counters after
+    every burst and every response datagram (bytes checked by scapy) as the oracle says."""
+    b = Bench(width)
+    rng = random.Random(23 + width)
+    model = ExecModel()
+    store_beats = b.link.rx_depth or 2 * -(-(2 + 1472) // b.nl)
+
+    async def body(ctx):
+        await b.configure(ctx)
+        sent, outcomes = 0, collections.Counter()
+        while sent < 90:
+            burst, beats = [], 0
+            while len(burst) < 8:
+                raw = random_datagram(rng, model)
+                beats += len(raw) // b.nl + 2
+                if burst and beats > store_beats // 2:   # never an overrun
+                    break
+                outcomes[model.datagram(raw)] += 1
+                burst.append(raw)
+            gaps = rng.choice([0.0, 0.0, 0.1])
+            for raw in burst:
+                await b.send(ctx, raw, gaps=gaps)
+            sent += len(burst)
+            await b.replies(ctx, len(model.responses), limit=100000)
+            for _ in range(200):                  # a datagram still draining: bad_seq
+                got = await b.counters(ctx)
+                if got == model.counters:
+                    break
+                for _ in range(20):
+                    await ctx.tick()
+            assert got == model.counters, f"after {sent} frames"
+        assert [parse_reply(raw) for _, raw in b.out] == model.responses
+        # Every rule and outcome was exercised.
+        assert set(outcomes) >= {"ignored", "bad_src", "bad_csum", "malformed", "bad_seq",
+                                 "answered"}, outcomes
+        assert model.counters["duplicate"] and model.counters["sync"]
+
+    b.run(body)
+
+
+@pytest.mark.parametrize("width", [8, 16, 32, 64])
+def test_frame_ending_before_octet_42_is_ignored(width):
+    """Rule 1: a frame shorter than its headers (Ethernet, IPv4, UDP: 42 octets) is ignored,
+    whatever its first 41 octets say, and the frame after it is unaffected."""
+    b = Bench(width)
+    good = frame(kh(T_SYNC, 5))
+
+    async def body(ctx):
+        await b.configure(ctx)
+        for n in (14, 34, 38, 40, 41):
+            await b.send(ctx, good[:n])
+        await b.send(ctx, good)
+        assert await b.replies(ctx, 1) == [(T_SYNC_RESPONSE, 5, bytes(4))]
+        c = await b.counters(ctx)
+        assert {k: v for k, v in c.items() if v} == {"ignored": 5, "sync": 1,
+                                                      "tx_datagrams": 1}
 
     b.run(body)
 
