@@ -48,7 +48,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.iface import (ADDR_BITS, HostBusSignature, QP_INDEX_BITS, QpConfig,
                      QpIntakeCfg, QpReadSignature, QpRespCfg, QpState, QpTxCfg, REG_MR, REG_QP,
-                     REG_TRANSPORT, ReqCfg, Space, mr_entry, qp_subset)
+                     REG_TRANSPORT, ReqCfg, Space, qp_subset)
 
 __all__ = ["QpTable", "MrTable", "CounterBank", "MrLookupSignature", "MrAccess", "MrError",
            "QP_REGS", "MR_REGS", "qp_match", "QP_STRIDE", "MR_STRIDE", "RESPONDER_COUNTERS_BASE"]
@@ -113,33 +113,6 @@ def qp_match(row, qpn):
 def _field(view, path):
     v = getattr(view, path)
     return v.as_value() if hasattr(v, "as_value") else v
-
-
-def _reg_target(m, bus, base, stride, n, words, read_of, write_of):
-    """Common decode of ``n`` register records ``stride`` octets apart (a power of two) from
-    ``base``: ``words`` = set of valid word offsets; ``read_of(i, off)`` -> value;
-    ``write_of(i, off, wdata)`` -> list of sync statements. The record index is the address
-    bits above the stride and the word its offset, each decoded once (not one 32-bit compare
-    per record and word)."""
-    assert stride & (stride - 1) == 0, stride
-    sb = stride.bit_length() - 1
-    in_win = (bus.space == Space.REG) & (bus.addr >= base) & (bus.addr < base + stride * n)
-    rel = Signal(32)
-    m.d.comb += rel.eq(bus.addr - base)
-    idx, off = rel[sb:], rel[:sb]
-    with m.If(in_win & (bus.re | bus.we)):
-        m.d.comb += [bus.ack.eq(1), bus.err.eq(1)]
-        with m.Switch(off):
-            for o in sorted(words):
-                with m.Case(o):
-                    m.d.comb += bus.err.eq(0)
-                    with m.Switch(idx):
-                        for i in range(n):
-                            with m.Case(i):
-                                with m.If(bus.re):
-                                    m.d.comb += bus.rdata.eq(read_of(i, o))
-                                with m.Else():
-                                    m.d.sync += write_of(i, o, bus.wdata)
 
 
 class QpTable(wiring.Component):
@@ -249,6 +222,16 @@ class QpTable(wiring.Component):
         return m
 
 
+def _eq_cut(m, a, b, name):
+    """``a == b`` from 2-bit compares kept as nets of their own, one LUT4 each. Without the
+    cut, yosys (0.70, synth_ecp5/abc9) maps MrTable's eight 32-bit compares against one shared
+    R_Key to ~65 LUT4 each; with it, to 22 (16 compares + the AND tree)."""
+    pairs = Signal((len(a) + 1) // 2, name=name, attrs={"keep": 1})
+    m.d.comb += [pairs[k].eq(a[2 * k:2 * k + 2] == b[2 * k:2 * k + 2])
+                 for k in range(len(pairs))]
+    return pairs.all()
+
+
 class MrTable(wiring.Component):
     """Host-writable :data:`~hw.iface.MrEntry` table of ``n_mr`` regions plus a lookup port.
 
@@ -260,76 +243,129 @@ class MrTable(wiring.Component):
 
     An ``inv_valid`` strobe clears ``valid`` of every region whose ``rkey`` is ``inv_rkey``
     (SEND with Invalidate); ``inv_found`` says (combinationally, whether or not ``inv_valid``
-    is high) that a valid region has R_Key ``inv_rkey``.
+    is high) that a valid region has R_Key ``inv_rkey``. The compare sees the table of before
+    the cycle; a host write of a region's control word in the cycle that invalidates it keeps
+    its rights but not its ``valid``.
+
+    Storage: flip-flops hold only what every region must show at once, for the key match and
+    the invalidate: ``valid``, ``rkey`` and ``qp_mask`` (``qp_mask`` has ``n_qp`` bits; mask
+    bits of higher QPs written by the host are dropped and read back 0). ``va``, ``length``,
+    ``laddr`` and the rights sit in LUT RAM read combinationally at the matched region. The
+    host reads back every word from a second LUT RAM, a copy of the register words as written
+    (each cut to its field's width), except ``valid``, taken from its flip-flop. Memories keep
+    their contents over a domain reset (the flip-flops clear, so every region is then invalid).
 
     Ports
     -----
     bus : In(HostBusSignature)
     lookup : In(MrLookupSignature)
-    entries : Out(mr_entry(n_qp)).array(n_mr)   ``qp_mask`` has ``n_qp`` bits; mask bits of
-        higher QPs written by the host are dropped and read back 0
     inv_valid : In(1), inv_rkey : In(32), inv_found : Out(1)
     """
 
+    #: Lookup LUT RAMs: name -> (register word offset, bits); ``rights`` are control bits 3:1.
+    _LOOKUP_WORDS = {"va_hi": (0x0C, 32), "va_lo": (0x10, 32), "length": (0x14, 32),
+                     "laddr": (0x18, ADDR_BITS), "rights": (0x00, 3)}
+
     def __init__(self, n_mr, n_qp=1 << QP_INDEX_BITS):
+        if not 1 <= n_qp <= 1 << QP_INDEX_BITS:
+            raise ValueError(f"n_qp {n_qp} out of range")
         self.n_mr, self.n_qp = n_mr, n_qp
-        self._layout = mr_entry(n_qp)
         super().__init__({
             "bus": In(HostBusSignature()),
             "lookup": In(MrLookupSignature()),
-            "entries": Out(self._layout).array(n_mr),
             "inv_valid": In(1), "inv_rkey": In(32), "inv_found": Out(1),
         })
 
+    def _word_bits(self, off):
+        """Bits of register word ``off`` that hold a field (the rest read 0)."""
+        if off == 0x00:
+            return 0b1110                               # rights; valid is a flip-flop
+        path, lo, bits = MR_REGS[off]
+        width = {"qp_mask": self.n_qp, "rkey": 32, "va": 64, "length": 32,
+                 "laddr": ADDR_BITS}[path]
+        return (1 << max(0, min(bits, width - lo))) - 1
+
     def elaborate(self, platform):
         m = Module()
-        bus, lk = self.bus, self.lookup
-        words = set(MR_REGS) | {0x00}
+        bus, lk, n, nq = self.bus, self.lookup, self.n_mr, self.n_qp
 
-        def read_of(j, off):
-            e = self.entries[j]
-            if off == 0x00:
-                return Cat(e.valid, e.rights.read, e.rights.write, e.rights.atomic)
-            path, lo, bits = MR_REGS[off]
-            return getattr(e, path)[lo:lo + bits]
+        valid = Signal(n)
+        rkey = [Signal(32, name=f"rkey{j}") for j in range(n)]
+        qp_mask = [Signal(nq, name=f"qp_mask{j}") for j in range(n)]
 
-        def write_of(j, off, wdata):
-            e = self.entries[j]
-            if off == 0x00:
-                return [e.valid.eq(wdata[0]), e.rights.read.eq(wdata[1]),
-                        e.rights.write.eq(wdata[2]), e.rights.atomic.eq(wdata[3])]
-            path, lo, bits = MR_REGS[off]
-            return [getattr(e, path)[lo:lo + bits].eq(wdata[:bits])]
+        # Host bus: the window is a power-of-two span of strides aligned on itself, so the
+        # region index and the word are address bits, each decoded once (no subtraction).
+        ib = max(1, (n - 1).bit_length())
+        span = (MR_STRIDE << ib).bit_length() - 1       # log2 of the span
+        assert REG_MR % (1 << span) == 0, (REG_MR, n)
+        idx, word = bus.addr[6:6 + ib], bus.addr[2:5]   # words 0x00..0x1C; 0x20..0x3C refused
+        in_win = (bus.space == Space.REG) & (bus.addr[span:] == REG_MR >> span) & (idx < n)
+        access = in_win & (bus.re | bus.we)
+        known = (bus.addr[0:2] == 0) & ~bus.addr[5]
+        host_we = Signal()
+        m.d.comb += [bus.ack.eq(access), bus.err.eq(access & ~known),
+                     host_we.eq(access & known & bus.we)]
 
-        _reg_target(m, bus, REG_MR, MR_STRIDE, self.n_mr, words, read_of, write_of)
+        # Read-back copy of every register word, as written and cut to its field.
+        m.submodules.words = words = Memory(shape=32, depth=8 * n, init=[])
+        wmask = Signal(32)
+        with m.Switch(word):
+            for off in sorted(set(MR_REGS) | {0x00}):
+                with m.Case(off >> 2):
+                    m.d.comb += wmask.eq(self._word_bits(off))
+        w_rd, w_wr = words.read_port(domain="comb"), words.write_port()
+        m.d.comb += [w_rd.addr.eq(Cat(word, idx)), w_wr.addr.eq(Cat(word, idx)),
+                     w_wr.data.eq(bus.wdata & wmask), w_wr.en.eq(host_we)]
+        with m.If(access & known & bus.re):
+            m.d.comb += bus.rdata.eq(w_rd.data | (valid.bit_select(idx, 1) & (word == 0)))
+
+        # Lookup copy of va, length, laddr and the rights, read at the matched region.
+        sel = Signal(range(n))
+        lkd = {}
+        for name, (off, bits) in self._LOOKUP_WORDS.items():
+            m.submodules[name] = mem = Memory(shape=bits, depth=n, init=[])
+            rp, wp = mem.read_port(domain="comb"), mem.write_port()
+            data = bus.wdata[1:4] if name == "rights" else bus.wdata[:bits]
+            m.d.comb += [rp.addr.eq(sel), wp.addr.eq(idx), wp.data.eq(data),
+                         wp.en.eq(host_we & (word == off >> 2))]
+            lkd[name] = rp.data
+
+        for j in range(n):
+            with m.If(host_we & (idx == j)):
+                with m.Switch(word):
+                    with m.Case(0x00 >> 2):
+                        m.d.sync += valid[j].eq(bus.wdata[0])
+                    with m.Case(0x08 >> 2):
+                        m.d.sync += rkey[j].eq(bus.wdata)
+                    with m.Case(0x04 >> 2):
+                        m.d.sync += qp_mask[j][:32].eq(bus.wdata)
+                    if nq > 32:
+                        with m.Case(0x1C >> 2):
+                            m.d.sync += qp_mask[j][32:].eq(bus.wdata)
 
         # Invalidate (after the bus write statements: a same-cycle host write of control loses).
-        for j in range(self.n_mr):
-            e = self.entries[j]
-            hit = e.valid & (e.rkey == self.inv_rkey)
-            with m.If(hit):
+        for j in range(n):
+            with m.If(valid[j] & _eq_cut(m, rkey[j], self.inv_rkey, f"inv_eq{j}")):
                 m.d.comb += self.inv_found.eq(1)
                 with m.If(self.inv_valid):
-                    m.d.sync += e.valid.eq(0)
+                    m.d.sync += valid[j].eq(0)
 
         # Lookup: key match (combinational), then range/rights, registered once.
-        sel = Signal(range(self.n_mr))
         found = Signal()
-        for j in reversed(range(self.n_mr)):
-            e = self.entries[j]
-            with m.If(e.valid & (e.rkey == lk.rkey) & (e.qp_mask.bit_select(lk.qp, 1))):
+        for j in reversed(range(n)):
+            key = _eq_cut(m, rkey[j], lk.rkey, f"key_eq{j}")
+            with m.If(valid[j] & key & qp_mask[j].bit_select(lk.qp, 1)):
                 m.d.comb += [sel.eq(j), found.eq(1)]
-        e = Signal(self._layout)
-        with m.Switch(sel):
-            for j in range(self.n_mr):
-                with m.Case(j):
-                    m.d.comb += e.eq(self.entries[j])
+        # off = va - region.va, once; inside when it does not borrow, fits 32 bits and
+        # off + length <= region.length (33-bit sum: no wrap).
         off = Signal(65)
-        end = Signal(66)
-        m.d.comb += [off.eq(lk.va - e.va), end.eq(off[:64] + lk.length)]
-        in_range = (lk.va >= e.va) & (end <= e.length)
-        right = Mux(lk.access == MrAccess.READ, e.rights.read,
-                    Mux(lk.access == MrAccess.WRITE, e.rights.write, e.rights.atomic))
+        end = Signal(33)
+        m.d.comb += [off.eq(lk.va - Cat(lkd["va_lo"], lkd["va_hi"])),
+                     end.eq(off[:32] + lk.length)]
+        in_range = ~off[64] & (off[32:64] == 0) & (end <= lkd["length"])
+        rights = lkd["rights"]
+        right = Mux(lk.access == MrAccess.READ, rights[0],
+                    Mux(lk.access == MrAccess.WRITE, rights[1], rights[2]))
         err = Signal(MrError)
         with m.If(~found):
             m.d.comb += err.eq(MrError.BAD_KEY)
@@ -338,7 +374,7 @@ class MrTable(wiring.Component):
         with m.Elif(~right):
             m.d.comb += err.eq(MrError.RIGHTS)
         m.d.sync += [lk.ok.eq(err == MrError.NONE), lk.error.eq(err),
-                     lk.laddr.eq(e.laddr + off[:ADDR_BITS])]
+                     lk.laddr.eq(lkd["laddr"] + off[:ADDR_BITS])]
         return m
 
 

@@ -19,7 +19,7 @@ from hw.rdma.qp import (MR_STRIDE, QP_REGS, QP_STRIDE, CounterBank, MrAccess, Mr
 from hw.rdma.requester import Requester
 from hw.rdma.responder import Responder
 from hw.rdma.txpath import TxPath
-from tests.hw.rdma.responder_bench import bus_access, mr_words
+from tests.hw.rdma.responder_bench import bus_access, mr_words, write_mr
 
 #: Independent restatement of the QP register widths (docstring of hw/rdma/qp.py).
 QP_WIDTHS = {0x00: 3, 0x04: 24, 0x08: 24, 0x0C: 16, 0x10: 32, 0x14: 32, 0x18: 16, 0x1C: 3,
@@ -259,6 +259,220 @@ def test_mr_lookup_brute_force():
         for j, e in enumerate(entries):
             ctl, _ = await bus_access(ctx, dut.bus, REG_MR + MR_STRIDE * j)
             assert ctl & 1 == (e["valid"] and e["rkey"] != k)
+        assert not ctx.get(dut.inv_found)
+
+    simulate(dut, bench)
+
+
+MASK64 = (1 << 64) - 1
+
+
+def mr_expected_words(n_qp, words):
+    """What MR register words read back after ``words`` ({offset: value}) were written to a
+    table of ``n_qp`` QPs: each field's width (module docstring), qp_mask bits of QPs beyond
+    ``n_qp`` read 0."""
+    width = {0x00: 4, 0x04: min(32, n_qp), 0x08: 32, 0x0C: 32, 0x10: 32, 0x14: 32, 0x18: 32,
+             0x1C: max(0, min(32, n_qp - 32))}
+    return {off: v & ((1 << width[off]) - 1) for off, v in words.items()}
+
+
+async def mr_lookup(ctx, lk, rkey, va, length, qp, access):
+    """One lookup: inputs in cycle t, (ok, laddr, error) read in cycle t + 1."""
+    for sig, v in ((lk.rkey, rkey), (lk.va, va), (lk.length, length), (lk.qp, qp),
+                   (lk.access, access)):
+        ctx.set(sig, v)
+    await ctx.tick()
+    return ctx.get(lk.ok), ctx.get(lk.laddr), ctx.get(lk.error)
+
+
+@pytest.mark.parametrize("n_mr,n_qp", [(1, 1), (3, 4), (8, 40), (8, 64)])
+def test_mr_registers(n_mr, n_qp):
+    """Every word of every region written with random values and read back at its field's
+    width (qp_mask bits beyond ``n_qp`` read 0, in both mask words); decode errors (unaligned,
+    the words 0x20..0x3C of each stride); silence (no ack, err or rdata) outside the window."""
+    dut = MrTable(n_mr, n_qp=n_qp)
+    rng = random.Random(n_mr * 100 + n_qp)
+
+    async def bench(ctx):
+        bus = dut.bus
+        written = {}
+        for j in range(n_mr):
+            for off in range(0, 0x20, 4):
+                v = rng.getrandbits(32) | 0xF       # every QP bit of the mask words set
+                written[j, off] = v
+                _, err = await bus_access(ctx, bus, REG_MR + MR_STRIDE * j + off, v)
+                assert not err
+        for j in range(n_mr):
+            want = mr_expected_words(n_qp, {off: written[j, off] for off in range(0, 0x20, 4)})
+            for off, v in want.items():
+                rd, err = await bus_access(ctx, bus, REG_MR + MR_STRIDE * j + off)
+                assert (rd, err) == (v, 0), (j, hex(off), hex(rd), hex(v))
+        for addr in (REG_MR + 0x01, REG_MR + 0x20, REG_MR + 0x3C, REG_MR + 0x1E,
+                     REG_MR + MR_STRIDE * (n_mr - 1) + 0x24, REG_MR + MR_STRIDE * n_mr - 1):
+            for wdata in (None, 0xFFFFFFFF):
+                rd, err = await bus_access(ctx, bus, addr, wdata)
+                assert err and rd == 0, hex(addr)
+        for addr, space in ((REG_MR + MR_STRIDE * n_mr, Space.REG), (REG_MR - 4, Space.REG),
+                            (REG_MR, Space.MEM), (REG_MR + 0x08, Space.QUEUE)):
+            ctx.set(bus.addr, addr)
+            ctx.set(bus.space, space)
+            ctx.set(bus.re, 1)
+            for _ in range(2):
+                assert (ctx.get(bus.ack), ctx.get(bus.err), ctx.get(bus.rdata)) == (0, 0, 0)
+                await ctx.tick()
+            ctx.set(bus.re, 0)
+        # The refused writes changed nothing.
+        for j in range(n_mr):
+            want = mr_expected_words(n_qp, {off: written[j, off] for off in range(0, 0x20, 4)})
+            for off, v in want.items():
+                rd, _ = await bus_access(ctx, bus, REG_MR + MR_STRIDE * j + off)
+                assert rd == v, (j, hex(off))
+
+    simulate(dut, bench)
+
+
+def test_mr_lookup_precedence():
+    """Named cases the random test may miss, each against the reference and a stated answer:
+    two regions with one R_Key (the lower index wins even when the higher would pass the
+    range or rights check; a region whose qp_mask lacks the QP is skipped), QP 63's mask bit,
+    an invalid region never matches, a region ending exactly at 2**64."""
+    dut = MrTable(5, n_qp=64)
+    K, K2 = 0x1234_5678, 0x9ABC_DEF0
+    top = (1 << 64) - 0x100
+    entries = [
+        dict(valid=1, read=1, write=0, atomic=0, qp_mask=1 << 63, rkey=K, va=0x1000,
+             length=0x100, laddr=0x10_0000),
+        dict(valid=1, read=1, write=1, atomic=0, qp_mask=MASK64, rkey=K, va=0x2000,
+             length=0x100, laddr=0x20_0000),
+        dict(valid=0, read=1, write=1, atomic=1, qp_mask=MASK64, rkey=K2, va=0x3000,
+             length=0x100, laddr=0x30_0000),
+        dict(valid=1, read=1, write=1, atomic=1, qp_mask=(1 << 63) | 1, rkey=K2, va=top,
+             length=0x100, laddr=0xFFFF_FF80),
+        dict(valid=1, read=1, write=1, atomic=1, qp_mask=MASK64 >> 1, rkey=K2, va=0,
+             length=0xFFFF_FFFF, laddr=0x4000_0000),
+    ]
+    R, W, A = MrAccess.READ, MrAccess.WRITE, MrAccess.ATOMIC
+    ok = MrError.NONE
+    cases = [  # (rkey, va, length, qp, access) -> (error, laddr when ok)
+        ((K, 0x1000, 0x100, 63, R), (ok, 0x10_0000)),       # region 0: only QP 63
+        ((K, 0x10F8, 8, 63, R), (ok, 0x10_00F8)),
+        ((K, 0x2000, 8, 63, R), (MrError.RANGE, None)),      # region 0 wins, out of its range
+        ((K, 0x1000, 8, 63, W), (MrError.RIGHTS, None)),     # region 0 wins, no write right
+        ((K, 0x2000, 8, 62, W), (ok, 0x20_0000)),            # QP 62: region 0 skipped
+        ((K, 0x1000, 8, 62, R), (MrError.RANGE, None)),      # ... so region 1's range
+        ((K, 0x2000, 8, 0, R), (ok, 0x20_0000)),
+        ((K2, 0x3000, 8, 5, R), (ok, 0x4000_3000)),          # region 2 invalid: region 4
+        ((K2, 0x3000, 8, 63, R), (MrError.RANGE, None)),     # QP 63: region 3, not 4
+        ((K2, top, 0x100, 63, A), (ok, 0xFFFF_FF80)),        # region 3 ends at 2**64
+        ((K2, top + 0xF8, 8, 63, W), (ok, 0x0000_0078)),     # laddr wraps at 2**32
+        ((K2, MASK64, 1, 0, R), (ok, 0x0000_007F)),
+        ((K2, MASK64, 0, 0, R), (ok, 0x0000_007F)),
+        ((K2, MASK64, 2, 0, R), (MrError.RANGE, None)),      # would end at 2**64 + 1
+        ((K2, top + 1, 0x100, 0, R), (MrError.RANGE, None)),
+        ((K2, top - 1, 1, 0, R), (MrError.RANGE, None)),     # one below the region
+        ((K2, 0, 0, 0, R), (MrError.RANGE, None)),           # QP 0: region 3 wins over 4
+        ((K2, 0, 0, 1, R), (ok, 0x4000_0000)),               # QP 1: region 4
+        ((K2, 0xFFFF_FFFF, 0, 1, R), (ok, 0x3FFF_FFFF)),
+        ((K2, 0xFFFF_FFFF, 1, 1, R), (MrError.RANGE, None)),
+        ((K2, 0, 8, 63, R), (MrError.RANGE, None)),          # region 4 lacks QP 63
+        ((K2 ^ 1, top, 8, 63, R), (MrError.BAD_KEY, None)),
+        ((K, 0x1000, 8, 1, A), (MrError.RANGE, None)),       # error precedence: RANGE first
+        ((K, 0x2000, 8, 1, A), (MrError.RIGHTS, None)),
+    ]
+
+    async def bench(ctx):
+        for j, e in enumerate(entries):
+            await write_mr(ctx, dut.bus, j, **e)
+        for (rkey, va, length, qp, access), (err, laddr) in cases:
+            got = await mr_lookup(ctx, dut.lookup, rkey, va, length, qp, access)
+            ref = mr_reference(entries, rkey, va, length, qp, access)
+            assert ref[0] == (err == ok) and ref[2] == err and (laddr is None or
+                                                                 ref[1] == laddr), \
+                (hex(rkey), hex(va), length, qp, access, ref)
+            want = (err == ok, laddr, err)
+            assert (got if err == ok else (got[0], None, got[2])) == want, \
+                (hex(rkey), hex(va), length, qp, access, got)
+
+    simulate(dut, bench)
+
+
+def test_mr_invalidate_with_host_write():
+    """Invalidate against a same-cycle host write: a control write to a region being
+    invalidated keeps its rights but loses ``valid``; the compare uses the R_Key and ``valid``
+    of before the cycle (a same-cycle R_Key write neither escapes nor joins the invalidate, a
+    same-cycle ``valid`` write to an invalid region holds); ``inv_found`` follows the table
+    whether ``inv_valid`` is high or not; a lookup in the invalidate's cycle still finds the
+    region."""
+    dut = MrTable(4, n_qp=4)
+    K, K2, K3 = 0x1111_0001, 0x2222_0002, 0x3333_0003
+    base = dict(qp_mask=0xF, va=0x1000, length=0x1000, laddr=0x8000)
+
+    async def control(ctx, j):
+        rd, err = await bus_access(ctx, dut.bus, REG_MR + MR_STRIDE * j)
+        assert not err
+        return rd
+
+    async def cycle(ctx, inv_rkey, j, off, wdata):
+        """Host write of (j, off) and an invalidate of ``inv_rkey`` in one cycle."""
+        bus = dut.bus
+        ctx.set(bus.space, Space.REG)
+        ctx.set(bus.addr, REG_MR + MR_STRIDE * j + off)
+        ctx.set(bus.wdata, wdata)
+        ctx.set(bus.we, 1)
+        ctx.set(dut.inv_rkey, inv_rkey)
+        ctx.set(dut.inv_valid, 1)
+        assert ctx.get(bus.ack) and not ctx.get(bus.err)
+        await ctx.tick()
+        ctx.set(bus.we, 0)
+        ctx.set(dut.inv_valid, 0)
+
+    async def bench(ctx):
+        for j, (valid, rkey) in enumerate(((1, K), (1, K), (1, K2), (0, K))):
+            await write_mr(ctx, dut.bus, j, valid=valid, read=1, write=0, atomic=0, rkey=rkey,
+                           **base)
+        # inv_found: combinational, with inv_valid low, and following the table.
+        for rkey, want in ((K, 1), (K2, 1), (K3, 0)):
+            ctx.set(dut.inv_rkey, rkey)
+            assert ctx.get(dut.inv_found) == want
+        # Lookup in the invalidate's cycle: found (table of before the cycle), then not.
+        lk = dut.lookup
+        for sig, v in ((lk.rkey, K), (lk.va, 0x1000), (lk.length, 8), (lk.qp, 2),
+                       (lk.access, MrAccess.READ)):
+            ctx.set(sig, v)
+        # Invalidate K while region 0's control is written valid + read + write and region
+        # 3 (invalid, R_Key K) is not touched.
+        await cycle(ctx, K, 0, 0x00, 0b0111)
+        assert ctx.get(lk.ok) and ctx.get(lk.laddr) == 0x8000
+        assert await control(ctx, 0) == 0b0110     # rights written, valid cleared
+        assert await control(ctx, 1) == 0b0010     # invalidated too
+        assert await control(ctx, 2) == 0b0011     # other R_Key: untouched
+        assert await control(ctx, 3) == 0b0010
+        assert ctx.get(lk.error) == MrError.BAD_KEY and not ctx.get(lk.ok)
+        ctx.set(dut.inv_rkey, K)
+        assert not ctx.get(dut.inv_found)
+        # Region 3 (invalid, R_Key K) written valid in an invalidate of K: not a hit, so valid.
+        await cycle(ctx, K, 3, 0x00, 0b0011)
+        assert await control(ctx, 3) == 0b0011
+        ctx.set(dut.inv_rkey, K)
+        assert ctx.get(dut.inv_found)
+        # Region 2 (K2) gets R_Key K3 in the cycle of an invalidate of K2: invalidated (old
+        # R_Key) and holds K3.
+        await cycle(ctx, K2, 2, 0x08, K3)
+        assert await control(ctx, 2) == 0b0010
+        rd, _ = await bus_access(ctx, dut.bus, REG_MR + MR_STRIDE * 2 + 0x08)
+        assert rd == K3
+        # Region 0 (invalid now) gets R_Key K3 in the cycle of an invalidate of K3: region 2
+        # holds K3 but is invalid, region 0's old key is K: nothing changes but the key.
+        await bus_access(ctx, dut.bus, REG_MR, 0b0011)
+        await cycle(ctx, K3, 0, 0x08, K3)
+        assert await control(ctx, 0) == 0b0011
+        ctx.set(dut.inv_rkey, K3)
+        assert ctx.get(dut.inv_found)
+        # A plain invalidate (no host access) clears every valid region with the key.
+        ctx.set(dut.inv_valid, 1)
+        await ctx.tick()
+        ctx.set(dut.inv_valid, 0)
+        assert [await control(ctx, j) & 1 for j in range(4)] == [0, 0, 0, 1]
         assert not ctx.get(dut.inv_found)
 
     simulate(dut, bench)
