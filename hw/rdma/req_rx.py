@@ -6,9 +6,10 @@ A response header (from :class:`~hw.rdma.requester.RespDemux`) is taken into a h
 while the intake's copy of the QP table (registered read port ``cfg``, QpTable.intake) reads the
 row at ``qp_index_of(dest_qp)``; from the next cycle on the control FSM sees it (``valid``)
 matched against that row: ``hit`` (the row's ``local_qpn`` is the destination QPN and the QP is
-ready to send) and ``hit_src`` (its ``peer_ip`` is the header's source address). A header thus
-reaches the FSM one cycle later than it arrives, and the next one is taken the cycle after
-``take``. When the control FSM takes the header (``take``), the fields
+ready to send) and ``hit_src`` (its ``peer_ip`` is the header's source address); ``qp`` is the
+header's QP index, for the FSM to address the QP's record in the cycle it takes the header. A
+header thus reaches the FSM one cycle later than it arrives, and the next one is taken the
+cycle after ``take``. When the control FSM takes the header (``take``), the fields
 it works on are latched in ``rec``, with the QP index and ``limit``, the last PSN the response
 acknowledges (its PSN for an ACK, the PSN before it for a NAK or a READ response).
 
@@ -42,6 +43,7 @@ def rx_port(n_qp):
     """The control FSM's port on :class:`ResponseIntake`, seen from the FSM."""
     return wiring.Signature({
         "valid": In(1), "hit": In(1), "hit_src": In(1), "has_payload": In(1),
+        "qp": In(qp_bits(n_qp)),                # the held header's QP index (`rec.qp` at take)
         "take": Out(1),                         # accept the header, latch `rec`
         "rec": In(resp_record(n_qp)),
         "write_start": Out(1), "write_addr": Out(ADDR_BITS),
@@ -87,7 +89,7 @@ class ResponseIntake(wiring.Component):
         hit_qp = Signal(qp_bits(self._n_qp))
         index = Signal(QP_INDEX_BITS)
         sel_rts = Signal()
-        m.d.comb += [index.eq(qp_index_of(rh.bth.dest_qp)), hit_qp.eq(index)]
+        m.d.comb += [index.eq(qp_index_of(rh.bth.dest_qp)), hit_qp.eq(index), c.qp.eq(hit_qp)]
         with m.Switch(index):
             for i in range(self._n_qp):
                 with m.Case(i):

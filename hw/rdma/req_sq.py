@@ -4,23 +4,58 @@
 
 :class:`SendQueues` owns every per-QP record of the requester (queue pointers, PSN counters,
 retry counters, timer and error state) and the send-queue memory. Its client, the control FSM
-(:class:`~hw.rdma.req_control.RequesterControl`), selects one QP per cycle (``sel``), sees its
-record (``cur``), the entries at its ``head`` and ``txp`` pointers and whether it is ``full``,
-and may write the record back (``commit``, ``nxt``) or append a work request (``push``).
-PSNs are assigned here, at the push (``first_psn = alloc_psn``, ``alloc_psn += npkts``; the
-rules are in :mod:`hw.rdma.requester`). A host load of a QP's state (QpTable's load event:
-``load_valid``, ``load_qp``, the row in ``load_row``) overrides the write-back.
+(:class:`~hw.rdma.req_control.RequesterControl`), addresses one QP (``sel``) and holds it for a
+step: the record (``cur``) is the one at the ``sel`` of the previous cycle, the entries at its
+``head`` and ``txp`` pointers (``head``, ``txp``) arrive a cycle after the record. The FSM may
+write the record back (``commit``, ``nxt``) or append a work request (``push``). PSNs are
+assigned here, at the push (``first_psn = alloc_psn``, ``alloc_psn += npkts``; the rules are
+in :mod:`hw.rdma.requester`).
 
-The send queue is one memory of n_qp x depth entries (entry k of QP i at ``(i << ib) | k``) with
-two asynchronous read ports (the head and txp entries of the selected QP) and one write port:
-LUT RAM on the ECP5 (TRELLIS_DPR16X4, one copy per read port). It was registers until
-2026-11-30: 10.9k flip-flops and two 32-to-1 multiplexers of 280 bits at 4 QPs x 8 entries,
-the largest single block of the ECPIX-5 build and the densest routing.
+Records in a memory
+-------------------
+A record is split. Its 94 bits of pointers, PSN counters, retry counters and ``err_code``
+(:func:`record_layout`) are one row per QP of a memory with one write port and a registered
+read port at ``sel``, transparent to the write port: a write-back in cycle t is what a read in
+cycle t or later returns. The bits the scheduler must see for every QP at once stay in
+flip-flops, 7 per QP: ``st`` (2), ``rnr_wait``, ``timer_on``, ``unsent`` (``txp != tail``),
+``nonempty`` (``head != tail``) and ``host_err`` (the host moved the QP to ERROR: its
+``err_code`` reads FLUSHED); the write-back and every host load keep them exact. ``cur`` shows
+the memory row with the flip-flop bits of QP ``sel`` as they are in this cycle.
+
+Why: in flip-flops the records were read through an n_qp:1 multiplexer of ~98 bits and written
+through a per-QP decode; at 64 QPs this, the send-queue read multiplexers and the scheduler's
+priority chains made the requester ~9.6k LUT4 of the ECP5, where LUT4 is the scarce resource.
+
+Send-queue entries
+------------------
+The send queue is one memory of n_qp x depth entries (entry k of QP i at ``(i << ib) | k``),
+one write port (the push) and two registered read ports: the head and txp entries of QP
+``sel``. Their addresses come from the record as it will be after this cycle's write-back
+(``nxt.head`` / ``nxt.txp`` when the FSM writes, else ``cur``'s), so after a select the
+entries follow the record one cycle behind it, and from then on every cycle, also right after
+the FSM's own write-back (an ACK completes one message per cycle). A push writes the entry at
+``tail``, which no read port addresses before the next step; they need no transparency.
+
+Timing seen by the FSM: select QP q in cycle t (``sel = q``, held from then on); ``cur`` is
+q's record in t+1, ``head`` / ``txp`` its entries in t+2 and later.
+
+Host loads
+----------
+A host load of a QP's state (QpTable's load event: ``load_valid``, ``load_qp``, the row in
+``load_row``) wins over the FSM: RTS (from a state other than RTS) and any state other than
+ERROR rewrite the whole row through the write port; ERROR changes only flip-flop bits (``st``,
+``timer_on``, ``rnr_wait``, ``host_err``) and keeps the pointers for the flush. ``busy`` is
+high in the cycle of the load event: the FSM neither commits nor pushes then (the load has
+the write port; in the flip-flops the load's bits win), and from the next cycle on ``cur`` is
+the loaded record (the read port is transparent). The entries it sees in that next cycle were
+addressed from the record before the load; a rewritten record is empty with its timer off, and
+no step uses an entry of an empty queue.
 
 :class:`SqScheduler` picks the QP for the idle FSM from the status vectors of
 :class:`SendQueues` and the retry timers: the lowest QP whose timer expired, the lowest QP in
 error with entries left to flush, and the next QP round robin with a packet to send; it also
-keeps the turn between new work requests and packets (``prefer_wr``).
+keeps the turn between new work requests and packets (``prefer_wr``). Each choice is a tree of
+depth log2(n_qp) (:func:`lowest_set`), not a chain of n_qp priority multiplexers.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -29,8 +64,8 @@ from amaranth.lib.wiring import In, Out
 
 from hw.iface import ADDR_BITS, QP_INDEX_BITS, QpConfig, QpState, WcStatus, WorkRequest, WrOp
 
-__all__ = ["SqEntry", "QSt", "qstate_layout", "qp_bits", "index_bits", "sq_port", "sq_status",
-           "SendQueues", "pick_port", "SqScheduler"]
+__all__ = ["SqEntry", "QSt", "qstate_layout", "record_layout", "qp_bits", "index_bits",
+           "sq_port", "sq_status", "SendQueues", "lowest_set", "pick_port", "SqScheduler"]
 
 #: One send-queue entry: the work request (without its QP) plus its PSN range.
 SqEntry = data.StructLayout({
@@ -42,6 +77,9 @@ SqEntry = data.StructLayout({
 #: The fields a push copies from the work request.
 _WR_FIELDS = ("wr_id", "op", "rkey", "va", "length", "laddr", "imm", "inv_rkey")
 
+#: The fields of the record kept in flip-flops, not in the record memory.
+_FF_FIELDS = ("st", "rnr_wait", "timer_on")
+
 
 class QSt:
     """Requester-side QP states (not the host's QpState)."""
@@ -49,7 +87,8 @@ class QSt:
 
 
 def qstate_layout(depth):
-    """The per-QP record. Pointers count modulo 2 * depth (full and empty differ)."""
+    """The per-QP record as the FSM sees it. Pointers count modulo 2 * depth (full and empty
+    differ)."""
     ptr = range(2 * depth)
     return data.StructLayout({
         "st": 2, "head": ptr, "txp": ptr, "tail": ptr,
@@ -57,6 +96,13 @@ def qstate_layout(depth):
         "retry_left": 3, "rnr_left": 3, "rnr_wait": 1, "timer_on": 1,
         "err_code": WcStatus,
     })
+
+
+def record_layout(depth):
+    """The part of :func:`qstate_layout` in the record memory (all but ``st``, ``rnr_wait``,
+    ``timer_on``): 94 bits at depth 8."""
+    return data.StructLayout({name: f.shape for name, f in qstate_layout(depth)
+                              if name not in _FF_FIELDS})
 
 
 def qp_bits(n_qp):
@@ -73,8 +119,11 @@ def sq_port(n_qp, depth):
     """The control FSM's port on :class:`SendQueues`, seen from the FSM (Out: driven by it)."""
     qstate = qstate_layout(depth)
     return wiring.Signature({
-        "sel": Out(qp_bits(n_qp)),          # the QP worked on this cycle
-        "cur": In(qstate), "head": In(SqEntry), "txp": In(SqEntry), "full": In(1),
+        "sel": Out(qp_bits(n_qp)),          # the QP addressed this cycle (held for a step)
+        "cur": In(qstate),                  # its record: the row read at the previous `sel`
+        "head": In(SqEntry), "txp": In(SqEntry),    # its entries: a cycle after `cur`
+        "full": In(1),                      # of `cur`
+        "busy": In(1),                      # a host load: neither commit nor push
         "commit": Out(1), "nxt": Out(qstate),
         "push": Out(1), "push_wr": Out(WorkRequest),
         "pmtu_log2": Out(4),                # of the selected QP (for npkts at a push)
@@ -118,66 +167,117 @@ class SendQueues(wiring.Component):
         m = Module()
         nq, depth, p = self._n_qp, self._depth, self.port
         ib = index_bits(depth)
-        qs = [Signal(qstate_layout(depth), name=f"qs{i}") for i in range(nq)]
-        m.submodules.mem = sq = memory.Memory(shape=SqEntry, depth=nq << ib, init=[])
-        for i in range(nq):
-            rts, err = qs[i].st == QSt.RTS, qs[i].st == QSt.ERR
-            m.d.comb += [self.qp_error[i].eq(err), self.rts[i].eq(rts),
-                         self.status.timing[i].eq(qs[i].timer_on & rts),
-                         self.status.flush[i].eq(err & (qs[i].head != qs[i].tail)),
-                         self.status.can_send[i].eq(rts & ~qs[i].rnr_wait &
-                                                    (qs[i].txp != qs[i].tail))]
+        rlay = record_layout(depth)
 
-        # ---- the selected QP: its record, its head / txp entries ------------------------------
+        # ---- flip-flop bits of every QP --------------------------------------------------------
+        st = [Signal(2, name=f"st{i}") for i in range(nq)]
+        rnr_wait, timer_on, unsent, nonempty, host_err = (
+            Signal(nq, name=n) for n in ("rnr_wait", "timer_on", "unsent", "nonempty",
+                                         "host_err"))
+        for i in range(nq):
+            rts, err = st[i] == QSt.RTS, st[i] == QSt.ERR
+            m.d.comb += [self.qp_error[i].eq(err), self.rts[i].eq(rts),
+                         self.status.timing[i].eq(timer_on[i] & rts),
+                         self.status.flush[i].eq(err & nonempty[i]),
+                         self.status.can_send[i].eq(rts & ~rnr_wait[i] & unsent[i])]
+
+        # ---- the selected QP: its record (memory row + flip-flop bits) --------------------------
+        m.submodules.recs = recs = memory.Memory(shape=rlay, depth=nq, init=[])
+        rwp = recs.write_port()
+        rrd = recs.read_port(transparent_for=(rwp,))
+        m.d.comb += rrd.addr.eq(p.sel)
         cur = p.cur
+        for name, _ in rlay:
+            m.d.comb += getattr(cur, name).eq(getattr(rrd.data, name))
+        sel_st = Signal(2)
         with m.Switch(p.sel):
             for i in range(nq):
                 with m.Case(i):
-                    m.d.comb += cur.eq(qs[i])
-        for ptr, entry in ((cur.head, p.head), (cur.txp, p.txp)):
-            port = sq.read_port(domain="comb")
-            m.d.comb += [port.addr.eq(Cat(ptr[:ib], p.sel)), entry.eq(port.data)]
+                    m.d.comb += sel_st.eq(st[i])
+        m.d.comb += [cur.st.eq(sel_st), cur.rnr_wait.eq(rnr_wait.bit_select(p.sel, 1)),
+                     cur.timer_on.eq(timer_on.bit_select(p.sel, 1))]
+        with m.If(host_err.bit_select(p.sel, 1)):
+            m.d.comb += cur.err_code.eq(WcStatus.FLUSHED)
         m.d.comb += p.full.eq((cur.tail - cur.head)[:ib + 1] == depth)
 
         # ---- push: the work request goes in at the tail with its PSNs ---------------------------
+        m.submodules.mem = sq = memory.Memory(shape=SqEntry, depth=nq << ib, init=[])
         wl = p.push_wr.length
         pmtu_bytes = Signal(13)
         npk = Signal(24)
         m.d.comb += [pmtu_bytes.eq(Const(1, 13) << p.pmtu_log2),
                      npk.eq(Mux(wl == 0, 1, (wl + pmtu_bytes - 1) >> p.pmtu_log2))]
+        push = Signal()
+        m.d.comb += push.eq(p.push & ~p.busy)
         wp = sq.write_port()
-        m.d.comb += [wp.addr.eq(Cat(cur.tail[:ib], p.sel)), wp.en.eq(p.push),
+        m.d.comb += [wp.addr.eq(Cat(cur.tail[:ib], p.sel)), wp.en.eq(push),
                      wp.data.first_psn.eq(cur.alloc_psn), wp.data.npkts.eq(npk)]
         for name in _WR_FIELDS:
             m.d.comb += getattr(wp.data, name).eq(getattr(p.push_wr, name))
 
-        # ---- write-back of the selected QP's record (load strobes below override it) ----------
+        # ---- write-back of the selected QP's record --------------------------------------------
         wb = Signal(qstate_layout(depth))
-        m.d.comb += wb.eq(p.nxt)
-        with m.If(p.push):
+        write = Signal()
+        m.d.comb += [wb.eq(p.nxt), write.eq((p.commit | p.push) & ~p.busy)]
+        with m.If(push):
             m.d.comb += [wb.tail.eq(cur.tail + 1), wb.alloc_psn.eq(cur.alloc_psn + npk)]
-        with m.If(p.commit | p.push):
-            with m.Switch(p.sel):
-                for i in range(nq):
-                    with m.Case(i):
-                        m.d.sync += qs[i].eq(wb)
+        m.d.comb += [rwp.en.eq(write), rwp.addr.eq(p.sel)]
+        for name, _ in rlay:
+            m.d.comb += getattr(rwp.data, name).eq(getattr(wb, name))
+        for i in range(nq):
+            with m.If(write & (p.sel == i)):
+                m.d.sync += [st[i].eq(wb.st), rnr_wait[i].eq(wb.rnr_wait),
+                             timer_on[i].eq(wb.timer_on),
+                             unsent[i].eq(wb.txp != wb.tail), nonempty[i].eq(wb.head != wb.tail)]
 
-        # ---- host loads a QP state ---------------------------------------------------------------
+        # The entries of the record as it is after this cycle.
+        for ptr, nptr, entry in ((cur.head, wb.head, p.head), (cur.txp, wb.txp, p.txp)):
+            port = sq.read_port()
+            m.d.comb += [port.addr.eq(Cat(Mux(write, nptr, ptr)[:ib], p.sel)),
+                         entry.eq(port.data)]
+
+        # ---- host loads a QP state (after the write-back: the load wins) -------------------------
         c = self.load_row
+        m.d.comb += p.busy.eq(self.load_valid)
+        was_rts = Signal()
+        with m.Switch(self.load_qp):
+            for i in range(nq):
+                with m.Case(i):
+                    m.d.comb += was_rts.eq(st[i] == QSt.RTS)
+        is_rts, is_err = c.state == QpState.RTS, c.state == QpState.ERROR
+        rewrite = Signal()              # the whole record: RTS from another state, or stopped
+        m.d.comb += rewrite.eq(self.load_valid & (self.load_qp < nq) &
+                               Mux(is_rts, ~was_rts, ~is_err))
+        with m.If(rewrite):
+            m.d.comb += [rwp.en.eq(1), rwp.addr.eq(self.load_qp), rwp.data.eq(0)]
+            with m.If(is_rts):
+                m.d.comb += [rwp.data.alloc_psn.eq(c.sq_psn), rwp.data.retry_left.eq(c.retry_cnt),
+                             rwp.data.rnr_left.eq(c.rnr_retry)]
         for i in range(nq):
             with m.If(self.load_valid & (self.load_qp == i)):
-                with m.If(c.state == QpState.RTS):
-                    with m.If(qs[i].st != QSt.RTS):
-                        m.d.sync += [qs[i].eq(0), qs[i].st.eq(QSt.RTS),
-                                     qs[i].alloc_psn.eq(c.sq_psn),
-                                     qs[i].retry_left.eq(c.retry_cnt),
-                                     qs[i].rnr_left.eq(c.rnr_retry)]
-                with m.Elif(c.state == QpState.ERROR):
-                    m.d.sync += [qs[i].st.eq(QSt.ERR), qs[i].timer_on.eq(0),
-                                 qs[i].rnr_wait.eq(0), qs[i].err_code.eq(WcStatus.FLUSHED)]
-                with m.Else():
-                    m.d.sync += qs[i].eq(0)
+                with m.If(rewrite):
+                    m.d.sync += [st[i].eq(Mux(is_rts, QSt.RTS, QSt.OFF)), rnr_wait[i].eq(0),
+                                 timer_on[i].eq(0), unsent[i].eq(0), nonempty[i].eq(0),
+                                 host_err[i].eq(0)]
+                with m.Elif(is_err):
+                    m.d.sync += [st[i].eq(QSt.ERR), timer_on[i].eq(0), rnr_wait[i].eq(0),
+                                 host_err[i].eq(1)]
         return m
+
+
+def lowest_set(m, vec, name):
+    """``(any, index)`` of the lowest set bit of ``vec`` (index 0 when none), by a tree of
+    depth log2(len(vec)): each node takes its lower half's index when that half has a bit."""
+    n = len(vec)
+    nodes = [(vec[i], Const(0, 0)) for i in range(n)]
+    while len(nodes) > 1:
+        if len(nodes) % 2:
+            nodes.append((Const(0, 1), Const(0, len(nodes[0][1]))))
+        nodes = [(lo_any | hi_any, Cat(Mux(lo_any, lo_idx, hi_idx), ~lo_any))
+                 for (lo_any, lo_idx), (hi_any, hi_idx) in zip(nodes[::2], nodes[1::2])]
+    found, idx = Signal(name=f"{name}_any"), Signal(max(1, len(nodes[0][1])), name=f"{name}_qp")
+    m.d.comb += [found.eq(nodes[0][0]), idx.eq(nodes[0][1])]
+    return found, idx
 
 
 def pick_port(n_qp):
@@ -196,6 +296,9 @@ def pick_port(n_qp):
 class SqScheduler(wiring.Component):
     """Candidates for the idle control FSM (see the module docstring).
 
+    Round robin: the lowest QP above the last one sent (``sent``) that can send, else the
+    lowest that can send (the last one sent comes last).
+
     Ports
     -----
     status : In(:func:`sq_status`), zero : In(n_qp)   timer i is 0
@@ -212,20 +315,16 @@ class SqScheduler(wiring.Component):
         nq, c, st = self._n_qp, self.ctl, self.status
         expired = Signal(nq)
         m.d.comb += expired.eq(st.timing & self.zero)
-        for i in reversed(range(nq)):
-            with m.If(expired[i]):
-                m.d.comb += [c.exp_any.eq(1), c.exp_qp.eq(i)]
-            with m.If(st.flush[i]):
-                m.d.comb += [c.flush_any.eq(1), c.flush_qp.eq(i)]
+        exp_any, exp_qp = lowest_set(m, expired, "exp")
+        flush_any, flush_qp = lowest_set(m, st.flush, "flush")
         rr = Signal(qp_bits(nq))
-        for off in reversed(range(1, nq + 1)):
-            idx = Signal(qp_bits(nq), name=f"scand{off}")
-            m.d.comb += idx.eq((rr + off) % nq)
-            with m.Switch(idx):
-                for i in range(nq):
-                    with m.Case(i):
-                        with m.If(st.can_send[i]):
-                            m.d.comb += [c.send_any.eq(1), c.send_qp.eq(i)]
+        above = Signal(nq)                      # QPs after the last one sent
+        m.d.comb += above.eq(Cat(*[rr < i for i in range(nq)]))
+        after_any, after_qp = lowest_set(m, st.can_send & above, "after")
+        first_any, first_qp = lowest_set(m, st.can_send, "first")
+        m.d.comb += [c.exp_any.eq(exp_any), c.exp_qp.eq(exp_qp),
+                     c.flush_any.eq(flush_any), c.flush_qp.eq(flush_qp),
+                     c.send_any.eq(first_any), c.send_qp.eq(Mux(after_any, after_qp, first_qp))]
         prefer_wr = Signal()
         m.d.comb += c.prefer_wr.eq(prefer_wr)
         with m.If(c.sent):

@@ -16,9 +16,9 @@ Structure: a control FSM and the units on its ports (``hw/rdma/req_*.py``)::
                       DmaWriter --> mem (READ response data), or dropped
 
 One control FSM (:class:`~hw.rdma.req_control.RequesterControl`) does everything that touches
-per-QP state, one thing per cycle, in priority order: a response header, an expired timer, a
-flush completion of a QP in error, a new work request, the next request packet (why one FSM:
-see :mod:`hw.rdma.req_control`).
+per-QP state, one step at a time, in priority order: a response header, an expired timer, a
+flush completion of a QP in error, a new work request, the next request packet (why one FSM,
+and the 2 or 3 cycles of a step: see :mod:`hw.rdma.req_control`).
 
 PSNs are assigned when a work request is queued: ``first_psn = alloc_psn``, ``alloc_psn +=
 npkts`` with ``npkts = max(1, ceil(length / PMTU))`` for every operation (a READ is one request
@@ -38,7 +38,9 @@ Simplifications (documented, checked by tests where they matter):
 - source check (as rxe): a response whose IPv4 source address is not its QP's ``peer_ip`` is
   dropped (payload discarded) and counted in ``cnt_src_mismatch``; it completes, advances or
   restarts nothing. The UDP source port and the source MAC are not checked;
-- the send queue is one memory of n_qp × depth entries in LUT RAM (:mod:`hw.rdma.req_sq`).
+- the per-QP records and the send queue (n_qp × depth entries) are memories with registered
+  read ports, block RAM or LUT RAM; only 7 bits per QP stay in flip-flops
+  (:mod:`hw.rdma.req_sq`).
 """
 
 from amaranth import Module, Mux, Shape, Signal

@@ -19,7 +19,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.iface import QpState, WcStatus, WrOp
+from hw.iface import QPN_BASE, QpState, WcStatus, WrOp
 from hw.lib.membus import MemArbiter, MemRam
 from hw.rdma.requester import RespDemux, Requester, ack_timeout_cycles
 from hw.rdma.roce_hdr import RoceRxParser, RoceTxBuilder
@@ -33,11 +33,12 @@ WORDS = 8192                    # 64 KiB of target memory
 CLK_HZ = 125e6
 SCALE = 512                     # timeout code 12 -> 4096 cycles
 TIMEOUT_CODE = 12
-LOCAL_QPN = [0x11, 0x12]
-REMOTE_QPN = [0x345, 0x346]
+LOCAL_QPN = [QPN_BASE + i for i in range(64)]          # QP table index i
+REMOTE_QPN = [0x345 + i for i in range(64)]
 RKEY = 0x1234
 VA0 = 0x10000
-SQ_PSN = [0xFFFFF0, 0x100]      # QP 0 wraps through 0 (24-bit arithmetic)
+# QP 0 and QP 63 wrap through 0 (24-bit arithmetic).
+SQ_PSN = [0xFFFFF0, 0x100] + [(0x40000 * (i + 1) - 3) % (1 << 24) for i in range(2, 64)]
 
 
 class Top(wiring.Component):
@@ -228,11 +229,13 @@ class Bench:
                     pmtu=self.pmtu_code, sq_psn=SQ_PSN[i], timeout=self.timeout,
                     retry_cnt=self.retry_cnt, rnr_retry=self.rnr_retry)
 
-    def run(self, wrs, n_wc=None, max_cycles=200_000):
+    def run(self, wrs, n_wc=None, max_cycles=200_000, extra=()):
+        """``extra``: more background testbenches (``async def f(ctx)``); ``self.now[0]`` is
+        the cycle count."""
         top, width = self.top, self.width
         n_wc = len(wrs) if n_wc is None else n_wc
         rx_q = []                   # (ready_cycle, frame)
-        now = [0]
+        now = self.now = [0]
 
         async def clock(ctx):
             while True:
@@ -287,7 +290,7 @@ class Bench:
 
         sim = Simulator(top)
         sim.add_clock(1e-8)
-        for bg in (clock, wr_src, tx_sink, rx_src):
+        for bg in (clock, wr_src, tx_sink, rx_src, *extra):
             sim.add_testbench(bg, background=True)
         sim.add_testbench(main)
         sim.run()
@@ -384,3 +387,44 @@ def test_mixed_no_loss(width, idle, bp, pmtu):
             exp += [psn] if x["op"] == WrOp.READ else [(psn + i) % (1 << 24) for i in range(n)]
             psn = (psn + n) % (1 << 24)
         assert [p for qp, _, p, _, _ in b.sent if qp == q] == exp
+
+
+def test_64_qps_high_indices():
+    """A 64-QP requester, work requests on QPs 0, 33 and 63 interleaved (the others left in
+    RESET): every operation on each; each QP's packets carry its own PSNs from its sq_psn
+    (QP 63 wraps through 0) and reach its own peer, completions name their QP, in order per
+    QP, and both memories end as the WRs say."""
+    qps = (0, 33, 63)
+    b = Bench(64, seed=64, n_qp=64)
+
+    async def cfg(ctx):
+        for q in qps:
+            await write_qp(ctx, b.top.qpt.bus, q, **b.qp_values(q))
+    b.cfg = cfg
+    rng = random.Random(64)
+    ops = [WrOp.SEND, WrOp.WRITE, WrOp.READ, WrOp.WRITE_IMM, WrOp.SEND_INV]
+    wrs = []
+    for i in range(15):
+        q, op = qps[i % 3], ops[i % 5]
+        length = rng.choice([0, 5, b.pmtu, b.pmtu + 1, 2 * b.pmtu + 7])
+        if op == WrOp.READ:
+            length, laddr = max(length, 1), 0x8000 + 0x800 * i    # READ sinks never overlap
+        else:
+            laddr = rng.randrange(0, 0x3000)
+        wrs.append(wr(q, i, op, length, laddr, va=VA0 + 0x200 * rng.randrange(16),
+                      imm=rng.getrandbits(32), inv=rng.getrandbits(32)))
+    b.run(wrs)
+    check_outcome(b, wrs, b.img)
+    assert {qp for qp, *_ in b.sent} == set(qps)
+    assert [qp for qp, _, _ in b.wcs if qp not in qps] == []
+    for q in qps:
+        exp, psn = [], SQ_PSN[q]
+        for x in wrs:
+            if x["qp"] != q:
+                continue
+            n = max(1, ceil_div(x["length"], b.pmtu))
+            exp += [psn] if x["op"] == WrOp.READ else [(psn + i) % (1 << 24) for i in range(n)]
+            psn = (psn + n) % (1 << 24)
+        assert [p for qp, _, p, _, _ in b.sent if qp == q] == exp, q
+    assert b.cnt_timeouts == 0 and b.cnt_retransmits == 0 and b.cnt_stale == 0
+    assert b.qp_error == 0

@@ -3,12 +3,17 @@
 """RC requester error paths: remote NAKs, retry and RNR exhaustion, flush, error event, and the
 rate of a 4 KiB WRITE. Bench and peer from tests/hw/rdma/test_requester.py."""
 
+import random
+import re
+
 import pytest
 
-from hw.iface import QpState, WcStatus, WrOp
+from hw.iface import REG_QP, QpState, WcStatus, WrOp, qp_index_of
+from hw.rdma.qp import QP_STRIDE
 from hw.rdma.requester import ack_timeout_cycles
-from tests.hw.rdma.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, wr, VA0)
-from tests.hw.rdma.responder_bench import write_qp
+from tests.hw.rdma.test_requester import (CLK_HZ, SCALE, SQ_PSN, Bench, check_outcome, mixed_wrs,
+                                          wr, VA0)
+from tests.hw.rdma.responder_bench import bus_access, write_qp
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -126,3 +131,113 @@ def test_write_4k_rate(width, pmtu):
         # The DmaReader alone does 4 KiB in 516 cycles at 64 bits (tests/hw/rdma/test_txpath.py);
         # behind MemArbiter reads run at one word per two cycles (its route FIFO latency).
         assert end <= 2.1 * wire / lanes + 60
+
+
+def _monitor(top, ev):
+    """Background testbench: (QP, cycle) of every packet entering the packetizer's register
+    (``ev["enter"]``) and leaving it (``ev["take"]``), of every response header the requester's
+    intake accepts (``ev["rsp"]``); the cycles of the host's loads of ERROR into QP 0
+    (``ev["load"]``)."""
+    async def monitor(ctx):
+        cycle, was_valid, was_taken = 0, False, False
+        tx, rh = top.req.tx, top.req.rsp_hdr
+        while True:
+            _, _, v, r, q, lv, lq, st, hv, hr, hq = await ctx.tick().sample(
+                tx.valid, tx.ready, tx.p.qp, top.qpt.load_valid, top.qpt.load_qp,
+                top.qpt.load_row.state, rh.valid, rh.ready, rh.p.bth.dest_qp)
+            if v and (not was_valid or was_taken):
+                ev["enter"].append((q, cycle))
+            if v and r:
+                ev["take"].append((q, cycle))
+            was_valid, was_taken = v, v and r
+            if lv and lq == 0 and st == QpState.ERROR:
+                ev["load"].append(cycle)
+            if hv and hr:
+                ev["rsp"].append((qp_index_of(hq), cycle))
+            cycle += 1
+    return monitor
+
+
+@pytest.mark.parametrize("trigger,delay", [(t, d) for t in ("take", "rsp") for d in range(4)])
+def test_host_error_load_flushes(trigger, delay):
+    """The host moves QP 0 to ERROR with work outstanding, the load event ``delay`` + 3 cycles
+    after the TX path took QP 0's 4th packet from the packetizer (a work request of QP 0, waiting
+    for room in its queue, has its turn, then QP 0's next packet: the load lands on the select,
+    read and act cycles of that step), or after the requester's intake accepted QP 0's 2nd
+    response (it lands on that response's steps). Every WR of QP 0 completes once, in order: OK
+    up to some point, FLUSHED from there on (what the load found queued and what was posted
+    after it), and what the peer received of QP 0 starts with the OK SENDs; no packet of QP 0
+    enters the packetizer after the load; no error event (the host knows); QP 1 completes
+    everything."""
+    b = Bench(64, seed=30 + delay, timeout=TO, latency=40)
+    top = b.top
+    sends = [wr(0, 100 + k, WrOp.SEND, 2 * b.pmtu + 7, 0x100 * k) for k in range(10)]
+    writes = [wr(1, 200 + k, WrOp.WRITE, 200, 0x2000 + 0x100 * k, va=VA0 + 0x400 * k)
+              for k in range(2)]
+    wrs = [writes[0], sends[0], writes[1], *sends[1:]]
+    ev = {"enter": [], "take": [], "rsp": [], "load": []}
+
+    async def host(ctx):
+        while sum(q == 0 for q, _ in ev[trigger]) < (4 if trigger == "take" else 2):
+            await ctx.tick()
+        for _ in range(delay):
+            await ctx.tick()
+        _, err = await bus_access(ctx, top.qpt.bus, REG_QP + QP_STRIDE * 0,
+                                  QpState.ERROR.value)
+        assert not err
+
+    b.run(wrs, extra=(_monitor(top, ev), host), max_cycles=60_000)
+    assert len(ev["load"]) == 1
+    load = ev["load"][0]
+    q0 = [(w, s) for q, w, s in b.wcs if q == 0]
+    assert [w for w, _ in q0] == [x["wr_id"] for x in sends]
+    codes = "".join("O" if s == WcStatus.OK else "F" if s == WcStatus.FLUSHED else "?"
+                    for _, s in q0)
+    assert re.fullmatch("O*F+", codes), codes
+    ok = [x for x, (_, s) in zip(sends, q0) if s == WcStatus.OK]
+    got = b.peers[0].messages
+    assert got[:len(ok)] == [("send", b.img[x["laddr"]:x["laddr"] + x["length"]], None, None)
+                             for x in ok]
+    assert [c for q, c in ev["enter"] if q == 0 and c > load] == [], ev
+    assert b.events == [] and b.qp_error == 0b01
+    assert [(w, s) for q, w, s in b.wcs if q == 1] == [(x["wr_id"], WcStatus.OK) for x in writes]
+    remote = bytearray(random.Random(1).getrandbits(8) for _ in range(0x4000))
+    for x in writes:
+        remote[x["va"] - VA0:x["va"] - VA0 + x["length"]] = \
+            b.img[x["laddr"]:x["laddr"] + x["length"]]
+    assert bytes(b.peers[1].mem) == bytes(remote)
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_host_loads_of_another_qp_lose_nothing(width):
+    """While QP 0 runs mixed work under loss, the host rewrites QP 1's state (RESET, RTS, ...)
+    back to back: each load rewrites QP 1's record through the write port QP 0's steps use, and
+    the requester holds its steps while it does; QP 0 loses no update (its completions, both
+    memories, and its first transmissions in PSN order, as without the loads)."""
+    b = Bench(width, seed=40 + width, timeout=TO)
+    b.peers[0].drop_req = lambda n, bth: n % 7 == 3
+    wrs = [x for x in mixed_wrs(random.Random(width), 1, 12, b.pmtu)]
+    loads, done = [], []
+
+    async def host(ctx):
+        await ctx.tick().until(b.top.req.tx.valid)
+        rng = random.Random(width)
+        k = 0
+        while not done:
+            for _ in range(rng.randrange(3)):
+                await ctx.tick()
+            st = (QpState.RESET, QpState.RTS)[k % 2]
+            _, err = await bus_access(ctx, b.top.qpt.bus, REG_QP + QP_STRIDE * 1, st.value)
+            assert not err
+            loads.append(b.now[0])
+            k += 1
+
+    async def stop(ctx):
+        while len(b.wcs) < len(wrs):
+            await ctx.tick()
+        done.append(1)
+
+    b.run(wrs, extra=(host, stop))
+    assert len(loads) > 100
+    check_outcome(b, wrs, b.img)
+    assert b.qp_error == 0 and b.cnt_retransmits > 0
