@@ -95,6 +95,9 @@ def _configs():
         ("served-unit", served_config(unit[0], unit[1]), *unit, 16),
         ("served-model", served(), 4, None, 8, 16),                 # kbtp-sim serve --model
         ("system-ecpix5", system(), *ecp, 16),
+        # tests/system/test_shipped.py test_shipped_64_initiators: a handle range per QP
+        ("system64-ecpix5", system(num_handles=16 * ecp[0], handles_per_initiator=16,
+                                   num_blocks=2 * ecp[0] + 16), *ecp, 16),
         ("system-direct-ecpix5", system(**direct), *ecp, 16),       # tools/soak.py
         ("system-unit", system(), *unit, 16),
         ("fuzz-unit", large_config(), *unit, 6),                    # tools/fuzz.py
@@ -110,7 +113,9 @@ def test_hello_ack_credits_are_the_posted_buffers(name, cfg, n_qp, mem_size, n_m
     drv = KbtpDriver(TargetPort(fake), cfg, n_qp=n_qp, mem_size=mem_size, n_mr=n_mr)
     run(drv.init())
     spans = []
-    for q in range(n_qp):
+    # A HELLO takes a free handle range: a configuration with fewer ranges than QPs serves
+    # that many sessions (the buffers of every QP are posted all the same).
+    for q in range(min(n_qp, cfg.num_ranges)):
         run(drv.open_qp(q, local_qpn=0x11 + q, remote_qpn=0x20 + q,
                         peer_mac="02:00:00:00:00:02", peer_ip="10.0.0.2"))
         fake.deliver(q, hello(q + 1))
