@@ -654,8 +654,9 @@ def test_board_core_options_reach_the_core():
     from boards.cores import MacLoopbackCore
 
     eco = BOARDS["ecpix5"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["ecpix5"].memory)
-    # 64 QPs with the DDR3 (issue 22 item 3); the block-RAM variant keeps 4 (below).
-    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (64, 8, 8)
+    # SHIPPED_QPS (64) QPs with the DDR3 (issue 22 item 3); the block-RAM variant keeps 4.
+    from boards.cores import SHIPPED_QPS
+    assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (SHIPPED_QPS, 8, 8)
     # Width 64 on the core clock: the datapath is faster than the 1 Gb/s line.
     assert eco.target.width == 64 and eco.target.mac is False
     assert eco.target.width * eco.core_freq > 1.25e9

@@ -43,7 +43,8 @@ def test_ddr3_is_the_shipped_core_with_ddr3():
     assert d["mem_words"] * 8 == ECPIX5_DDR3.size_bytes == 512 << 20
     # The DDR3 holds receive buffers for 64 QPs (issue 22 item 3); the 128 KiB of block RAM
     # for 4.
-    assert (d["n_qp"], p["n_qp"]) == (64, 4)
+    from boards.cores import SHIPPED_QPS
+    assert (d["n_qp"], p["n_qp"]) == (SHIPPED_QPS, 4)
     assert {k: v for k, v in d.items() if k not in ("mem_words", "dram", "n_qp")} == \
         {k: v for k, v in p.items() if k not in ("mem_words", "n_qp")}
     core = make_target(SHIPPED)

@@ -109,8 +109,9 @@ def test_shipped_64_initiators(built):
     counters. Rounds have 1 to 4 initiators at once (the bench tries every order of a round's
     requests: 64 at once would be 64! orders); over the run every initiator takes part, and
     the LOADs and STOREs run in the engine, not the host (its 64 RANGE registers)."""
+    from boards.cores import SHIPPED_QPS
     n = board_params("ecpix5", "ddr3")["n_qp"]
-    assert n == 64
+    assert n == SHIPPED_QPS
     cfg = model_config(num_handles=16 * n, handles_per_initiator=16, num_blocks=2 * n + 16,
                        quota_per_initiator=2)
     with VlTarget(SHIPPED) as vt:
