@@ -404,8 +404,13 @@ class SystemBench:
                 f"{[(h.qp, h.op, h.status) for h in self.handled[-20:]]}; requests "
                 f"{[(q, raw.hex()) for q, raw in batch]}; frames out {len(self.out_frames)}")
 
-    async def round(self, batch, stats, *, timeout=300_000):
+    #: Cycles a round may take (:meth:`round`): more where the host's own link loses frames
+    #: (each lost host-link frame costs the driver its retransmission timeout).
+    round_cycles = 300_000
+
+    async def round(self, batch, stats, *, timeout=None):
         """Post one request per (initiator, raw) of ``batch`` at once, wait, match the model."""
+        timeout = timeout or self.round_cycles
         # Buffers registered before the previous round began: forgotten after this one.
         old_bufs, self._prev_bufs = self._prev_bufs, set(self.pmem.bufs)
         for q, raw in batch:
