@@ -654,7 +654,7 @@ def test_board_core_options_reach_the_core():
     from boards.cores import MacLoopbackCore
 
     eco = BOARDS["ecpix5"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["ecpix5"].memory)
-    # SHIPPED_QPS (64) QPs with the DDR3 (issue 22 item 3); the block-RAM variant keeps 4.
+    # SHIPPED_QPS QPs with the DDR3 (issue 22 item 3 asks for 64); the block-RAM variant keeps 4.
     from boards.cores import SHIPPED_QPS
     assert (eco.target.n_qp, eco.target.n_mr, eco.target.sq_depth) == (SHIPPED_QPS, 8, 8)
     # Width 64 on the core clock: the datapath is faster than the 1 Gb/s line.

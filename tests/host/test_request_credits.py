@@ -95,7 +95,7 @@ def _configs():
         ("served-unit", served_config(unit[0], unit[1]), *unit, 16),
         ("served-model", served(), 4, None, 8, 16),                 # kbtp-sim serve --model
         ("system-ecpix5", system(), *ecp, 16),
-        # tests/system/test_shipped.py test_shipped_64_initiators: a handle range per QP
+        # tests/system/test_shipped.py test_shipped_one_initiator_per_qp: a handle range per QP
         ("system64-ecpix5", system(num_handles=16 * ecp[0], handles_per_initiator=16,
                                    num_blocks=2 * ecp[0] + 16), *ecp, 16),
         ("system-direct-ecpix5", system(**direct), *ecp, 16),       # tools/soak.py
