@@ -277,7 +277,7 @@ class MrTable(wiring.Component):
 
     #: Above this many QPs ``qp_mask`` is in LUT RAM: at 16 QPs either costs about the same
     #: (yosys synth_ecp5, 8 regions: 789 LUT4 in flip-flops, 757 LUT4 + 8 DPR16X4 in RAM); at
-    #: 64, 1114 against 782 + 8 DPR16X4, and 472 fewer flip-flops.
+    #: 64, 1114 against 783 + 8 DPR16X4, and 472 fewer flip-flops.
     MASK_RAM_ABOVE = 16
 
     def __init__(self, n_mr, n_qp=1 << QP_INDEX_BITS):
