@@ -7,8 +7,8 @@ their own window of ``Space.REG`` (so a top level may OR the ``ack``/``err``/``r
 several targets: outside its window a table drives all three low). Inside the window an
 address that names no register is answered with ``ack`` + ``err`` in the cycle of the request.
 Every register reads back. Fields narrower than 32 bits read back zero-extended; writes ignore
-the upper bits. The MR table answers in the cycle of the request; the QP table, whose rows are
-in memories, one cycle later (:class:`QpTable`).
+the upper bits. The MR table answers in the cycle of the request (a ``qp_mask`` write may wait,
+:class:`MrTable`); the QP table, whose rows are in memories, one cycle later (:class:`QpTable`).
 
 QP register map (QP ``i`` at ``REG_QP + 0x40 * i``: 64 QPs end at REG_MR; word offsets)::
 
@@ -247,13 +247,22 @@ class MrTable(wiring.Component):
     the cycle; a host write of a region's control word in the cycle that invalidates it keeps
     its rights but not its ``valid``.
 
-    Storage: flip-flops hold only what every region must show at once, for the key match and
-    the invalidate: ``valid``, ``rkey`` and ``qp_mask`` (``qp_mask`` has ``n_qp`` bits; mask
-    bits of higher QPs written by the host are dropped and read back 0). ``va``, ``length``,
-    ``laddr`` and the rights sit in LUT RAM read combinationally at the matched region. The
-    host reads back every word from a second LUT RAM, a copy of the register words as written
-    (each cut to its field's width), except ``valid``, taken from its flip-flop. Memories keep
-    their contents over a domain reset (the flip-flops clear, so every region is then invalid).
+    ``qp_mask`` has ``n_qp`` bits; mask bits of higher QPs written by the host are dropped and
+    read back 0. Every host access is answered in the cycle of the request, but for one case:
+    above :attr:`MASK_RAM_ABOVE` QPs, a write of a ``qp_mask`` word waits (up to 8 cycles) while
+    the previous one is still being copied into the mask memories (see Storage).
+
+    Storage: flip-flops hold what every region must show at once, for the key match and the
+    invalidate: ``valid`` and ``rkey``, and ``qp_mask`` up to :attr:`MASK_RAM_ABOVE` QPs.
+    Above, each region's ``qp_mask`` is a LUT RAM of 4-bit rows read at the asking QP (a row
+    of flip-flops per region would need a 64:1 multiplexer each); a host write of a mask word
+    is copied in, a row a cycle over 8 cycles, from a holding register that answers for that
+    word of that region meanwhile, so a lookup sees the new mask from the cycle after the
+    write as before. ``va``, ``length``, ``laddr`` and the rights sit in LUT RAM read
+    combinationally at the matched region. The host reads back every word from another LUT
+    RAM, a copy of the register words as written (each cut to its field's width), except
+    ``valid``, taken from its flip-flop. Memories keep their contents over a domain reset (the
+    flip-flops clear, so every region is then invalid).
 
     Ports
     -----
@@ -265,6 +274,11 @@ class MrTable(wiring.Component):
     #: Lookup LUT RAMs: name -> (register word offset, bits); ``rights`` are control bits 3:1.
     _LOOKUP_WORDS = {"va_hi": (0x0C, 32), "va_lo": (0x10, 32), "length": (0x14, 32),
                      "laddr": (0x18, ADDR_BITS), "rights": (0x00, 3)}
+
+    #: Above this many QPs ``qp_mask`` is in LUT RAM: at 16 QPs either costs about the same
+    #: (yosys synth_ecp5, 8 regions: 789 LUT4 in flip-flops, 757 LUT4 + 8 DPR16X4 in RAM); at
+    #: 64, 1114 against 783 + 8 DPR16X4, and 472 fewer flip-flops.
+    MASK_RAM_ABOVE = 16
 
     def __init__(self, n_mr, n_qp=1 << QP_INDEX_BITS):
         if not 1 <= n_qp <= 1 << QP_INDEX_BITS:
@@ -288,10 +302,10 @@ class MrTable(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         bus, lk, n, nq = self.bus, self.lookup, self.n_mr, self.n_qp
+        mask_ram = nq > self.MASK_RAM_ABOVE
 
         valid = Signal(n)
         rkey = [Signal(32, name=f"rkey{j}") for j in range(n)]
-        qp_mask = [Signal(nq, name=f"qp_mask{j}") for j in range(n)]
 
         # Host bus: the window is a power-of-two span of strides aligned on itself, so the
         # region index and the word are address bits, each decoded once (no subtraction).
@@ -302,9 +316,14 @@ class MrTable(wiring.Component):
         in_win = (bus.space == Space.REG) & (bus.addr[span:] == REG_MR >> span) & (idx < n)
         access = in_win & (bus.re | bus.we)
         known = (bus.addr[0:2] == 0) & ~bus.addr[5]
+        mask_word = Signal()                            # qp_mask_lo, or qp_mask_hi past 32 QPs
+        m.d.comb += mask_word.eq((word == 0x04 >> 2) | ((word == 0x1C >> 2) & (nq > 32)))
+        copying = Signal()                              # a mask word is going into LUT RAM
+        wait = Signal()                                 # ... and another one must wait
         host_we = Signal()
-        m.d.comb += [bus.ack.eq(access), bus.err.eq(access & ~known),
-                     host_we.eq(access & known & bus.we)]
+        m.d.comb += [wait.eq(copying & known & bus.we & mask_word),
+                     bus.ack.eq(access & ~wait), bus.err.eq(access & ~known),
+                     host_we.eq(access & known & bus.we & ~wait)]
 
         # Read-back copy of every register word, as written and cut to its field.
         m.submodules.words = words = Memory(shape=32, depth=8 * n, init=[])
@@ -337,11 +356,6 @@ class MrTable(wiring.Component):
                         m.d.sync += valid[j].eq(bus.wdata[0])
                     with m.Case(0x08 >> 2):
                         m.d.sync += rkey[j].eq(bus.wdata)
-                    with m.Case(0x04 >> 2):
-                        m.d.sync += qp_mask[j][:32].eq(bus.wdata)
-                    if nq > 32:
-                        with m.Case(0x1C >> 2):
-                            m.d.sync += qp_mask[j][32:].eq(bus.wdata)
 
         # Invalidate (after the bus write statements: a same-cycle host write of control loses).
         for j in range(n):
@@ -350,11 +364,26 @@ class MrTable(wiring.Component):
                 with m.If(self.inv_valid):
                     m.d.sync += valid[j].eq(0)
 
+        # The asking QP's bit of each region's qp_mask.
+        if mask_ram:
+            mask_bits = self._mask_ram(m, host_we & mask_word, idx, word == 0x1C >> 2,
+                                       bus.wdata & wmask, copying)
+        else:
+            mask_bits = []
+            for j in range(n):
+                qp_mask = Signal(nq, name=f"qp_mask{j}")
+                with m.If(host_we & (idx == j) & (word == 0x04 >> 2)):
+                    m.d.sync += qp_mask[:32].eq(bus.wdata)
+                if nq > 32:
+                    with m.If(host_we & (idx == j) & (word == 0x1C >> 2)):
+                        m.d.sync += qp_mask[32:].eq(bus.wdata)
+                mask_bits.append(qp_mask.bit_select(lk.qp, 1))
+
         # Lookup: key match (combinational), then range/rights, registered once.
         found = Signal()
         for j in reversed(range(n)):
             key = _eq_cut(m, rkey[j], lk.rkey, f"key_eq{j}")
-            with m.If(valid[j] & key & qp_mask[j].bit_select(lk.qp, 1)):
+            with m.If(valid[j] & key & mask_bits[j]):
                 m.d.comb += [sel.eq(j), found.eq(1)]
         # off = va - region.va, once; inside when it does not borrow, fits 32 bits and
         # off + length <= region.length (33-bit sum: no wrap).
@@ -376,6 +405,36 @@ class MrTable(wiring.Component):
         m.d.sync += [lk.ok.eq(err == MrError.NONE), lk.error.eq(err),
                      lk.laddr.eq(lkd["laddr"] + off[:ADDR_BITS])]
         return m
+
+    def _mask_ram(self, m, we, idx, hi, wdata, copying):
+        """``qp_mask`` in LUT RAM (class docstring, Storage): ``we`` takes mask word ``hi`` of
+        region ``idx`` (``wdata``, cut to the field) into the holding register, from which
+        the next 8 cycles (``copying``) write it, a 4-bit row a cycle, into the region's
+        memory (word w in rows 8w..8w+7). Returns the asking QP's bit of each region."""
+        n, nq, qp = self.n_mr, self.n_qp, self.lookup.qp
+        hold_j, hold_hi = Signal(range(n)), Signal()
+        hold, row = Signal(32), Signal(3)
+        with m.If(we):
+            m.d.sync += [copying.eq(1), hold_j.eq(idx), hold_hi.eq(hi), hold.eq(wdata),
+                         row.eq(0)]
+        with m.Elif(copying):
+            m.d.sync += row.eq(row + 1)
+            with m.If(row == 7):
+                m.d.sync += copying.eq(0)
+        # Rows past the QP count hold zeros, but with 8 rows QP 32 + i would alias QP i.
+        qp_in = qp < nq if nq <= 32 else 1
+        held_bit = hold.bit_select(qp[:5], 1)
+        bits = []
+        for j in range(n):
+            m.submodules[f"mask{j}"] = mem = Memory(shape=4, depth=16 if nq > 32 else 8,
+                                                    init=[])
+            rp, wp = mem.read_port(domain="comb"), mem.write_port()
+            m.d.comb += [rp.addr.eq(qp[2:]), wp.addr.eq(Cat(row, hold_hi)),
+                         wp.data.eq(hold.word_select(row, 4)),
+                         wp.en.eq(copying & (hold_j == j))]
+            held = copying & (hold_j == j) & (qp[5] == hold_hi)
+            bits.append(qp_in & Mux(held, held_bit, rp.data.bit_select(qp[:2], 1)))
+        return bits
 
 
 class CounterBank(wiring.Component):

@@ -2,7 +2,8 @@
 #      REG_QP, REG_MR); hw/target/hostlink.py (HostBusSignature handshake).
 """QP and MR tables: host-bus register read-back, the load event, the reader copies, decode
 errors, the QPN index rule and the MR lookup against a brute-force Python reference on random
-tables and queries."""
+tables and queries; named MR precedence cases, invalidate against same-cycle host writes, and
+the MR table cycle by cycle against a model under back-to-back host accesses."""
 
 import random
 
@@ -474,6 +475,144 @@ def test_mr_invalidate_with_host_write():
         ctx.set(dut.inv_valid, 0)
         assert [await control(ctx, j) & 1 for j in range(4)] == [0, 0, 0, 1]
         assert not ctx.get(dut.inv_found)
+
+    simulate(dut, bench)
+
+
+@pytest.mark.parametrize("n_qp", [4, 20, 40])
+def test_mr_qp_beyond_table(n_qp):
+    """A QP index past ``n_qp`` has no mask bit, even when the host set every bit of both
+    mask words; the last QP has its bit."""
+    dut = MrTable(2, n_qp=n_qp)
+
+    async def bench(ctx):
+        await write_mr(ctx, dut.bus, 1, valid=1, read=1, write=0, atomic=0, qp_mask=MASK64,
+                       rkey=5, va=0, length=64, laddr=0x100)
+        for _ in range(8):                              # let any copy in the table settle
+            await ctx.tick()
+        for qp in range(64):
+            got = await mr_lookup(ctx, dut.lookup, 5, 8, 8, qp, MrAccess.READ)
+            want = (1, 0x108, MrError.NONE) if qp < n_qp else (0, got[1], MrError.BAD_KEY)
+            assert got == want, qp
+
+    simulate(dut, bench)
+
+
+@pytest.mark.parametrize("n_qp", [4, 40, 64])
+def test_mr_cycle_by_cycle(n_qp):
+    """Lookups every cycle, host reads and writes back to back (often of the mask words, which
+    the table may make wait) and invalidates, against a Python model of the table updated at
+    each acknowledged write: each lookup's answer is the reference over the table of the cycle
+    its inputs were sampled in; inv_found and every read agree with the model in their own
+    cycle."""
+    n = 3
+    dut = MrTable(n, n_qp=n_qp)
+    rng = random.Random(7 + n_qp)
+    keys = [0x11, 0x22, 0x33]
+    table = [dict(valid=0, read=0, write=0, atomic=0, qp_mask=0, rkey=0, va=0, length=0,
+                  laddr=0) for _ in range(n)]
+    words = [{off: 0 for off in range(0, 0x20, 4)} for _ in range(n)]
+    qmask = (1 << n_qp) - 1
+
+    def write(j, off, v):
+        e = table[j]
+        words[j][off] = mr_expected_words(n_qp, {off: v})[off]
+        if off == 0x00:
+            e.update(valid=v & 1, read=v >> 1 & 1, write=v >> 2 & 1, atomic=v >> 3 & 1)
+        elif off in (0x04, 0x1C):
+            sh = 0 if off == 0x04 else 32
+            e["qp_mask"] = (e["qp_mask"] & ~(0xFFFFFFFF << sh) | v << sh) & qmask
+        elif off == 0x08:
+            e["rkey"] = v
+        elif off in (0x0C, 0x10):
+            sh = 32 if off == 0x0C else 0
+            e["va"] = e["va"] & ~(0xFFFFFFFF << sh) | v << sh
+        else:
+            e["length" if off == 0x14 else "laddr"] = v
+
+    def wdata(j, off):
+        if off == 0x00:
+            return rng.getrandbits(4) | 1 if rng.random() < 0.8 else rng.getrandbits(32)
+        if off in (0x04, 0x1C):
+            return rng.choice([0xFFFFFFFF, 0, rng.getrandbits(32)])
+        if off == 0x08:
+            return rng.choice(keys)
+        if off == 0x0C:
+            return rng.choice([0, 0, 0xFFFFFFFF])
+        if off == 0x10:
+            return rng.choice([0x1000 * j, 0xFFFFF000])
+        if off == 0x14:
+            return rng.choice([0x1000, 0x800, 0])
+        return rng.getrandbits(32)
+
+    async def bench(ctx):
+        bus, lk = dut.bus, dut.lookup
+        req = None                          # (j, off, wdata or None for a read, cycles waited)
+        seen = {e: 0 for e in MrError}
+        for cycle in range(4000):
+            # Inputs of this cycle.
+            if req is None and rng.random() < 0.7:
+                j, off = rng.randrange(n), rng.choice([0x04, 0x1C, 0x04, 0x1C] +
+                                                      list(range(0, 0x20, 4)))
+                req = (j, off, wdata(j, off) if rng.random() < 0.8 else None, 0)
+                ctx.set(bus.space, Space.REG)
+                ctx.set(bus.addr, REG_MR + MR_STRIDE * j + off)
+                ctx.set(bus.wdata, req[2] or 0)
+                ctx.set(bus.we, req[2] is not None)
+                ctx.set(bus.re, req[2] is None)
+            e = rng.choice(table)
+            qps = [q for q in range(n_qp) if e["qp_mask"] >> q & 1]
+            look = (e["rkey"] if rng.random() < 0.8 else rng.choice(keys),
+                    (e["va"] + rng.choice([0, 8, 0xFF8, 0x1000, -8])) % (1 << 64),
+                    rng.choice([0, 8, 9]),
+                    rng.choice(qps) if qps and rng.random() < 0.7 else rng.randrange(n_qp),
+                    rng.choice(list(MrAccess)))
+            for sig, v in zip((lk.rkey, lk.va, lk.length, lk.qp, lk.access), look):
+                ctx.set(sig, v)
+            inv = rng.random() < 0.02
+            inv_key = rng.choice(keys)
+            ctx.set(dut.inv_rkey, inv_key)
+            ctx.set(dut.inv_valid, inv)
+            # Combinational answers of this cycle.
+            hits = [x["valid"] and x["rkey"] == inv_key for x in table]
+            assert ctx.get(dut.inv_found) == any(hits), cycle
+            want = mr_reference(table, *look)
+            acked = None
+            if req is not None:
+                if ctx.get(bus.ack):
+                    assert not ctx.get(bus.err)
+                    j, off, v, _ = req
+                    if v is None:
+                        rd = ctx.get(bus.rdata)
+                        exp = words[j][off] if off else words[j][0] & ~1 | table[j]["valid"]
+                        assert rd == exp, (cycle, j, hex(off), hex(rd), hex(exp))
+                    else:
+                        acked = (j, off, v)
+                    req = None
+                else:
+                    req = req[:3] + (req[3] + 1,)
+                    assert req[3] < 9, "no ack"
+            await ctx.tick()
+            ctx.set(bus.we, 0)
+            ctx.set(bus.re, 0)
+            if req is not None:                         # still waiting: hold the request
+                ctx.set(bus.we, req[2] is not None)
+                ctx.set(bus.re, req[2] is None)
+            # The lookup of this cycle, answered now.
+            ok, laddr, err = want
+            assert ctx.get(lk.error) == err, (cycle, look)
+            assert ctx.get(lk.ok) == ok
+            if ok:
+                assert ctx.get(lk.laddr) == laddr
+            seen[err] += 1
+            # The table after the edge: the write, then the invalidate (of the old table).
+            if acked:
+                write(*acked)
+            if inv:
+                for x, hit in zip(table, hits):
+                    if hit:
+                        x["valid"] = 0
+        assert all(seen.values()), seen
 
     simulate(dut, bench)
 
