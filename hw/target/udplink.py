@@ -261,15 +261,15 @@ class UdpLinkRx(wiring.Component):
             return [lambda v, c=c: v != c for c in values]
 
         def field(name, p, n):
-            """Octets ``[p, p + n)`` big-endian, captured as they pass: (register, value as of
-            the current beat)."""
+            """Octets ``[p, p + n)`` big-endian, captured as they pass: (register, the value in
+            the beat holding the last of them)."""
             reg = Signal(8 * n, name=name)
             now = []
             for k, q in enumerate(range(p, p + n)):
                 part = reg[8 * (n - 1 - k):8 * (n - k)]
                 with m.If(fire & at(q)):
                     m.d.sync += part.eq(octet(q))
-                now.append(Mux(at(q), octet(q), part))
+                now.append(octet(q) if q // nl == (p + n - 1) // nl else part)
             return reg, be_value(now)
 
         # Rules 1-4 (octets 0..37).
@@ -314,7 +314,7 @@ class UdpLinkRx(wiring.Component):
                       self._header_lane(beat, j, nl)) for j in range(nl)]
 
         # One's-complement sums: one adder tree over the beat's words.
-        self._sums = sums = self._checksums(m, beat, fire, first, x, inside, nl)
+        sums = self._checksums(m, beat, fire, first, x, inside, nl)
 
         # Rules 1-4: the verdict at the beat holding octet 41 (every octet it reads is older).
         b41 = (_KH_AT - 1) // nl
@@ -340,7 +340,7 @@ class UdpLinkRx(wiring.Component):
 
         walk_ok = self._walker(m, fire, first, x, seg, nl)
 
-        # The store: the beats from b0 while inside the UDP segment.
+        # The store: the beats from the one holding octet 42 to the UDP end.
         lost = Signal()                      # a beat of this datagram found the store full
         take = fire & passing & (beat >= _KH_AT // nl) & ~seg.done
         m.d.comb += [
@@ -455,9 +455,10 @@ class UdpLinkRx(wiring.Component):
         UDP end on) when the request frames follow each other exactly from octet 50 to the UDP
         end and their longest responses fit in :data:`MAX_PAYLOAD`.
 
-        ``start``: where the next frame starts, from lane 0 of the current beat, + 6. Its head is complete in the beat holding its count octet (``start`` below
-        the beat's width): its start octet and command are then in this beat or the
-        ``-(-6 // (width/8))`` beats before, kept in ``prev``."""
+        ``start``: where the next frame starts, from lane 0 of the current beat, + 6. Its head
+        is complete in the beat holding its count octet (``start`` below the beat's width): its
+        start octet and command are then in this beat or the ``-(-6 // (width/8))`` beats
+        before, kept in ``prev``. ``seg``: the UDP end (``elaborate``)."""
         mw = self._max_words
         back = -(-6 // nl)
         prev = [Signal(8 * nl, name=f"walk_prev{k}") for k in range(back)]   # prev[0]: last beat
@@ -466,7 +467,7 @@ class UdpLinkRx(wiring.Component):
                                                  for k in range(1, back)]
         window = [o for k in reversed(range(back)) for o in lanes(prev[k], nl)] + x
 
-        start = Signal(range(_CAPTURE + 6 + 1036))
+        start = Signal(range(nl + 8 + 4 * 255))    # at most a head here + its frame's size
         start_now = Signal.like(start)
         m.d.comb += start_now.eq(Mux(first, _CAPTURE + 6, start))
 
