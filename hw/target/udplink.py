@@ -54,7 +54,7 @@ Structure
 
     i (whole frames) -> UdpLinkRx: header checks and captures at fixed beats and lanes, both
                         checksums (one adder tree per beat), frame walker, PacketFifo (the
-                        frame's beats from octet 40 as received; commit at the end / discard)
+                        frame's beats from octet 42's, as received; commit at the end / discard)
         -> executor: seq rules; body octets (from frame octet 50) -> HostLinkEngine -> bus
                      response octets -> response RAM, where they go on the wire (kept for
                      duplicates)
