@@ -54,7 +54,7 @@ Structure
 
     i (whole frames) -> UdpLinkRx: header checks and captures at fixed beats and lanes, both
                         checksums (one adder tree per beat), frame walker, PacketFifo (the
-                        frame's beats from octet 40 as received; commit at the end / discard)
+                        frame's beats from octet 42's, as received; commit at the end / discard)
         -> executor: seq rules; body octets (from frame octet 50) -> HostLinkEngine -> bus
                      response octets -> response RAM, where they go on the wire (kept for
                      duplicates)
@@ -78,7 +78,7 @@ Registers (``regs``, ``Space.REG``, byte offsets from ``base``, :data:`REG_UDPLI
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -187,8 +187,8 @@ class UdpLinkRx(wiring.Component):
       twice for the pseudo-header) words 26 .. UDP end; the IPv4 header sum (14..33) is taken
       at octet 34, the UDP sum (source and destination address .. UDP end, + UDP length) is
       the accumulator after the last beat, short of the protocol number (17);
-    - ``uend``: octets left to the UDP end (+ 6), from the UDP length, down by a beat each
-      beat: the lanes inside the segment, the datagram's last beat, truncation;
+    - the UDP end, from the UDP length: the beats before the one holding it (counted down)
+      and its lane; hence the lanes inside the segment, the datagram's last beat, truncation;
     - the frame walker (rule 7) follows the request frames: a frame's head (start octet,
       command, count) is complete in the beat holding its count octet; one head per beat (a
       frame is 8 octets or more), read through a window of the preceding beats;
@@ -240,7 +240,7 @@ class UdpLinkRx(wiring.Component):
         with m.If(fire):
             m.d.sync += beat.eq(Mux(last, 0, Mux(beat == nb, nb, beat + 1)))
         first = beat == 0
-        b0 = _SEG_AT // nl                   # first beat of octets 40..: ``uend`` valid
+        b0 = _SEG_AT // nl                   # first beat of octets 40..: ``seg`` valid
 
         def at(p):
             """The current beat holds frame octet ``p`` (< 50)."""
@@ -261,15 +261,15 @@ class UdpLinkRx(wiring.Component):
             return [lambda v, c=c: v != c for c in values]
 
         def field(name, p, n):
-            """Octets ``[p, p + n)`` big-endian, captured as they pass: (register, value as of
-            the current beat)."""
+            """Octets ``[p, p + n)`` big-endian, captured as they pass: (register, the value in
+            the beat holding the last of them)."""
             reg = Signal(8 * n, name=name)
             now = []
             for k, q in enumerate(range(p, p + n)):
                 part = reg[8 * (n - 1 - k):8 * (n - k)]
                 with m.If(fire & at(q)):
                     m.d.sync += part.eq(octet(q))
-                now.append(Mux(at(q), octet(q), part))
+                now.append(octet(q) if q // nl == (p + n - 1) // nl else part)
             return reg, be_value(now)
 
         # Rules 1-4 (octets 0..37).
@@ -292,19 +292,29 @@ class UdpLinkRx(wiring.Component):
         kind, _ = field("kind", _KH_AT + 3, 1)
         seq, _ = field("seq", _KH_AT + 4, 4)
 
-        # ``uend``: octets from lane 0 of the current beat to the UDP end, + 6 (= the UDP
-        # length at beat b0); from b0 on. Signed: it goes below 0 once past the end and stops.
-        uend = Signal(signed(18))
+        # The UDP end (octet 34 + UDP length; its last octet is 40 + (UDP length - 7)), from
+        # beat b0 on: ``seg.beats`` before the beat holding the last octet, ``seg.lane`` its lane;
+        # ``seg.final`` in that beat, ``seg.done`` after it. Counted, not compared, so that no
+        # wide comparison (a carry chain each) decides a lane.
+        seg = SimpleNamespace(beats=Signal(16 - nl.bit_length() + 1), lane=Signal(range(nl)),
+                              done=Signal())
+        seg_last = Signal(16)
+        m.d.comb += seg_last.eq(udp_len_now - 7)
+        tail = beat >= b0
+        seg.final = tail & ~seg.done & (seg.beats == 0)
         with m.If(fire):
             with m.If(at(_SEG_AT - 1)):
-                m.d.sync += uend.eq(udp_len_now)
-            with m.Elif((beat >= b0) & (uend > 0)):
-                m.d.sync += uend.eq(uend - nl)
-        tail = beat >= b0
-        inside = [Mux(tail, uend > j + 6, self._header_lane(beat, j, nl)) for j in range(nl)]
+                m.d.sync += [seg.beats.eq(seg_last >> (nl.bit_length() - 1)),
+                             seg.lane.eq(seg_last[:nl.bit_length() - 1]), seg.done.eq(0)]
+            with m.Elif(seg.final):
+                m.d.sync += seg.done.eq(1)
+            with m.Elif(tail):
+                m.d.sync += seg.beats.eq(seg.beats - 1)
+        inside = [Mux(tail, ~seg.done & (~seg.final | (seg.lane >= j)),
+                      self._header_lane(beat, j, nl)) for j in range(nl)]
 
         # One's-complement sums: one adder tree over the beat's words.
-        self._sums = sums = self._checksums(m, beat, fire, first, x, inside, nl)
+        sums = self._checksums(m, beat, fire, first, x, inside, nl)
 
         # Rules 1-4: the verdict at the beat holding octet 41 (every octet it reads is older).
         b41 = (_KH_AT - 1) // nl
@@ -328,22 +338,23 @@ class UdpLinkRx(wiring.Component):
                 m.d.sync += verdict.eq(v_now)
         passing = Mux(beat == b41, v_now, verdict) == _PASS
 
-        walk_ok = self._walker(m, beat, fire, first, x, uend, nl)
+        walk_ok = self._walker(m, fire, first, x, seg, nl)
 
-        # The store: the beats from b0 while inside the UDP segment.
+        # The store: the beats from the one holding octet 42 to the UDP end.
         lost = Signal()                      # a beat of this datagram found the store full
-        take = fire & passing & (beat >= _KH_AT // nl) & (uend > 6)
+        take = fire & passing & (beat >= _KH_AT // nl) & ~seg.done
         m.d.comb += [
             store.w.valid.eq(take & ~lost),
             store.w.p.data.eq(i.p.data),
             store.w.p.keep.eq(Cat(*inside)),
-            store.w.p.last.eq(uend <= nl + 6),
+            store.w.p.last.eq(seg.final),
         ]
         decide = Signal()                    # the cycle after a frame's last beat
         truncated = Signal()
         m.d.sync += decide.eq(fire & last)
         with m.If(fire & last):
-            m.d.sync += truncated.eq(uend > keep_count(i.p.keep) + 6)
+            m.d.sync += truncated.eq(~seg.done
+                                     & (~seg.final | (seg.lane >= keep_count(i.p.keep))))
         with m.If(decide):
             m.d.sync += lost.eq(0)
         with m.Elif(take & ~store.w.ready):
@@ -439,15 +450,15 @@ class UdpLinkRx(wiring.Component):
         udp_ok = (acc[:16] + acc[16:]) == 0xFFFF - IP_PROTO_UDP
         return SimpleNamespace(ip_ok=ip_ok, udp_ok=udp_ok)
 
-    def _walker(self, m, beat, fire, first, x, uend, nl):
+    def _walker(self, m, fire, first, x, seg, nl):
         """Rule 7's frame structure, beat by beat: True (a register, from the beat after the
         UDP end on) when the request frames follow each other exactly from octet 50 to the UDP
         end and their longest responses fit in :data:`MAX_PAYLOAD`.
 
-        ``start``: where the next frame starts, from lane 0 of the current beat, + 6 (like
-        ``uend``). Its head is complete in the beat holding its count octet (``start`` below
-        the beat's width): its start octet and command are then in this beat or the
-        ``-(-6 // (width/8))`` beats before, kept in ``prev``."""
+        ``start``: where the next frame starts, from lane 0 of the current beat, + 6. Its head
+        is complete in the beat holding its count octet (``start`` below the beat's width): its
+        start octet and command are then in this beat or the ``-(-6 // (width/8))`` beats
+        before, kept in ``prev``. ``seg``: the UDP end (``elaborate``)."""
         mw = self._max_words
         back = -(-6 // nl)
         prev = [Signal(8 * nl, name=f"walk_prev{k}") for k in range(back)]   # prev[0]: last beat
@@ -456,7 +467,7 @@ class UdpLinkRx(wiring.Component):
                                                  for k in range(1, back)]
         window = [o for k in reversed(range(back)) for o in lanes(prev[k], nl)] + x
 
-        start = Signal(range(_CAPTURE + 6 + 1036))
+        start = Signal(range(nl + 8 + 4 * 255))    # at most a head here + its frame's size
         start_now = Signal.like(start)
         m.d.comb += start_now.eq(Mux(first, _CAPTURE + 6, start))
 
@@ -472,7 +483,10 @@ class UdpLinkRx(wiring.Component):
                         m.d.comb += v.eq(opt)
             return v
         sof, cmd, count = pick(0), pick(1), pick(6)
-        head = (start_now < nl) & (start_now < uend)   # a head, starting before the UDP end
+        # A head here, starting before the UDP end (``start_now`` is then below ``nl``).
+        near = start_now[:nl.bit_length()]
+        head = (start_now[nl.bit_length() - 1:] == 0) & ~seg.done & (~seg.final
+                                                                     | (near < seg.lane + 7))
         size = Mux(carries_data(cmd, count, mw), count << 2, 0) + 8
         rsize = (response_words_max(cmd, count, mw) << 2) + 5
         start_post = Signal.like(start)
@@ -490,9 +504,9 @@ class UdpLinkRx(wiring.Component):
                          over.eq(over_post)]
             with m.If(first):
                 m.d.sync += walk_ok.eq(0)
-            with m.Elif((beat >= _SEG_AT // nl) & (uend > 6) & (uend <= nl + 6)):
+            with m.Elif(seg.final):
                 # The beat of the UDP end: the next frame would start exactly there.
-                m.d.sync += walk_ok.eq(ok_post & ~over_post & (start_post == uend))
+                m.d.sync += walk_ok.eq(ok_post & ~over_post & (start_post == seg.lane + 7))
         return walk_ok
 
 
@@ -761,8 +775,9 @@ class UdpHostLink(wiring.Component):
                     with m.Elif(side.seq == self.expected):
                         m.d.sync += [ridx.eq(l0), rsum.eq(0)]
                         m.next = "HEADER"
-                    # Modulo 2**32: after seq 0xFFFFFFFF ran, ``expected`` is 0.
-                    with m.Elif(kept.valid & (side.seq == (self.expected - 1)[:32])):
+                    # ``expected - 1`` (modulo 2**32: after seq 0xFFFFFFFF ran, ``expected`` is
+                    # 0) is the kept response's seq: ``expected`` only advances when one is kept.
+                    with m.Elif(kept.valid & (side.seq == kept.seq)):
                         count("duplicate")
                         m.d.sync += job.then_send.eq(1)
                         m.next = "DRAIN"
@@ -814,9 +829,13 @@ class UdpHostLink(wiring.Component):
     def _registers(self, m):
         """The register window (``regs``), decoded combinationally like TopRegs."""
         b = self.regs
-        rel = Signal(32)
-        m.d.comb += rel.eq(b.addr - self.base)
         R = UDPLINK_REGS
+        span = (UDPLINK_COUNTER_BASE + 4 * len(UDPLINK_COUNTERS) - 1).bit_length()
+        if self.base % (1 << span):
+            rel = Signal(32)
+            m.d.comb += rel.eq(b.addr - self.base)
+        else:               # no subtraction: the offset is the address's low bits
+            rel = Cat(b.addr[:span], b.addr[span:] != self.base >> span)
         rw = {R["ctrl"]: self.enable, R["host_mac_hi"]: self.host_mac[32:],
               R["host_mac_lo"]: self.host_mac[:32], R["host_ip"]: self.host_ip,
               R["host_port"]: self.host_port}
