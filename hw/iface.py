@@ -211,7 +211,7 @@ QpRespCfg = data.StructLayout({
 QpIntakeCfg = data.StructLayout({"local_qpn": QPN_BITS, "peer_ip": 32})
 QpTxCfg = data.StructLayout({"remote_qpn": QPN_BITS, "peer_mac": 48, "peer_ip": 32,
                              "udp_sport": 16})
-#: The requester control FSM's fields, kept in flip-flops (see QpTable).
+#: The requester control FSM's fields (QpTable's ``req`` copy).
 ReqCfg = data.StructLayout({"pmtu": 3, "timeout": 5, "retry_cnt": 3, "rnr_retry": 3})
 
 

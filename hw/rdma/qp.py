@@ -120,33 +120,28 @@ class QpTable(wiring.Component):
 
     Copies (each one memory of ``n_qp`` rows, one write port, one registered read port):
     ``full`` (QpConfig, 254 bits: host read-back and read-modify-write), ``resp``
-    (:data:`~hw.iface.QpRespCfg`, 107 bits), ``intake`` (:data:`~hw.iface.QpIntakeCfg`, 56) and
-    ``tx`` (:data:`~hw.iface.QpTxCfg`, 120). A reader port's ``data`` is the row at its ``addr``
-    of the previous cycle; every row starts all zero (RESET). A write of row i in cycle t: a
-    port addressing row i in cycle t gets the old row (in t + 1), from cycle t + 1 on the new
-    one (in t + 2).
-
-    ``req_cfg`` (:data:`~hw.iface.ReqCfg`, 14 bits per QP) stays in flip-flops: the requester's
-    control FSM selects it at its current QP, decides and writes back in one cycle, which a
-    registered read would not allow; 64 x 14 bits is cheap (splitting the record is a later
-    stage).
+    (:data:`~hw.iface.QpRespCfg`, 107 bits), ``intake`` (:data:`~hw.iface.QpIntakeCfg`, 56),
+    ``tx`` (:data:`~hw.iface.QpTxCfg`, 120) and ``req`` (:data:`~hw.iface.ReqCfg`, 14: the
+    requester's control FSM reads it at its QP with the QP's record, which is in a memory with
+    a registered read too). A reader port's ``data`` is the row at its ``addr`` of the previous
+    cycle; every row starts all zero (RESET). A write of row i in cycle t: a port addressing
+    row i in cycle t gets the old row (in t + 1), from cycle t + 1 on the new one (in t + 2).
 
     Host access: the word's QP index comes from the address bits (stride 0x40), its field from
     the word offset, decoded once. The request cycle reads row i of ``full``; the next cycle
     answers (``ack``): a read returns the field, a write merges the field into the row and
-    writes the merged row into ``full`` and its subsets into every copy and ``req_cfg``. A
-    write of ``state`` then raises the load event in the following cycle: ``load_valid`` for
-    one cycle with ``load_qp`` and the merged row in ``load_row`` (every memory already holds it).
+    writes the merged row into ``full`` and its subsets into every copy. A write of ``state``
+    then raises the load event in the following cycle: ``load_valid`` for one cycle with
+    ``load_qp`` and the merged row in ``load_row`` (every memory already holds it).
 
     Ports
     -----
     bus : In(HostBusSignature)      register map in the module docstring
-    resp, intake, tx : In(QpReadSignature(...))   reader ports (addr in, data out)
-    req_cfg : Out(ReqCfg).array(n_qp)
+    resp, intake, tx, req : In(QpReadSignature(...))   reader ports (addr in, data out)
     load_valid : Out(1), load_qp : Out(QP_INDEX_BITS), load_row : Out(QpConfig)
     """
 
-    COPIES = {"resp": QpRespCfg, "intake": QpIntakeCfg, "tx": QpTxCfg}
+    COPIES = {"resp": QpRespCfg, "intake": QpIntakeCfg, "tx": QpTxCfg, "req": ReqCfg}
 
     def __init__(self, n_qp):
         if not 1 <= n_qp <= 1 << QP_INDEX_BITS:
@@ -155,7 +150,6 @@ class QpTable(wiring.Component):
         super().__init__({
             "bus": In(HostBusSignature()),
             **{name: In(QpReadSignature(layout)) for name, layout in self.COPIES.items()},
-            "req_cfg": Out(ReqCfg).array(n_qp),
             "load_valid": Out(1), "load_qp": Out(QP_INDEX_BITS), "load_row": Out(QpConfig),
         })
 
@@ -212,10 +206,6 @@ class QpTable(wiring.Component):
                                 m.d.comb += bus.rdata.eq(_field(row, path)[lo:lo + bits])
                 with m.Else():
                     m.d.comb += we.eq(1)
-                    with m.Switch(qp):
-                        for i in range(nq):
-                            with m.Case(i):
-                                m.d.sync += self.req_cfg[i].eq(qp_subset(ReqCfg, merged))
                     with m.If(word == 0):
                         m.d.sync += [self.load_valid.eq(1), self.load_qp.eq(qp),
                                      self.load_row.eq(merged)]

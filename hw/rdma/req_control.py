@@ -24,8 +24,9 @@ Steps and their cycles
 ----------------------
 The records and the send-queue entries are in memories with registered read ports
 (:mod:`hw.rdma.req_sq`), so a step first selects its QP (IDLE: ``sq.sel``, held in ``qp``
-until the step ends), has the record a cycle later (READ) and the entries the cycle after,
-where it acts and writes back (``commit``):
+until the step ends), has the record a cycle later (READ; the QP's :data:`~hw.iface.ReqCfg`
+from QpTable's ``req`` copy, addressed with it, too) and the entries the cycle after, where it
+acts and writes back (``commit``):
 
 - a work request: select, then push (2 cycles: a push needs the record only);
 - an expired timer, a flush completion, a request packet: select, READ, act (3 cycles);
@@ -49,7 +50,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import BthOpcode
-from hw.iface import QP_INDEX_BITS, ReqCfg, WcStatus, WorkCompletion, WorkRequest, WrOp
+from hw.iface import (QP_INDEX_BITS, QpReadSignature, ReqCfg, WcStatus, WorkCompletion,
+                      WorkRequest, WrOp)
 from hw.rdma.req_rx import rx_port
 from hw.rdma.req_sq import QSt, index_bits, pick_port, sq_port
 from hw.rdma.req_timers import timer_port
@@ -127,8 +129,9 @@ class RequesterControl(wiring.Component):
     -----
     wr : In(stream of WorkRequest)
     wc : Out(stream of WorkCompletion)   ``valid`` only when ``ready``
-    cfg : In(ReqCfg).array(n_qp)   QpTable.req_cfg: flip-flops, selected at ``sq.sel`` (valid
-        from the select on)
+    cfg : Out(QpReadSignature(ReqCfg))   the requester's copy of the QP table (QpTable.req),
+        addressed with the record at ``sq.sel``: its row is there with ``cur``, a cycle after
+        the select
     sq, pick, timer, rx, pk : Out   ports on the requester's units (see the module docstring)
     event : Out(:data:`ReqEvents`)
     error_event : Out(1), error_qp : Out(QP_INDEX_BITS)   one-cycle strobe: QP went to error
@@ -139,7 +142,7 @@ class RequesterControl(wiring.Component):
         super().__init__({
             "wr": In(stream.Signature(WorkRequest)),
             "wc": Out(stream.Signature(WorkCompletion)),
-            "cfg": In(ReqCfg).array(n_qp),
+            "cfg": Out(QpReadSignature(ReqCfg)),
             "sq": Out(sq_port(n_qp, sq_depth)), "pick": Out(pick_port(n_qp)),
             "timer": Out(timer_port(n_qp)), "rx": Out(rx_port(n_qp)), "pk": Out(packet_port()),
             "event": Out(ReqEvents), "error_event": Out(1), "error_qp": Out(QP_INDEX_BITS),
@@ -154,11 +157,8 @@ class RequesterControl(wiring.Component):
         qp = Signal(len(sq.sel))        # the QP of the step in hand (held from its select)
         step = Signal(2)                # the step a READ cycle leads to
         m.d.comb += [sq.sel.eq(qp), nxt.eq(cur), wc.p.qp.eq(qp)]
-        cfg = Signal(ReqCfg)
-        with m.Switch(sq.sel):
-            for i, c in enumerate(self.cfg):
-                with m.Case(i):
-                    m.d.comb += cfg.eq(c)
+        cfg = self.cfg.data
+        m.d.comb += self.cfg.addr.eq(sq.sel)
         h_last = Signal(24)
         m.d.comb += h_last.eq(h.first_psn + h.npkts - 1)
         pmtu_log2 = Signal(4)

@@ -23,8 +23,13 @@ flip-flops, 7 per QP: ``st`` (2), ``rnr_wait``, ``timer_on``, ``unsent`` (``txp 
 the memory row with the flip-flop bits of QP ``sel`` as they are in this cycle.
 
 Why: in flip-flops the records were read through an n_qp:1 multiplexer of ~98 bits and written
-through a per-QP decode; at 64 QPs this, the send-queue read multiplexers and the scheduler's
-priority chains made the requester ~9.6k LUT4 of the ECP5, where LUT4 is the scarce resource.
+through a per-QP decode, and the send queue had two combinational read ports (LUT RAM, one copy
+each, read through 32:1 multiplexers of 291 bits at 64 QPs). In synth_ecp5 of the Requester
+alone at 64 QPs (hierarchy kept) this block took 41.5k LUT4, 6,272 flip-flops and 4,672
+TRELLIS_DPR16X4, and the scheduler's priority chains 19.5k LUT4, of 68.5k for the requester:
+LUT4 is what the ECP5 runs out of. With the records and entries in memories with registered
+reads this block is 3.1k LUT4 and 21 DP16KD, the scheduler 0.6k, the requester 10.3k (flattened:
+10,301 LUT4, 17 DP16KD). At 4 QPs the requester goes from 5,059 to 3,200 LUT4.
 
 Send-queue entries
 ------------------

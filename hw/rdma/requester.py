@@ -135,7 +135,7 @@ class Requester(wiring.Component):
     -----
     wr : In(stream of WorkRequest)
     wc : Out(stream of WorkCompletion)   one per WR, in order per QP
-    cfg : In(ReqCfg).array(n_qp)   QpTable.req_cfg (flip-flops)
+    cfg : Out(QpReadSignature(ReqCfg))   the control FSM's copy (QpTable.req), read at its QP
     intake : Out(QpReadSignature(QpIntakeCfg))   the response intake's copy (QpTable.intake)
     load_valid : In(1), load_qp : In(QP_INDEX_BITS), load_row : In(QpConfig)
         QpTable's load event: the host wrote QP ``load_qp``'s state (RTS starts the send queue
@@ -161,7 +161,7 @@ class Requester(wiring.Component):
         super().__init__({
             "wr": In(stream.Signature(WorkRequest)),
             "wc": Out(stream.Signature(WorkCompletion)),
-            "cfg": In(ReqCfg).array(n_qp),
+            "cfg": Out(QpReadSignature(ReqCfg)),
             "intake": Out(QpReadSignature(QpIntakeCfg)),
             "load_valid": In(1), "load_qp": In(QP_INDEX_BITS), "load_row": In(QpConfig),
             "tx": Out(stream.Signature(TxReq)),
@@ -196,8 +196,7 @@ class Requester(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rsp_payload), rx.rsp_payload)
         wiring.connect(m, rx.mem, wiring.flipped(self.mem))
         wiring.connect(m, wiring.flipped(self.intake), rx.cfg)
-        for i in range(nq):
-            m.d.comb += ctl.cfg[i].eq(self.cfg[i])
+        wiring.connect(m, wiring.flipped(self.cfg), ctl.cfg)
         m.d.comb += [sq.load_valid.eq(self.load_valid), sq.load_qp.eq(self.load_qp),
                      sq.load_row.eq(self.load_row), self.qp_error.eq(sq.qp_error),
                      rx.rts.eq(sq.rts),

@@ -321,13 +321,12 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, tx_slice.o, mac.tx)
 
         # QP / MR tables.
-        # QP table: one memory copy per reader (registered read ports), the requester's control
-        # fields in flip-flops, and the load event to both engines.
+        # QP table: one memory copy per reader (registered read ports), and the load event to
+        # both engines.
         wiring.connect(m, resp.cfg, qpt.resp)
         wiring.connect(m, req.intake, qpt.intake)
+        wiring.connect(m, req.cfg, qpt.req)
         wiring.connect(m, txp.cfg, qpt.tx)
-        for i in range(nq):
-            m.d.comb += req.cfg[i].eq(qpt.req_cfg[i])
         for unit in (resp, req):
             m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
                          unit.load_row.eq(qpt.load_row)]

@@ -13,8 +13,8 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_MR, REG_QP, REG_TRANSPORT, ReqCfg,
-                      Space, qp_index_of)
+from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_MR, REG_QP, REG_TRANSPORT, Space,
+                      qp_index_of)
 from hw.rdma.qp import (MR_STRIDE, QP_REGS, QP_STRIDE, CounterBank, MrAccess, MrError, MrTable,
                        QpTable, qp_match)
 from hw.rdma.requester import Requester
@@ -75,9 +75,10 @@ def row_of(vals, i):
 @pytest.mark.parametrize("n", [4, 64])
 def test_qp_registers_load_ports(n):
     """Every word of every QP written and read back; a state write raises one load event with
-    the written row; each reader copy and req_cfg show the row; a reader port gives the row one
-    cycle after its address, the old row in the cycle after a write of it and the new one
-    from the next; decode errors; the QPN index rule through the responder's port."""
+    the written row; each reader copy (the requester's ``req`` too) shows the row; a reader port
+    gives the row one cycle after its address, the old row in the cycle after a write of it
+    and the new one from the next; decode errors; the QPN index rule through the responder's
+    port."""
     bench_top = QpBench(n)
     dut = bench_top.qpt
     rng = random.Random(n)
@@ -121,10 +122,10 @@ def test_qp_registers_load_ports(n):
         for (i, off), v in vals.items():
             rd, err = await bus_access(ctx, bus, REG_QP + QP_STRIDE * i + off)
             assert not err and rd == v, (i, hex(off), hex(rd), hex(v))
-        # Every reader copy, one cycle after its address; req_cfg at once.
+        # Every reader copy, one cycle after its address.
         for i in range(n):
             want = row_of(vals, i)
-            for name in ("intake", "tx"):
+            for name in ("intake", "tx", "req"):
                 ctx.set(getattr(dut, name).addr, i)
             ctx.set(bench_top.qpn, QPN_BASE + i)          # the bench addresses `resp`
             await ctx.tick()
@@ -134,9 +135,6 @@ def test_qp_registers_load_ports(n):
                     got = getattr(data, path)
                     assert (got.value if hasattr(got, "value") else got) == want[path], \
                         (i, name, path)
-            rc = ctx.get(dut.req_cfg[i])
-            for path, _ in ReqCfg:
-                assert getattr(rc, path) == want[path], (i, path)
         # A write then a read of the same row: the port addressing it in the write cycle gets
         # the old row one cycle later, the new row from the cycle after.
         i = n - 1
@@ -655,9 +653,8 @@ class QpReaders(wiring.Component):
         m.submodules.txp = txp = TxPath(8, 2, self.n)
         wiring.connect(m, resp.cfg, qpt.resp)
         wiring.connect(m, req.intake, qpt.intake)
+        wiring.connect(m, req.cfg, qpt.req)
         wiring.connect(m, txp.cfg, qpt.tx)
-        for i in range(self.n):
-            m.d.comb += req.cfg[i].eq(qpt.req_cfg[i])
         for unit in (resp, req):
             m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
                          unit.load_row.eq(qpt.load_row)]

@@ -72,9 +72,8 @@ class Top(wiring.Component):
         # The QP table, written through its host bus (write_qp).
         m.submodules.qpt = qpt = self.qpt
         wiring.connect(m, self.req.intake, qpt.intake)
+        wiring.connect(m, self.req.cfg, qpt.req)
         wiring.connect(m, self.txp.cfg, qpt.tx)
-        for i in range(self.n_qp):
-            m.d.comb += self.req.cfg[i].eq(qpt.req_cfg[i])
         m.d.comb += [self.req.load_valid.eq(qpt.load_valid), self.req.load_qp.eq(qpt.load_qp),
                      self.req.load_row.eq(qpt.load_row)]
         return m

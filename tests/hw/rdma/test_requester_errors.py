@@ -160,15 +160,15 @@ def _monitor(top, ev):
 
 @pytest.mark.parametrize("trigger,delay", [(t, d) for t in ("take", "rsp") for d in range(4)])
 def test_host_error_load_flushes(trigger, delay):
-    """The host moves QP 0 to ERROR with work outstanding, the load event ``delay`` + 3 cycles
-    after the TX path took QP 0's 4th packet from the packetizer (a work request of QP 0, waiting
-    for room in its queue, has its turn, then QP 0's next packet: the load lands on the select,
-    read and act cycles of that step), or after the requester's intake accepted QP 0's 2nd
-    response (it lands on that response's steps). Every WR of QP 0 completes once, in order: OK
-    up to some point, FLUSHED from there on (what the load found queued and what was posted
-    after it), and what the peer received of QP 0 starts with the OK SENDs; no packet of QP 0
-    enters the packetizer after the load; no error event (the host knows); QP 1 completes
-    everything."""
+    """The host moves QP 0 to ERROR with work outstanding, its load event ``delay`` + 3 cycles
+    after the TX path took QP 0's 4th packet from the packetizer (QP 0's next packet step was
+    selected in the cycle after the take: the load lands on its act, or on the work-request
+    and packet steps after it), or after the requester's intake accepted QP 0's 2nd response
+    (taken in the next cycle: the load lands on its ACK_LOOP and ACT cycles). Every WR of QP 0
+    completes once, in order: OK up to some point, FLUSHED from there on (what the load found
+    queued and what was posted after it), and what the peer received of QP 0 starts with the
+    OK SENDs; no packet of QP 0 enters the packetizer after the load; no error event (the host
+    knows); QP 1 completes everything."""
     b = Bench(64, seed=30 + delay, timeout=TO, latency=40)
     top = b.top
     sends = [wr(0, 100 + k, WrOp.SEND, 2 * b.pmtu + 7, 0x100 * k) for k in range(10)]
