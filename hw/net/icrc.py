@@ -28,7 +28,7 @@ from hw.lib.octets import OctetPacker, lanes, octets_be
 from hw.lib.stream import keep_count
 from hw.net.ip import RoceRxMeta, RoceTxMeta, roce_rx_layout, roce_tx_layout, IP_PROTO_UDP
 
-__all__ = ["crc32_step", "crc32_step_py", "crc32_value", "ICRC_PREFIX_STATE", "IcrcCheck",
+__all__ = ["crc32_step", "crc32_step_py", "crc32_value", "crc32_unpad", "residue_padded", "ICRC_PREFIX_STATE", "IcrcCheck",
            "IcrcInsert", "masked_ipudp_octets", "BTH_MASKED_OCTET"]
 
 _ALGO = catalog.CRC32_ETHERNET
@@ -92,6 +92,44 @@ ICRC_PREFIX_STATE = crc32_step_py(_ALGO.initial_crc, [0xFF] * 8)
 _RESIDUE_REG = int(f"{_ALGO(8).residue():032b}"[::-1], 2)
 
 
+@functools.lru_cache(maxsize=None)
+def _unzero_masks(n_octets):
+    """For each register bit, the mask over the register of Z**-n_octets, Z the update by one
+    zero octet (invertible: the polynomial's x**0 term is set). Found by inverting Z**n over
+    GF(2) by Gauss-Jordan elimination of its columns (images of the unit vectors)."""
+    n = 32
+    cols = [crc32_step_py(1 << j, [0] * n_octets) for j in range(n)]   # Z**n e_j
+    # rows[i] = (row i of Z**n, row i of the identity); reduce to (I, (Z**n)**-1).
+    rows = [(sum(((cols[j] >> i) & 1) << j for j in range(n)), 1 << i) for i in range(n)]
+    for c in range(n):
+        piv = next(r for r in range(c, n) if (rows[r][0] >> c) & 1)
+        rows[c], rows[piv] = rows[piv], rows[c]
+        for r in range(n):
+            if r != c and (rows[r][0] >> c) & 1:
+                rows[r] = (rows[r][0] ^ rows[c][0], rows[r][1] ^ rows[c][1])
+    return tuple(rows[i][1] for i in range(n))
+
+
+def crc32_unpad(m, reg, pad, nl):
+    """The register before ``pad`` (a signal, ``0 <= pad < nl``) trailing zero octets that
+    :class:`_BeatCrc` fed after a packet's last octet: Z**-pad of ``reg``, as a chain of
+    Z**-1, Z**-2, Z**-4, ... each applied when its bit of ``pad`` is set."""
+    cur, k = reg, 0
+    while (1 << k) < nl:
+        stepped = Signal(32, name=f"crc_unpad{1 << k}")
+        src = Signal(32, name=f"crc_unpad_in{1 << k}")
+        m.d.comb += src.eq(cur)
+        inv = Cat(*[(src & mk).xor() for mk in _unzero_masks(1 << k)])
+        m.d.comb += stepped.eq(Mux(pad[k], inv, src))
+        cur, k = stepped, k + 1
+    return cur
+
+
+def residue_padded(pad):
+    """The register a correct packet (its ICRC included) leaves after ``pad`` zero octets."""
+    return crc32_step_py(_RESIDUE_REG, [0] * pad) if pad else _RESIDUE_REG
+
+
 def masked_ipudp_octets(m, *, tos_ttl_masked=True, total_length, ip_id, ip_flags, src_ip,
                         dst_ip, udp_src_port, udp_length):
     """The 28 octets of IPv4 + UDP header as the ICRC sees them (masked fields = 0xFF)."""
@@ -114,7 +152,8 @@ class _BeatCrc:
 
     The first beat of a packet starts from the ICRC prefix folded with the packet's IPv4 and
     UDP headers, :func:`masked_ipudp_octets` of ``ipudp``. ``pos`` is the octet offset of the
-    beat in its packet (saturating past 64 KiB); ``next`` the register after this beat.
+    beat in its packet (saturating past 64 KiB); ``next`` the register after this beat and
+    ``pad`` zero octets (the lanes past ``keep`` of a partial last beat, below).
     """
 
     def __init__(self, width):
@@ -141,35 +180,21 @@ class _BeatCrc:
         m.d.comb += [start_sig.eq(start_state), src.eq(Mux(first, start_sig, self.reg))]
         masked = Signal(self.width)
         m.d.comb += masked.eq(Cat(*octs))
-        octs = lanes(masked, nl)
+        # Every beat goes through the one nl-octet matrix, its octets past ``keep`` as zeros.
+        # A beat of k < nl octets (the last of a packet, contiguous from lane 0) is then
+        # followed by pad = nl - k zero octets that the packet does not have: ``next`` is
+        # Z**pad of the true register, Z the update by one zero octet (an invertible linear map
+        # of the register). Consumers undo or absorb that: IcrcCheck compares with Z**pad of
+        # the residue (a constant per pad), IcrcInsert applies Z**-pad (:func:`crc32_unpad`).
+        # Why not one matrix per k, or a chain of nl/2-, nl/4-, ... 1-octet matrices: at width
+        # 64 the chain and its octet selection were about 1,600 of this block's 2,700 LUT4 in
+        # synth_ecp5, in each of the two ICRC units.
+        zeroed = Signal(self.width)
+        m.d.comb += zeroed.eq(Cat(*[Mux(keep[j], o, 0) for j, o in enumerate(lanes(masked, nl))]))
         self.next = Signal(32)
-        n = Signal(range(nl + 1))
-        m.d.comb += n.eq(keep_count(keep))
-        # A full beat goes through the nl-octet matrix. A partial one (the last beat of a
-        # packet: k < nl valid octets, contiguous from lane 0) goes through a chain of the
-        # nl/2-, nl/4-, ..., 1-octet matrices, one per set bit of k, largest first, each over
-        # the octets after those already taken. Why not one matrix per k as before: at width
-        # 64 the eight matrices made each ICRC unit about 3.9k LUT4 of the ECPIX-5 build;
-        # the chain needs four, about half the XOR terms, and is several XOR levels deeper,
-        # which the core clock (CORE_FREQ) has room for.
-        chained = src
-        size = nl // 2
-        while size:
-            # Octets taken before this step: the bits of k above `size` (a multiple of 2*size).
-            above = n[(size * 2).bit_length() - 1:]
-            chunk = Signal(8 * size, name=f"crc_chunk{size}")
-            with m.Switch(above):
-                for a in range(nl // (2 * size)):
-                    with m.Case(a):
-                        m.d.comb += chunk.eq(Cat(*octs[2 * size * a:2 * size * a + size]))
-            stepped = Signal(32, name=f"crc_after{size}")
-            m.d.comb += stepped.eq(Mux(n & size, crc32_step(m, chained, lanes(chunk, size)),
-                                       chained))
-            chained, size = stepped, size // 2
-        with m.If(n == nl):
-            m.d.comb += self.next.eq(crc32_step(m, src, octs))
-        with m.Else():
-            m.d.comb += self.next.eq(chained)
+        self.pad = Signal(range(nl))
+        m.d.comb += [self.next.eq(crc32_step(m, src, lanes(zeroed, nl))),
+                     self.pad.eq(keep_count(~keep)[:len(self.pad)] if nl > 1 else 0)]
         with m.If(fire):
             m.d.sync += self.reg.eq(self.next)
         return self
@@ -231,7 +256,15 @@ class IcrcCheck(wiring.Component):
         fire, pos = crc.fire, crc.pos
         # Octets of the packet so far, this beat included (pos saturates past 64 KiB).
         length_ok = (pos + keep_count(self.i.p.keep)) == (meta.udp_length - 8)
-        crc_ok = crc.next == _RESIDUE_REG
+        nl = self._width // 8
+        residue = Signal(32)
+        m.d.comb += residue.eq(_RESIDUE_REG)
+        if nl > 1:
+            with m.Switch(crc.pad):
+                for p in range(1, nl):
+                    with m.Case(p):
+                        m.d.comb += residue.eq(residue_padded(p))
+        crc_ok = crc.next == residue
         good = crc_ok & length_ok
         wiring.connect(m, wiring.flipped(self.i), pf.w)
         m.d.comb += [pf.w_commit.eq(fire & self.i.p.last & good),
@@ -276,6 +309,8 @@ class IcrcInsert(wiring.Component):
             src_ip=self.own_ip, dst_ip=meta.dst_ip, udp_src_port=meta.udp_src_port,
             udp_length=meta.length + 8)
         fire = crc.fire
+        # The true register of a last beat of fewer than nl octets (see _BeatCrc).
+        unpadded = crc32_unpad(m, crc.next, crc.pad, nl)
 
         # The ICRC octets follow the last data beat through the packer, at most nl per beat.
         icrc = Signal(32)
@@ -286,7 +321,7 @@ class IcrcInsert(wiring.Component):
             with m.State("PACKET_DATA"):
                 packer.forward(m, self.i, last=0, side=meta)
                 with m.If(fire & self.i.p.last):
-                    m.d.sync += [icrc.eq(crc32_value(crc.next)), tail_meta.eq(meta),
+                    m.d.sync += [icrc.eq(crc32_value(unpadded)), tail_meta.eq(meta),
                                  sent.eq(0)]
                     m.next = "ICRC"
             with m.State("ICRC"):
