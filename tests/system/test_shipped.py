@@ -103,8 +103,7 @@ def test_shipped_soak_short(built):
 
 
 def test_shipped_one_initiator_per_qp(built):
-    """Issue 22: one initiator per QP of the shipped core (SHIPPED_QPS: 64 with
-    ``SHIPPED_QPS = 64``, which simulates and does not route yet), each with its own handle range
+    """Issue 22: one initiator per QP of the shipped core (SHIPPED_QPS, 64), each with its own handle range
     of 16 handles, HELLO from all, then mixed rounds through 2 % loss, 1 % duplication and
     0.5 % corruption, every round matched to the golden model, then the image and the
     counters. Rounds have 1 to 4 initiators at once (the bench tries every order of a round's
