@@ -19,6 +19,11 @@ The gateware hands every QP1 (GSI) datagram addressed to the target to the host
   DREQ (after the driver asked for it with a ``("disconnect", qp, ...)`` action).
 * REJ: reason 1 (no QP available) when every QP has a connection, 8 for another service,
   12 for another GID.
+* A QP the transport moved to error (the requester's retry or RNR retry count exhausted, a
+  fatal NAK from the peer: the bitmap ``driver.qp_errors()`` reads) -> :meth:`reap_errors`
+  disconnects it as the target (DREQ, repeated until the DREP or its retries run out), and the
+  time-wait or the last retry frees the QP for the next REQ. A QP is freed the same way when
+  its REP is never answered (REP retries exhausted) and after a DREQ from the peer.
 
 Encoding: MADs with :func:`roce.cm.encode_mad` / :func:`roce.cm.decode_mad` (the CM layouts of
 :mod:`hw.headers`), frames with :func:`roce.frames.build_roce` / :func:`roce.frames.parse_frame`
@@ -30,6 +35,7 @@ API
 ``CmServer(driver, port, *, mac, ip, cm_port=18515, qpn_base=QPN_BASE, log=None, seed=0)``
 ``await poll(now_us=None)`` handles queued CM frames and timers; returns the number of frames.
 ``await disconnect(qp)`` target-initiated disconnect.
+``await reap_errors(mask)`` target-initiated disconnect of every connected QP whose bit is set.
 ``conns`` QP index -> :class:`CmLink` (state ``REP_SENT``, ``ESTABLISHED``, ``DREQ_SENT``,
 ``TIMEWAIT``); ``stats`` counts of MADs in and out by name.
 """
@@ -234,6 +240,22 @@ class CmServer:
                          remote_comm_id=c.remote_comm_id, remote_qpn=c.peer_qpn)
         self.log(f"CM DREQ qp {qp}")
         await self._send(c, mad, "DREQ", _cm_timeout_us(20), 15)
+
+    async def reap_errors(self, mask):
+        """Disconnect (as :meth:`disconnect`) every connection whose QP is in error in
+        ``mask`` (bit i: QP index i; ``driver.qp_errors()``). The initiator's side of such a QP
+        cannot complete anything any more (IBTA: a QP in error flushes its work requests), and
+        a peer that stopped answering (what exhausts the retry count) sends no DREQ itself: so
+        the target disconnects, and the QP is reused after the DREP and the time-wait, or after
+        the DREQ's last retry if the peer is gone. Returns the QP indices disconnected."""
+        done = []
+        for qp, c in sorted(self.conns.items()):
+            if mask >> qp & 1 and c.state in ("REP_SENT", "ESTABLISHED"):
+                self.log(f"CM qp {qp}: the transport moved it to error, disconnect")
+                self._count("transport_errors")
+                await self.disconnect(qp)
+                done.append(qp)
+        return done
 
     # ---- handlers ------------------------------------------------------------------------------
     async def _on_req(self, pkt, hdr, req):

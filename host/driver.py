@@ -48,6 +48,9 @@ API
     message would have returned (same replies, same memory). :meth:`serve` uses it.
 ``await disconnect(qp, now_ms=None)``
     The connection is gone (CM): retain its session (retention timer starts).
+``await qp_errors()``
+    Bitmap of the QPs the transport holds in error (retry exhaustion, a fatal NAK); the CM
+    disconnects them (host/cm.py ``reap_errors``).
 ``await tick(now_ms)``
     Ticket-timeout reclamation (the Partition/Ring/Head MRs are invalidated first) and
     retention expiry.
@@ -871,6 +874,17 @@ class KbtpDriver:
         if c is not None and not c.closed:
             await self._close(c, now)
         await self._pump()
+
+    async def qp_errors(self):
+        """Bitmap of the QPs the transport holds in error (bit i: QP index i): the requester's
+        retry or RNR retry count exhausted, or a fatal NAK from the peer (the ``qp_error`` and
+        ``qp_error_hi`` words of hw/target/target.py REQ_STATUS). A QP leaves it when
+        :meth:`open_qp` programs it again."""
+        from hw.target.target import REQ_COUNTER_BASE, REQ_COUNTERS
+        base = REQ_COUNTER_BASE + 4 * len(REQ_COUNTERS)
+        lo = await self.port.rreg(base)
+        hi = await self.port.rreg(base + 4) if self.n_qp > 32 else 0
+        return (lo | hi << 32) & ((1 << self.n_qp) - 1)
 
     @_batched
     async def tick(self, now_ms=None):

@@ -305,6 +305,9 @@ class Served:
             if now_ms - last_tick >= 1000.0:
                 last_tick = now_ms
                 await self.driver.tick(now_ms)
+                # QPs the transport moved to error (retry exhaustion, a fatal NAK): the CM
+                # disconnects them, which frees them for new connections (host/cm.py).
+                await self.cm.reap_errors(await self.driver.qp_errors())
             if self.timer is not None and now_ms - last_stats >= 1000.0:
                 last_stats = now_ms
                 await self._write_stats()

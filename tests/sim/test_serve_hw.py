@@ -69,8 +69,9 @@ class Initiator:
             self.srv.step(0.01)
 
     def connect(self, **kw):
+        kw = {"local_ack_timeout": 22, "pmtu": 1024, **kw}
         return self.ep.connect(
-            TARGET_IP, 18515, local_ack_timeout=22, pmtu=1024,
+            TARGET_IP, 18515,
             on_disconnect=lambda qp: self.events.append(("disconnect", qp.qpn)),
             on_reject=lambda qp, r: self.events.append(("reject", qp.qpn, r)),
             qp_params=dict(on_message=lambda qp, data, imm=None, invalidated_rkey=None:
@@ -252,3 +253,81 @@ def _reconnect_reuses_qp(served):
     assert c.status == 0 and bytes(ini.mem[65536:65736]) == bytes(range(200))
     log = (tmp / "serve.log").read_text()
     assert any(log.count(f"-> qp {i} ") >= 2 for i in range(HW["n_qp"])), log[-2000:]
+
+
+def test_retry_exhaustion_frees_the_qp(tmp_path):
+    """Issue 22 item 3: a QP freed by retry exhaustion is reused. The initiator connects (retry
+    count 2; the target's ACK timeout is the served cap, 1 ms at the board's timer rate), then
+    drops every RDMA WRITE the target sends it: the data WRITE of its LOAD is never ACKed, the
+    target's requester retries it and moves the QP to error. The host sees the QP's bit in
+    ``qp_error`` and disconnects it (the target's DREQ reaches the initiator); after the
+    time-wait a new connection is placed on that same QP (index 0, the lowest; without the
+    disconnect it would get QP 1) and stores and loads on it. Oracle: the target's log (CM
+    placements), the initiator's own CM events and buffer."""
+    with serving(tmp_path) as (proc, ini):
+        # ACK timeout code 10 (4 ms): the time-wait after the DREP is that long.
+        qp = ini.connect(retry_count=2, local_ack_timeout=10)
+        ini.run_until(lambda: qp.state == QPState.RTS, 300, "REP")
+
+        def request(q, msg, timeout=120):
+            n = len(ini.inbox)
+            q.send(codec.encode(msg))
+            ini.run_until(lambda: len(ini.inbox) > n and q.outstanding == 0, timeout,
+                          type(msg).__name__)
+            return codec.decode(ini.inbox[n])
+
+        ack = request(qp, codec.Hello(requested_features=0, completion_credits=8,
+                                      initiator_id=9))
+        assert ack.status == 0
+        h = ack.handle_base
+        ini.mem[0:64] = bytes(range(64))
+        c = request(qp, codec.AllocStore(request_id=1, handle=h, data=codec.DataDesc(
+            BUF_RKEY, BUF_VA, 64), flags=ReqFlags.SEAL.value))
+        assert c.status == 0
+        deliver, dropped = ini.ep.receive_frame, []
+        writes = {BthOpcode.WRITE_FIRST.value, BthOpcode.WRITE_MIDDLE.value,
+                  BthOpcode.WRITE_LAST.value, BthOpcode.WRITE_ONLY.value}
+
+        def drop_writes(frame, now_us):
+            bth = frame[ETH_IP_UDP_LEN:]
+            if (frame[ETH_IP_UDP_LEN - 6:ETH_IP_UDP_LEN - 4] == ROCE_PORT and bth[0] in writes
+                    and int.from_bytes(bth[5:8], "big") == qp.qpn):
+                dropped.append(frame)
+                return
+            deliver(frame, now_us)
+
+        ini.ep.receive_frame = drop_writes
+        n = len(ini.inbox)
+        qp.send(codec.encode(codec.Load(request_id=2, handle=h, data=codec.DataDesc(
+            BUF_RKEY, BUF_VA + 65536, 64))))
+        ini.run_until(lambda: ("disconnect", qp.qpn) in ini.events, 300,
+                      "the target's DREQ after retry exhaustion")
+        ini.ep.receive_frame = deliver
+        # The WRITE and its retries (retry count 2: three in all) were all dropped, and no
+        # COMPLETION came: the target's QP failed, it did not report success.
+        assert len(dropped) >= 3, len(dropped)
+        assert len(ini.inbox) == n
+        log = (tmp_path / "serve.log").read_text()
+        assert "CM qp 0: the transport moved it to error, disconnect" in log, log[-3000:]
+        # The time-wait (the REQ's ACK timeout, 4 ms; the CM's timers run on its 1 s tick at
+        # the latest), then a new connection.
+        time.sleep(2)
+        qp2 = ini.connect()
+        ini.run_until(lambda: qp2.state == QPState.RTS, 300, "REP of the new connection")
+        ack = request(qp2, codec.Hello(requested_features=0, completion_credits=8,
+                                       initiator_id=10))
+        assert ack.status == 0
+        h2 = ack.handle_base
+        ini.mem[0:100] = bytes(range(100, 200))
+        c = request(qp2, codec.AllocStore(request_id=1, handle=h2, data=codec.DataDesc(
+            BUF_RKEY, BUF_VA, 100), flags=ReqFlags.SEAL.value))
+        assert (c.status, c.data_length) == (0, 100)
+        c = request(qp2, codec.Load(request_id=2, handle=h2, data=codec.DataDesc(
+            BUF_RKEY, BUF_VA + 65536, 100)))
+        assert c.status == 0 and bytes(ini.mem[65536:65636]) == bytes(range(100, 200))
+        log = (tmp_path / "serve.log").read_text()
+        placed = [ln.split("-> qp ")[1].split()[0] for ln in log.splitlines()
+                  if "CM REQ from" in ln and "-> qp " in ln]
+        assert placed == ["0", "0"], placed
+        print(f"\nretry exhaustion: {len(dropped)} WRITEs dropped, the target's DREQ came, "
+              f"the new connection got QP {placed[1]}")
