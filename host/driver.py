@@ -331,7 +331,7 @@ class KbtpDriver:
         self.cfg = cfg
         self.lay = cfg.layout()
         self.n_qp = n_qp
-        self.n_ranges = n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
+        self.n_ranges = n_ranges = ranges_for(n_qp, n_ranges)
         # recv_count: cfg.request_credits (memory_plan refuses another figure)
         self.plan = memory_plan(cfg, n_qp, recv_count=recv_count, mem_size=mem_size,
                                 notify_depth=notify_depth)

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from host.driver import disconnect_delay_ms
-from sim.vltarget import NAMED, SHIPPED, board_params, n_ranges_of
+from sim.vltarget import NAMED, SHIPPED, board_params, driver_for
 
 __all__ = ["HW", "HW_CHOICES", "run_gateware", "Served"]
 
@@ -81,7 +81,6 @@ class Served:
 
     def __init__(self, opts, log=print):
         from host.cm import CmServer
-        from host.driver import KbtpDriver
         from host.port import TargetPort
         from sim.frameserver import FrameServer, served_config
         from sim.vltarget import VlTarget
@@ -115,9 +114,7 @@ class Served:
         cfg = served_config(p["n_qp"], p["mem_words"] * 8, **opts.get("config", {}))
         self.log(f"served configuration: {cfg.num_blocks} blocks of {cfg.block_size} octets, "
                  f"request credits {cfg.request_credits}, max inline {cfg.max_inline}")
-        self.driver = KbtpDriver(self.port, cfg,
-                                 n_qp=p["n_qp"], mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
-                                 n_ranges=n_ranges_of(p), wc_polls=WC_POLLS)
+        self.driver = driver_for(self.port, cfg, p, wc_polls=WC_POLLS)
         self.cm = CmServer(self.driver, mac=opts["mac"], ip=opts["ip"], cm_port=opts["port"],
                            log=self.log, seed=opts.get("seed", 1),
                            max_ack_timeout=ACK_TIMEOUT[hw])

@@ -51,7 +51,6 @@ Example::
 import random
 import struct
 
-from host.driver import KbtpDriver
 from host.link import request_size
 from host.port import TargetPort, link_access
 from host.udplink import UdpLink
@@ -61,7 +60,7 @@ from hw.target.udplink import (HOSTLINK_UDP_PORT, UDPLINK_COUNTER_BASE, UDPLINK_
                                UDPLINK_REGS)
 from roce.frames import ip_int, ipv4_checksum, mac_bytes
 from sim.system import PERIOD_NS, T_IP, T_MAC, VlSystemBench
-from sim.vltarget import n_ranges_of
+from sim.vltarget import driver_for
 
 __all__ = ["VlUdpTransport", "VlUdpSystemBench", "CountingUdpLink", "sim_udp_link", "udp_frame", "parse_udp_frame", "wire_octets",
            "HOST_MAC", "HOST_IP", "HOST_PORT", "STEP", "LINK_TIMEOUT_S"]
@@ -415,9 +414,7 @@ class VlUdpSystemBench(VlSystemBench):
         self.udplink = sim_udp_link(self.transport, **(link_kw or {}))
         self.direct_port = self.port
         self.port = TargetPort(link_access(self.udplink))
-        self.driver = KbtpDriver(self.port, self.cfg, n_qp=self.n_qp,
-                                 mem_size=self.mem_words * 8, n_mr=self.n_mr,
-                                 n_ranges=n_ranges_of(vt.params), **(driver_kw or {}))
+        self.driver = driver_for(self.port, self.cfg, vt.params, **(driver_kw or {}))
         self.poll_all = poll_all
         self._held = []
 

@@ -124,14 +124,24 @@ def board_params(name, dram=None):
             **({"dram": dram} if dram is not None else {})}
 
 
+def driver_for(port, cfg, params, **kw):
+    """The host driver (:class:`host.driver.KbtpDriver`) of the target of ``params`` on
+    ``port``: its QPs, memory, MRs and RANGE registers (:func:`n_ranges_of`) from the target;
+    ``kw`` overrides them or adds driver options (a bench may set up fewer QPs than the
+    target has). The benches, the fuzzer and ``kbtp-sim serve`` build their drivers here."""
+    from host.driver import KbtpDriver
+    base = dict(n_qp=params["n_qp"], mem_size=params["mem_words"] * 8, n_mr=params["n_mr"],
+                n_ranges=n_ranges_of(params))
+    return KbtpDriver(port, cfg, **{**base, **kw})
+
+
 def n_ranges_of(params):
     """The engine's RANGE registers in the target of ``params`` (KbtpTarget keyword arguments,
     or :func:`board_params`): its ``n_ranges``, else KbtpTarget's default for its ``n_qp``. A
     driver of the target needs it (host/driver.py: with fewer than its configuration's handle
     ranges, every request stays on the host; a driver may use fewer QPs than the target)."""
     from hw.kbtp.engine import ranges_for
-    n = params.get("n_ranges")
-    return ranges_for(params["n_qp"]) if n is None else n
+    return ranges_for(params["n_qp"], params.get("n_ranges"))
 
 
 def _params(params):

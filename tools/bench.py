@@ -245,11 +245,11 @@ class Bench:
 
     def __init__(self, vt, block_size, *, mtus=(1024, 4096), n_init=4, max_inline=16384,
                  n_qp=None, max_blocks=96, seed=1):
-        from host.driver import KbtpDriver, memory_plan
+        from host.driver import memory_plan
         from host.port import TargetPort
         from model.target import TargetConfig
         from roce.rc import RoceEndpoint
-        from sim.vltarget import n_ranges_of
+        from sim.vltarget import driver_for
         self.vt = vt
         self.rng = random.Random(seed)
         p = vt.params
@@ -293,8 +293,7 @@ class Bench:
         self.num_blocks = nb
         self.port = TargetPort(self.vt.port_access(self.net_step))
         # (the target's RANGEs, not those of a target of the bench's n_qp: it may have more QPs)
-        self.driver = KbtpDriver(self.port, self.cfg, n_qp=n_qp, mem_size=mem, n_mr=n_mr,
-                                 n_ranges=n_ranges_of(p))
+        self.driver = driver_for(self.port, self.cfg, p, n_qp=n_qp)
         self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=MIN_FRAME)
         self.mtus = [mtus[q % len(mtus)] for q in range(n_init)]
         self.tx = []            # every TxFrame out of the target, in order

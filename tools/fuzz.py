@@ -671,12 +671,11 @@ class Fuzzer:
 
     # ---- set-up ----------------------------------------------------------------------------
     def setup(self):
-        from host.driver import KbtpDriver
         from host.port import TargetPort
         from model.target import TargetModel
         from roce.rc import RoceEndpoint
         from sim.frameserver import large_config as model_config
-        from sim.vltarget import HW_DEFAULT, VlTarget, n_ranges_of
+        from sim.vltarget import HW_DEFAULT, VlTarget, driver_for
         from sim.scapy_roce import pcap_roce_frames
         from sim.workload import Gen
 
@@ -689,9 +688,7 @@ class Fuzzer:
         self.cfg = model_config()
         self.model = TargetModel(self.cfg)
         self.port = TargetPort(self.vt.port_access(self.net, every=16))
-        self.driver = KbtpDriver(self.port, self.cfg, n_qp=p["n_qp"],
-                                 mem_size=p["mem_words"] * 8, n_mr=p["n_mr"],
-                                 n_ranges=n_ranges_of(p))
+        self.driver = driver_for(self.port, self.cfg, p)
         self.handled = []
         self._last_tick = 0.0
         self.clean = RoceEndpoint(CLEAN[0], CLEAN[1], seed=self.seed, min_frame=60)

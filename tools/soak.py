@@ -1,8 +1,9 @@
 # Ref: issue 7 item 2: the soak; draft KBTP §Operations, §Free-Block Ring (every block
 #      in exactly one place), §Direct Modes; sim/system.py (bench, rounds vs the model);
 #      sim/vltarget.py (Verilated target); sim/channel.py (LossyLink).
-"""Soak: the Verilated target serving 4 initiators for thousands of mixed KBTP operations
-over a lossy, duplicating, corrupting link, against the golden model.
+"""Soak: the Verilated target serving 4 initiators (``--initiators``: up to its QPs) for
+thousands of mixed KBTP operations over a lossy, duplicating, corrupting link, against the
+golden model.
 
 Usage::
 
@@ -60,8 +61,12 @@ def soak(*, ops=10000, loss=0.01, dup=0.01, corrupt=0.001, seed=1, n_init=4, dir
     own = vt is None
     vt = vt or VlTarget(SHIPPED if params is None else params, log=log)
     try:
-        cfg = model_config(direct_partitions=1, direct_quota=4, masked=False) if direct \
-            else None
+        # Beyond 4 initiators the table and pool grow with them (16 handles and 3 blocks
+        # each, as the 4-initiator configuration has), and a round holds at most 4 of them:
+        # every order of a round's requests is tried against the model (k! runs).
+        scale = {} if n_init <= 4 else dict(num_handles=16 * n_init, num_blocks=3 * n_init)
+        cfg = model_config(direct_partitions=1, direct_quota=4, masked=False, **scale) \
+            if direct else (model_config(**scale) if scale else None)
         b = VlSystemBench(vt, n_init=n_init, loss=loss, dup=dup, corrupt=corrupt, seed=seed,
                           cfg=cfg, peer_timeout=peer_timeout)
         feats = [Features.RECORD_COMPLETION.value if q % 2 else 0 for q in range(n_init)]
@@ -79,7 +84,8 @@ def soak(*, ops=10000, loss=0.01, dup=0.01, corrupt=0.001, seed=1, n_init=4, dir
                 log(f"soak: {done} ops, {st['rounds']} rounds, cycle {vt.cycle:,}, "
                     f"{vt.cycle / (last[0] - t0):,.0f} cycles/s")
 
-        stats = run_sync(mixed(b, ops=ops, direct=direct, progress=progress))
+        stats = run_sync(mixed(b, ops=ops, direct=direct, progress=progress,
+                               max_batch=4 if n_init > 4 else None))
         figs = run_sync(mixed_checks(b, stats, direct=direct))
         census = block_census(b.model, vt.mem_read)
         wall = time.perf_counter() - t0

@@ -116,12 +116,12 @@ __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS",
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
 
 
-def ranges_for(n_qp):
-    """The RANGE registers (``n_ranges``) of an engine of ``n_qp`` QPs when none are given, by
-    KbtpEngine, KbtpTarget and the host driver alike: a range per QP, at least 16. (A
-    configuration with more handle ranges than the engine checks keeps every request on the
-    host: host/driver.py ``fast_ok``.)"""
-    return max(16, n_qp)
+def ranges_for(n_qp, n_ranges=None):
+    """The RANGE registers of an engine of ``n_qp`` QPs: ``n_ranges`` when given, else (for
+    KbtpEngine, KbtpTarget and the host driver alike) a range per QP, at least 16. (A config
+    with more handle ranges than the engine checks keeps every request on the host:
+    host/driver.py ``fast_ok``.)"""
+    return max(16, n_qp) if n_ranges is None else n_ranges
 
 
 class KbtpEngine(wiring.Component):
@@ -171,7 +171,7 @@ class KbtpEngine(wiring.Component):
     def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=None, base=REG_KBTP, read_window=0):
         self.n_qp = n_qp
         self.read_window = read_window
-        self.n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
+        self.n_ranges = ranges_for(n_qp, n_ranges)
         self.base = base
         #: (not a port) the ring allocator takes a RETURN this cycle: for the ghost checks of
         #: tests/hw/kbtp/test_formal_ring.py, which must tell the return's Tail FetchAdd

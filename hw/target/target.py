@@ -191,7 +191,7 @@ class KbtpTarget(wiring.Component):
         self.icrc_depth = icrc_depth or max(64, 2 * (4096 + 64) // (width // 8))
         self.queue_depth = queue_depth
         self.engine = engine
-        self.n_ranges = ranges_for(n_qp) if n_ranges is None else n_ranges
+        self.n_ranges = ranges_for(n_qp, n_ranges)
         #: Receive buffers the host may post in all (sum of recv_count over the QPs).
         self.notify_depth = notify_depth or 16 * n_qp
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
