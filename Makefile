@@ -147,6 +147,15 @@ FREE_RATE_ARGS ?=
 free-rate: $(VENV)/.installed
 	$(PY) -m tools.free_rate --json build/free_rate.json $(FREE_RATE_ARGS)
 
+# Pool-scale set-up time (issue 22 item 4; tools/init_time.py): the driver writes a table of
+# 65,536 handles and a ring of 65,536 slots into the shipped core's DDR3 over the UDP host link,
+# simulated at the board's clocks. INIT_TIME_ARGS="--link bus" for the direct host bus.
+INIT_TIME_ARGS ?=
+.PHONY: init-time
+init-time: $(VENV)/.installed
+	@mkdir -p build
+	$(PY) -m tools.init_time --json build/init_time.json $(INIT_TIME_ARGS)
+
 # Fuzz the whole Verilated target (issue 7 item 3): FUZZ_FRAMES mutated and random frames,
 # oracles in tools/fuzz.py; the summary also goes to build/fuzz.json.
 FUZZ_FRAMES ?= 100000
