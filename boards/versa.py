@@ -3,11 +3,20 @@
 #      guide (Marvell 88E1512 PHYs, FT2232H JTAG on channel A); Lattice DS: 45F has 108 EBR.
 """Lattice ECP5 Versa (LFE5UM-45F): the second board."""
 
+from pathlib import Path
+
 from amaranth_boards.versa_ecp5 import VersaECP5Platform
 
+from .dram import VERSA_DDR3
 from .spec import BoardSpec
 
-__all__ = ["VERSA"]
+__all__ = ["VERSA", "VERSA_LITEDRAM_CORE", "VERSA_WIDTH8"]
+
+#: The Versa's LiteDRAM core (``boards/litedram_gen.py --board versa``, ``make litedram-versa``).
+VERSA_LITEDRAM_CORE = Path(__file__).resolve().parent.parent / "build" / "litedram_versa"
+
+#: The kbtp core at width 8 (see the comments of ``core_options`` below).
+VERSA_WIDTH8 = {"n_qp": 2, "sq_depth": 4, "width": 8, "n_mr": 4}
 
 VERSA = BoardSpec(
     name="versa",
@@ -32,7 +41,12 @@ VERSA = BoardSpec(
     # 1 Gb/s line; frames the core cannot take are dropped in the MAC's buffer and counted, and
     # RC retransmission recovers them). It is the second board of the board layer, not a
     # line-rate target; the ECPIX-5 is.
-    core_options={"kbtp": {"n_qp": 2, "sq_depth": 4, "width": 8, "n_mr": 4}},
+    # Issue 22: the kbtp core's target memory is the board's 128 MB of DDR3 (MT41K64M16)
+    # through LiteDRAM, as on the ECPIX-5 (build/litedram_versa, LiteDRAM's clock 50 MHz).
+    # Core kbtp-bram keeps it in block RAM (the pool of ``memory``).
+    core_options={"kbtp": {**VERSA_WIDTH8, "dram": VERSA_DDR3, "litedram": True,
+                           "litedram_core": VERSA_LITEDRAM_CORE},
+                  "kbtp-bram": VERSA_WIDTH8},
     # router2 failed the full core here: "Failed to route arc 0.0 of net 'rst_dcc_sync_CLKI',
     # from X40/Y2/Q6_SLICE to X0/Y0/G_CLKI_TDCC0" (the fabric input of the reset's global
     # buffer; global wires sit at X0/Y0, so the net's bounding box can miss the clock entry).
