@@ -433,3 +433,18 @@ def default_core_name():
     """The core a board builds unless told otherwise: the full target, ``kbtp``. (A broken
     gateware module fails the build with its own error; no stand-in core is chosen silently.)"""
     return "kbtp"
+
+
+def _kbtp_ddr3(memory, **options):
+    """Core ``kbtp-ddr3``: :class:`KbtpCore` with the board's ``kbtp-ddr3`` options, which put
+    the target memory in the board's DRAM through LiteDRAM (``litedram=True``)."""
+    if not options.get("litedram"):
+        raise ValueError("core kbtp-ddr3 needs the board's options for it (BoardSpec.core_options"
+                         "['kbtp-ddr3'] with litedram=True); the ECPIX-5's kbtp is its DDR3 core")
+    return KbtpCore(memory, **options)
+
+
+CORES["kbtp-ddr3"] = (_kbtp_ddr3, "the full target with its memory in the board's DDR3 through "
+                                  "LiteDRAM, with the board's options for it (Versa: width 8, "
+                                  "128 MB, make litedram-versa; does not fit the 45F, see "
+                                  "boards/versa.py); the ECPIX-5's kbtp is that already")

@@ -412,7 +412,7 @@ def test_pipelined_ram_streams_one_read_per_cycle():
 # The full core on both boards (the ECPIX-5's with its memory in block RAM; its default, in the
 # DDR3: test_ddr3_board_top_elaborates), each stand-in core once (a full cross product only
 # repeats the slow RTLIL export: ~20 s per kbtp top).
-@pytest.mark.parametrize("board,core", [("ecpix5", "kbtp-bram"), ("versa", "kbtp-bram"),
+@pytest.mark.parametrize("board,core", [("ecpix5", "kbtp-bram"), ("versa", "kbtp"),
                                         ("ecpix5", "mac-arp"), ("versa", "mac-loopback"),
                                         ("versa", "mac-cdc")])
 def test_board_top_elaborates(board, core):
@@ -667,11 +667,12 @@ def test_board_core_options_reach_the_core():
     bram = CORES["kbtp-bram"][0](BOARDS["ecpix5"].memory)
     assert bram.dram is None and bram.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
     assert bram.target.n_qp == 4
-    # The Versa's block-RAM core (its kbtp core, in the DDR3, needs `make litedram-versa`:
-    # test_versa_ddr3_config, test_versa_ddr3_board_top_elaborates).
-    ver = BOARDS["versa"].core_factory("kbtp-bram", CORES["kbtp-bram"][0])(BOARDS["versa"].memory)
-    assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
-    assert ver.dram is None
+    # The Versa's kbtp (and kbtp-bram) core is in block RAM: its DDR3 one, kbtp-ddr3, does not
+    # fit the 45F (test_versa_ddr3_config, test_versa_ddr3_board_top_elaborates).
+    for core in ("kbtp", "kbtp-bram"):
+        ver = BOARDS["versa"].core_factory(core, CORES[core][0])(BOARDS["versa"].memory)
+        assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
+        assert ver.dram is None
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore
 
 
@@ -700,15 +701,16 @@ def test_critical_path_summary(tmp_path):
 
 
 def test_versa_ddr3_config():
-    """The Versa's kbtp core holds its memory in the board's 128 MB of DDR3 (MT41K64M16)
-    through LiteDRAM, at width 8 (boards/versa.py); no generated core needed to check that."""
+    """The Versa's kbtp-ddr3 core holds its memory in the board's 128 MB of DDR3 (MT41K64M16)
+    through LiteDRAM, at width 8 (boards/versa.py: it does not fit the 45F, so the Versa's kbtp
+    stays in block RAM); no generated core needed to check that."""
     from boards.cores import KbtpCore
     from boards.dram import ECPIX5_DDR3, VERSA_DDR3
     from boards.litedram_bridge import ROOT
     from boards.versa import VERSA_LITEDRAM_CORE, VERSA_WIDTH8
 
     spec = BOARDS["versa"]
-    opts = spec.core_options["kbtp"]
+    opts = spec.core_options["kbtp-ddr3"]
     assert opts["dram"] is VERSA_DDR3 and opts["litedram"] is True
     assert opts["litedram_core"] == VERSA_LITEDRAM_CORE == ROOT / "build" / "litedram_versa"
     assert VERSA_DDR3.size_bytes == 128 << 20
@@ -721,18 +723,21 @@ def test_versa_ddr3_config():
     kw = KbtpCore.target_kwargs_of(spec.memory, dram=opts["dram"], **target)
     assert kw["mem_words"] * 8 == 128 << 20
     assert (kw["width"], kw["n_qp"]) == (8, VERSA_WIDTH8["n_qp"]) and kw["n_qp"] >= 2
-    assert spec.core_options["kbtp-bram"] == VERSA_WIDTH8
+    assert spec.core_options["kbtp-bram"] == spec.core_options["kbtp"] == VERSA_WIDTH8
+    # The ECPIX-5 has no kbtp-ddr3 options (its kbtp is its DDR3 core): the factory says so.
+    with pytest.raises(ValueError, match="kbtp-ddr3"):
+        BOARDS["ecpix5"].core_factory("kbtp-ddr3", CORES["kbtp-ddr3"][0])(BOARDS["ecpix5"].memory)
 
 
 def test_versa_ddr3_board_top_elaborates():
     """With build/litedram_versa (``make litedram-versa``; skipped without it: not part of
-    ``make install``): the Versa top instantiates it on the ddr3 resource's raw pins, RESET#
-    and CS# included, with its 13 address pins."""
+    ``make install``): the Versa top with core kbtp-ddr3 instantiates it on the ddr3 resource's
+    raw pins, RESET# and CS# included, with its 13 address pins."""
     from boards.versa import VERSA_LITEDRAM_CORE
 
     if not (VERSA_LITEDRAM_CORE / "init_program.json").exists():
         pytest.skip("no build/litedram_versa (make litedram-versa)")
-    plan = elaborate("versa")
+    plan = elaborate("versa", "kbtp-ddr3")
     files = dict(plan.files)
     assert files["litedram_core.v"] == (
         VERSA_LITEDRAM_CORE / "gateware/litedram_core.v").read_text()
