@@ -81,13 +81,15 @@ guest: install
 # `make bitstream BOARD=versa`, `make program` (openFPGALoader), `make synth-check` (CI: ECPIX-5
 # synthesis + place and route; fails when a clock misses its constraint). CORE= picks the core
 # (the ECPIX-5's default kbtp holds its memory in the DDR3 through LiteDRAM, built first by
-# `make litedram`; CORE=kbtp-bram in block RAM), SEED= the nextpnr placement seed (default:
-# BoardSpec.nextpnr_seed, 1 on the ECPIX-5).
+# `make litedram`; CORE=kbtp-bram in block RAM; the Versa's kbtp core holds it in its 128 MB of
+# DDR3, `make litedram-versa`, which `make bitstream BOARD=versa` runs first), SEED= the nextpnr
+# placement seed (default: BoardSpec.nextpnr_seed, 1 on the ECPIX-5).
 BOARD ?= ecpix5
 CORE  ?=
 SEED  ?=
 .PHONY: bitstream program synth-check
-bitstream: $(VENV)/.installed $(if $(filter ecpix5,$(BOARD)),litedram)
+bitstream: $(VENV)/.installed $(if $(filter ecpix5,$(BOARD)),litedram) \
+           $(if $(filter versa,$(BOARD)),litedram-versa)
 	$(PY) -m boards build --board $(BOARD) $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
 program:
@@ -123,6 +125,13 @@ build/litedram_sim/init_program.json: boards/litedram_gen.py $(LD_VENV)/.install
 	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram_sim --sim
 litedram-timing: $(LD_VENV)/.installed
 	$(LD_VENV)/bin/python -m tools.litedram_timing
+
+# The Versa ECP5's controller (MT41K64M16, 128 MiB; boards/litedram_gen.py --board versa):
+# build/litedram_versa/. Only `make bitstream BOARD=versa` needs it (not install, not test).
+.PHONY: litedram-versa
+litedram-versa: build/litedram_versa/init_program.json
+build/litedram_versa/init_program.json: boards/litedram_gen.py $(LD_VENV)/.installed
+	$(LD_VENV)/bin/python boards/litedram_gen.py --out build/litedram_versa --board versa
 
 # Cycle-exact goodput / op rate / latency / resources (tools/bench.py; Verilated target via
 # sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.

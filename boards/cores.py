@@ -180,7 +180,8 @@ class HostBusRegister(wiring.Component):
         return m
 
 
-def _board_ram(mem_words, pipelined, dram=None, core_freq=None, litedram=False):
+def _board_ram(mem_words, pipelined, dram=None, core_freq=None, litedram=False,
+               litedram_core=None):
     """The target memory of a board core: :class:`boards.ram.PipelinedRam` (same bus contract
     as the target's one-cycle ``MemRam``), None for the target's own, or with ``dram`` (a
     :class:`boards.dram.DramTiming`) the DRAM timing model :class:`boards.dram.DramModel` at
@@ -190,7 +191,7 @@ def _board_ram(mem_words, pipelined, dram=None, core_freq=None, litedram=False):
         # board's oscillator (BoardTop's ``osc`` domain, for cores with ``needs_osc``).
         from amaranth import ClockSignal
         from .litedram_bridge import BOARD_CORE, LiteDramCore
-        return LiteDramCore(BOARD_CORE, clk=ClockSignal("osc"), pads="ddr3")
+        return LiteDramCore(litedram_core or BOARD_CORE, clk=ClockSignal("osc"), pads="ddr3")
     if dram is not None:
         from .dram import DramModel
         return DramModel(mem_words, dram.cycles(core_freq), external_storage=True)
@@ -281,6 +282,9 @@ class KbtpCore(wiring.Component):
     litedram : bool
         On the board: the target memory is the DDR3 through LiteDRAM (needs ``dram`` for its
         size and ``make litedram``; the ECPIX-5's kbtp core, boards/ecpix5.py).
+    litedram_core : path or None
+        The generated LiteDRAM core (boards/litedram_gen.py); None: ``build/litedram``, the
+        ECPIX-5's (the Versa's is ``build/litedram_versa``, boards/versa.py).
     **overrides
         Extra / replacement ``KbtpTarget`` keyword arguments.
     """
@@ -288,7 +292,7 @@ class KbtpCore(wiring.Component):
     core_domain = "core"
 
     def __init__(self, memory, *, core_freq=CORE_FREQ, pipelined_ram=True, dram=None,
-                 litedram=False, **overrides):
+                 litedram=False, litedram_core=None, **overrides):
         from hw.target.target import KbtpTarget
 
         self.memory = memory
@@ -298,7 +302,8 @@ class KbtpCore(wiring.Component):
         kwargs = self.target_kwargs_of(memory, core_freq=core_freq, dram=dram, **overrides)
         self.target_kwargs = {**kwargs, "core_freq_hz": round(core_freq)}
         self.target = KbtpTarget(**kwargs, ram=_board_ram(kwargs["mem_words"], pipelined_ram,
-                                                          dram, core_freq, litedram))
+                                                          dram, core_freq, litedram,
+                                                          litedram_core))
         members = {"gmii": Out(GmiiSignature()), "bus": In(HostBusSignature()),
                    "leds": Out(2)}
         if litedram:
@@ -412,7 +417,7 @@ CORES = {
                        "in its own core clock, MAC at 125 MHz; its memory the board's DRAM "
                        "where the board says so (ECPIX-5: 512 MB of DDR3 through LiteDRAM, "
                        "make litedram first), else a pool-sized block RAM"),
-    "kbtp-bram": (lambda memory: KbtpCore(memory),
+    "kbtp-bram": (lambda memory, **options: KbtpCore(memory, **options),
                   "the full target with its memory in block RAM (ECPIX-5: 128 KiB of pool; "
                   "its default until the DDR3 one)"),
     "kbtp-1clk": (KbtpCore1, "the full target at width 8, all in the 125 MHz sync domain "
@@ -428,3 +433,18 @@ def default_core_name():
     """The core a board builds unless told otherwise: the full target, ``kbtp``. (A broken
     gateware module fails the build with its own error; no stand-in core is chosen silently.)"""
     return "kbtp"
+
+
+def _kbtp_ddr3(memory, **options):
+    """Core ``kbtp-ddr3``: :class:`KbtpCore` with the board's ``kbtp-ddr3`` options, which put
+    the target memory in the board's DRAM through LiteDRAM (``litedram=True``)."""
+    if not options.get("litedram"):
+        raise ValueError("core kbtp-ddr3 needs the board's options for it (BoardSpec.core_options"
+                         "['kbtp-ddr3'] with litedram=True); the ECPIX-5's kbtp is its DDR3 core")
+    return KbtpCore(memory, **options)
+
+
+CORES["kbtp-ddr3"] = (_kbtp_ddr3, "the full target with its memory in the board's DDR3 through "
+                                  "LiteDRAM, with the board's options for it (Versa: width 8, "
+                                  "128 MB, make litedram-versa; does not fit the 45F, see "
+                                  "boards/versa.py); the ECPIX-5's kbtp is that already")

@@ -258,3 +258,16 @@ class DramModel(wiring.Component):
         pop = rsp.valid & rsp.ready
         m.d.sync += reserved.eq(reserved + (accept & ~req.payload.we) - pop)
         return m
+
+
+#: The Lattice ECP5 Versa's DDR3L (one MT41K64M16, 1Gb x16: 8 banks x 8192 rows of 1024
+#: columns, the same 2 KiB pages and ROW_BANK_COL mapping as above) behind the same LiteDRAM
+#: core (``boards/litedram_gen.py --board versa``: ECP5DDRPHY 1:2, sys 50 MHz, DDR clock 100 MHz,
+#: 128-bit native port), so the same PHY latencies (CL 6, CWL 5, read latency 13). The 1Gb die's
+#: tRFC is 110 ns (Micron; 6 cycles at 50 MHz with LiteDRAM's margin, 14 for the ECPIX-5's 4Gb
+#: part). Measured by ``python -m tools.litedram_timing --board versa`` (2026-12-04), in 50 MHz
+#: cycles: a read 16 on a row hit, 21 on a miss or a closed bank; a refresh every 391 that stops
+#: read data for 15-16 cycles (24 on the ECPIX-5).
+VERSA_DDR3 = DramTiming(name="versa-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
+                        refi_ctrl=391, rfc_ctrl=16, cdc_core=4, size_bytes=128 << 20)
+__all__ += ["VERSA_DDR3"]

@@ -81,14 +81,19 @@ def ecp5_ddr3_pads(res):
     levels itself, so the raw pins, not the inverted ports), a, ba, dqs, dq, dm, odt).
 
     Differential pins (``clk``, ``dqs``) get their P pin only: the core's SSTL15D buffers make
-    the pair. The resource has no ``cs_n`` (the part's CS# is strapped) and no ``reset_n``:
-    those core outputs stay unconnected."""
-    return {
+    the pair. The ECPIX-5's resource has no ``cs_n`` (the part's CS# is strapped) and no
+    ``reset_n``: those core outputs stay unconnected there. A resource with ``rst`` and ``cs``
+    (the Versa ECP5's: RESET# and CS#, both active low) gets them as raw pins too."""
+    pads = {
         "ddram_clk_p": res.clk.p, "ddram_cke": res.clk_en.io, "ddram_we_n": res.we.io,
         "ddram_ras_n": res.ras.io, "ddram_cas_n": res.cas.io, "ddram_a": res.a.io,
         "ddram_ba": res.ba.io, "ddram_dqs_p": res.dqs.p, "ddram_dq": res.dq.io,
         "ddram_dm": res.dm.io, "ddram_odt": res.odt.io,
     }
+    for port, sub in (("ddram_reset_n", "rst"), ("ddram_cs_n", "cs")):
+        if hasattr(res, sub):
+            pads[port] = getattr(res, sub).io
+    return pads
 
 
 class WishboneSignature(wiring.Signature):

@@ -19,6 +19,10 @@ migen 0.10.0, PyYAML), never in the project's amaranth venv; run it as a file::
 
     /tmp/ldvenv/bin/python boards/litedram_gen.py --out build/litedram            # ECP5 core
     /tmp/ldvenv/bin/python boards/litedram_gen.py --out build/litedram_sim --sim  # model core
+    /tmp/ldvenv/bin/python boards/litedram_gen.py --out build/litedram_versa --board versa
+
+(``--board versa``: the Lattice ECP5 Versa's MT41K64M16, 128 MiB, 13 address pins, at the same
+sys clock and port width; see :data:`BOARDS`. The default is the ECPIX-5.)
 
 (``python -m boards.litedram_gen`` does not work there: ``boards/__init__.py`` imports the board
 specs, hence amaranth_boards. The file imports nothing from the project.)
@@ -104,15 +108,16 @@ def ecpix5_module():
     return MT41K256M16Ecpix5
 
 
-def core_config(sim=False):
+def core_config(sim=False, board="ecpix5"):
     """The dict LiteDRAMCore takes (what ``yaml.load`` of a config file gives after
     ``litedram.gen.main``'s conversions)."""
     from litedram import phy
+    b = BOARDS[board]
     return {
-        "device":          DEVICE,
+        "device":          b["device"],
         "cpu":             None,
         "memtype":         "DDR3",
-        "sdram_module":    ecpix5_module(),
+        "sdram_module":    b["module"](),
         "sdram_module_nb": 2,           # x16 = two byte lanes
         "sdram_rank_nb":   1,
         "sdram_phy":       phy.ECP5DDRPHY,
@@ -128,9 +133,11 @@ def core_config(sim=False):
     }
 
 
-def _sim_module(mib):
-    """MT41K256M16 timings at rate 1:2 with ``mib`` MiB of rows (the model's storage)."""
-    module = ecpix5_module()
+def _sim_module(mib, board="ecpix5"):
+    """The board's module timings (ECPIX-5: MT41K256M16) at rate 1:2 with ``mib`` MiB of rows
+    (the model's storage)."""
+    module = BOARDS[board]["module"]()
+    addressbits = (module.nrows - 1).bit_length()       # the part's address pins
     rows = mib * 2**20 // (module.nbanks * module.ncols * 2)
     if rows < 2 or rows & (rows - 1):
         raise ValueError(f"--sim-mib {mib}: {rows} rows per bank is not a power of two >= 2")
@@ -140,7 +147,7 @@ def _sim_module(mib):
 
         def __init__(self, clk_freq, rate, **kwargs):
             super().__init__(clk_freq, "1:2", **kwargs)    # the ECP5DDRPHY's rate
-            self.geom_settings.addressbits = 15             # the part's A[14:0]
+            self.geom_settings.addressbits = addressbits    # the part's A (ECPIX-5: A[14:0])
 
     return MT41K256M16Sim
 
@@ -198,15 +205,16 @@ def _group(name):
     return "control"
 
 
-def build(out, sim=False, sim_mib=1, name="litedram_core"):
+def build(out, sim=False, sim_mib=1, name="litedram_core", board="ecpix5"):
     from litex.build.lattice import LatticePlatform
     from litex.build.sim import SimPlatform
     from litex.soc.integration.builder import Builder
     from litedram import gen
 
-    cfg = core_config(sim)
+    b = BOARDS[board]
+    cfg = core_config(sim, board)
     if sim:
-        cfg["sdram_module"] = _sim_module(sim_mib)
+        cfg["sdram_module"] = _sim_module(sim_mib, board)
         settings = ecp5_phy_settings()
         # LiteDRAMCore's sim path imports get_sdram_phy_settings from litex.tools.litex_sim
         # at call time; that module also pulls in liteeth, which the core does not use.
@@ -240,9 +248,9 @@ def build(out, sim=False, sim_mib=1, name="litedram_core"):
     desc = {
         "top": name,
         "verilog": os.path.relpath(vfile, out),
-        "target": "SDRAMPHYModel (simulation)" if sim else "ECP5DDRPHY " + DEVICE,
-        "module": "MT41K256M16",
-        "storage_bytes": (sim_mib * 2**20) if sim else 512 * 2**20,
+        "target": "SDRAMPHYModel (simulation)" if sim else "ECP5DDRPHY " + b["device"],
+        "module": b["module_name"],
+        "storage_bytes": (sim_mib * 2**20) if sim else b["storage_bytes"],
         "sys_clk_hz": SYS_CLK_FREQ,
         "user_port": {
             "data_width": port.data_width,
@@ -357,11 +365,48 @@ def main(argv=None):
     p.add_argument("--sim", action="store_true", help="SDRAMPHYModel instead of ECP5DDRPHY")
     p.add_argument("--sim-mib", type=int, default=1, help="model storage in MiB (--sim)")
     p.add_argument("--name", default="litedram_core", help="Verilog top module name")
+    p.add_argument("--board", default="ecpix5", choices=sorted(BOARDS),
+                   help="the board's DDR3 part, pins' count and device (default ecpix5)")
     a = p.parse_args(argv)
-    desc = build(a.out, sim=a.sim, sim_mib=a.sim_mib, name=a.name)
+    desc = build(a.out, sim=a.sim, sim_mib=a.sim_mib, name=a.name, board=a.board)
     for port in desc["ports"]:
         print(f"{port['dir']:6} {port['width']:4} {port['name']}")
     print(f"wrote {os.path.join(a.out, desc['verilog'])} and {a.name}.json", file=sys.stderr)
+
+
+
+# ---- Lattice ECP5 Versa (LFE5UM-45F): 128 MB of DDR3L, one MT41K64M16 ----------------------
+# Ref: LiteX-Boards litex_boards/targets/lattice_versa_ecp5.py (ECP5DDRPHY + MT41K64M16, sys
+#      75 MHz there) and litex_boards/platforms/lattice_versa_ecp5.py (ddram: a[12:0], ba,
+#      ras_n/cas_n/we_n/cs_n, dm[1:0], dq[15:0], dqs_p[1:0], clk_p, cke, odt, reset_n; SSTL135);
+#      amaranth_boards.versa_ecp5 ``ddr3`` (the same pins, rst and cs included); Micron
+#      "1Gb: x4, x8, x16 DDR3L SDRAM" (MT41K64M16: 8 banks x 8192 rows x 1024 columns x 16
+#      bits = 128 MiB; tRFC 110 ns for the 1Gb die, tREFI 7.8 us).
+VERSA_DEVICE = "LFE5UM-45F-8BG381C"
+
+
+def versa_module():
+    """MT41K64M16 with tRFC in nanoseconds (110 ns, the 1Gb die's), for the same reason as
+    :func:`ecpix5_module`: LiteDRAM gives it in clocks of DDR3-1600 (128 tCK), which the
+    controller would count at this 100 MHz DDR clock. Everything else is LiteDRAM's DDR3-1600
+    timing of the part."""
+    from litedram.modules import MT41K64M16, _SpeedgradeTimings
+    sg = MT41K64M16.speedgrade_timings["1600"]
+
+    class MT41K64M16Versa(MT41K64M16):
+        speedgrade_timings = {"default": _SpeedgradeTimings(
+            tRP=sg.tRP, tRCD=sg.tRCD, tWR=sg.tWR, tRFC=(None, 110), tFAW=sg.tFAW, tRAS=sg.tRAS)}
+    return MT41K64M16Versa
+
+
+#: Per board: the device LiteX is told, the DDR3 module (x16 on two byte lanes) and its size.
+#: Both boards have a 100 MHz oscillator (INPUT_CLK_FREQ) and run the core at SYS_CLK_FREQ.
+BOARDS = {
+    "ecpix5": {"device": DEVICE, "module": ecpix5_module, "module_name": "MT41K256M16",
+               "storage_bytes": 512 * 2**20},
+    "versa": {"device": VERSA_DEVICE, "module": versa_module, "module_name": "MT41K64M16",
+              "storage_bytes": 128 * 2**20},
+}
 
 
 if __name__ == "__main__":

@@ -56,12 +56,12 @@ NS = 1e9 / SYS
 
 
 class Dut(Module):
-    def __init__(self, mib):
+    def __init__(self, mib, board="ecpix5"):
         from litedram.core import LiteDRAMCore
         from litedram.core.controller import ControllerSettings
         from litedram.phy.model import SDRAMPHYModel
         lg = _litedram_gen()
-        self.module = lg._sim_module(mib)(SYS, "1:2")
+        self.module = lg._sim_module(mib, board)(SYS, "1:2")
         settings = lg.ecp5_phy_settings(SYS)
         self.submodules.phy = SDRAMPHYModel(self.module, settings, clk_freq=SYS)
         self.submodules.core = LiteDRAMCore(self.phy, self.module.geom_settings,
@@ -329,8 +329,10 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=1, help="model storage in MiB")
     ap.add_argument("--vcd", help="write a VCD of the run")
+    ap.add_argument("--board", default="ecpix5",
+                    help="the board's DDR3 module (boards/litedram_gen.py BOARDS: ecpix5, versa)")
     a = ap.parse_args(argv)
-    dut = Dut(a.mib)
+    dut = Dut(a.mib, a.board)
     b = Bench(dut)
     run_simulation(dut, [b.run(), b.monitor()], vcd_name=a.vcd)
     for line in analyse(b):

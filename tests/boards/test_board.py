@@ -667,8 +667,12 @@ def test_board_core_options_reach_the_core():
     bram = CORES["kbtp-bram"][0](BOARDS["ecpix5"].memory)
     assert bram.dram is None and bram.target.mem_words * 8 == BOARDS["ecpix5"].memory.pool_bytes
     assert bram.target.n_qp == 4
-    ver = BOARDS["versa"].core_factory("kbtp", CORES["kbtp"][0])(BOARDS["versa"].memory)
-    assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
+    # The Versa's kbtp (and kbtp-bram) core is in block RAM: its DDR3 one, kbtp-ddr3, does not
+    # fit the 45F (test_versa_ddr3_config, test_versa_ddr3_board_top_elaborates).
+    for core in ("kbtp", "kbtp-bram"):
+        ver = BOARDS["versa"].core_factory(core, CORES[core][0])(BOARDS["versa"].memory)
+        assert (ver.target.n_qp, ver.target.sq_depth, ver.target.width) == (2, 4, 8)
+        assert ver.dram is None
     assert BOARDS["versa"].core_factory("mac-loopback", MacLoopbackCore) is MacLoopbackCore
 
 
@@ -694,3 +698,61 @@ def test_critical_path_summary(tmp_path):
     assert (cp["delay_ns"], cp["routing_ns"], cp["logic_ns"], cp["levels"]) == (4.25, 3.5, 0.75, 1)
     assert cp["blocks"] == ["core.target.req", "core.target.resp", "hostlink"]
     assert "core.target.req > core.target.resp > hostlink" in format_report(rep)
+
+
+def test_versa_ddr3_config():
+    """The Versa's kbtp-ddr3 core holds its memory in the board's 128 MB of DDR3 (MT41K64M16)
+    through LiteDRAM, at width 8 (boards/versa.py: it does not fit the 45F, so the Versa's kbtp
+    stays in block RAM); no generated core needed to check that."""
+    from boards.cores import KbtpCore
+    from boards.dram import ECPIX5_DDR3, VERSA_DDR3
+    from boards.litedram_bridge import ROOT
+    from boards.versa import VERSA_LITEDRAM_CORE, VERSA_WIDTH8
+
+    spec = BOARDS["versa"]
+    opts = spec.core_options["kbtp-ddr3"]
+    assert opts["dram"] is VERSA_DDR3 and opts["litedram"] is True
+    assert opts["litedram_core"] == VERSA_LITEDRAM_CORE == ROOT / "build" / "litedram_versa"
+    assert VERSA_DDR3.size_bytes == 128 << 20
+    # Same controller, clock and PHY as the ECPIX-5's; the 1Gb die refreshes faster.
+    assert VERSA_DDR3.ctrl_hz == ECPIX5_DDR3.ctrl_hz == 50e6
+    assert VERSA_DDR3.rfc_ctrl < ECPIX5_DDR3.rfc_ctrl
+    VERSA_DDR3.cycles(25e6)                    # a valid model timing at the core clock
+    target = {k: v for k, v in opts.items() if k not in ("dram", "litedram", "litedram_core")}
+    assert target == VERSA_WIDTH8
+    kw = KbtpCore.target_kwargs_of(spec.memory, dram=opts["dram"], **target)
+    assert kw["mem_words"] * 8 == 128 << 20
+    assert (kw["width"], kw["n_qp"]) == (8, VERSA_WIDTH8["n_qp"]) and kw["n_qp"] >= 2
+    assert spec.core_options["kbtp-bram"] == spec.core_options["kbtp"] == VERSA_WIDTH8
+    # The ECPIX-5 has no kbtp-ddr3 options (its kbtp is its DDR3 core): the factory says so.
+    with pytest.raises(ValueError, match="kbtp-ddr3"):
+        BOARDS["ecpix5"].core_factory("kbtp-ddr3", CORES["kbtp-ddr3"][0])(BOARDS["ecpix5"].memory)
+
+
+def test_versa_ddr3_board_top_elaborates():
+    """With build/litedram_versa (``make litedram-versa``; skipped without it: not part of
+    ``make install``): the Versa top with core kbtp-ddr3 instantiates it on the ddr3 resource's
+    raw pins, RESET# and CS# included, with its 13 address pins."""
+    from boards.versa import VERSA_LITEDRAM_CORE
+
+    if not (VERSA_LITEDRAM_CORE / "init_program.json").exists():
+        pytest.skip("no build/litedram_versa (make litedram-versa)")
+    plan = elaborate("versa", "kbtp-ddr3")
+    files = dict(plan.files)
+    assert files["litedram_core.v"] == (
+        VERSA_LITEDRAM_CORE / "gateware/litedram_core.v").read_text()
+    text = files["top.il"]
+    text = text if isinstance(text, str) else text.decode()
+    body = re.search(r"cell \\litedram_core \\core\n(.*?)\n  end\n", text, re.S).group(1)
+    for port in ("clk", "user_clk", "user_port_0_cmd_valid", "ddram_dq", "ddram_a",
+                 "ddram_reset_n", "ddram_cs_n"):
+        assert f"connect \\{port} " in body, port
+    from boards.litedram_bridge import load_core
+    desc, _ = load_core(VERSA_LITEDRAM_CORE)
+    widths = {p["name"]: p["width"] for p in desc["ports"]}
+    assert widths["ddram_a"] == 13                          # MT41K64M16: A[12:0]
+    assert widths["user_port_0_cmd_addr"] == 23             # 128 MiB in 16-octet words
+    lpf = files["top.lpf"]
+    assert re.search(r'LOCATE COMP "ddr3_0__dq__io\[0\]" SITE "L5"', lpf), lpf
+    assert re.search(r'LOCATE COMP "ddr3_0__rst__io" SITE "N4"', lpf), lpf
+    assert not re.search(r"memory width 64 size \d+ \\bank\d+\n", text)
