@@ -68,6 +68,15 @@ class Initiator:
             assert time.monotonic() < end, f"timed out waiting for {what}"
             self.srv.step(0.01)
 
+    def request(self, qp, msg, timeout=120):
+        """Send KBTP request ``msg`` on ``qp``; wait for its reply and the SEND's ACK; return
+        the reply decoded."""
+        n = len(self.inbox)
+        qp.send(codec.encode(msg))
+        self.run_until(lambda: len(self.inbox) > n and qp.outstanding == 0, timeout,
+                       type(msg).__name__)
+        return codec.decode(self.inbox[n])
+
     def connect(self, **kw):
         kw = {"local_ack_timeout": 22, "pmtu": 1024, **kw}
         return self.ep.connect(
@@ -233,11 +242,7 @@ def _reconnect_reuses_qp(served):
     ini.run_until(lambda: qp.state == QPState.RTS, 300, "REP")
 
     def request(msg):
-        n = len(ini.inbox)
-        qp.send(codec.encode(msg))
-        ini.run_until(lambda: len(ini.inbox) > n and qp.outstanding == 0, 120,
-                      type(msg).__name__)
-        return codec.decode(ini.inbox[n])
+        return ini.request(qp, msg)
 
     # DIRECT_ALLOC: this session's ALLOC_STORE runs on the host (slow path: the driver's own
     # RDMA READ, which needs frames to keep moving while the driver waits for its completion).
@@ -269,12 +274,7 @@ def test_retry_exhaustion_frees_the_qp(tmp_path):
         qp = ini.connect(retry_count=2, local_ack_timeout=10)
         ini.run_until(lambda: qp.state == QPState.RTS, 300, "REP")
 
-        def request(q, msg, timeout=120):
-            n = len(ini.inbox)
-            q.send(codec.encode(msg))
-            ini.run_until(lambda: len(ini.inbox) > n and q.outstanding == 0, timeout,
-                          type(msg).__name__)
-            return codec.decode(ini.inbox[n])
+        request = ini.request
 
         ack = request(qp, codec.Hello(requested_features=0, completion_credits=8,
                                       initiator_id=9))
