@@ -34,7 +34,8 @@ goodput
     series that cannot complete is recorded under ``failed`` with the MAC's counters, and that
     MTU is not run at larger sizes; KbtpTarget's MAC buffers are 8192 octets, enough for a
     frame of path MTU 4096). One initiator keeps
-    :data:`DEPTH` requests outstanding; the time per operation is the distance between the
+    :data:`DEPTH` requests outstanding, or as many as its request credits where the
+    configuration's memory holds fewer receive buffers (``depth`` in each row); the time per operation is the distance between the
     first octets of successive COMPLETION frames in steady state (the first operation is
     warm-up). Reported as a fraction of the theoretical RoCEv2 goodput of the link
     (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
@@ -45,12 +46,12 @@ multi-QP goodput and fairness
     LOAD, STORE_INLINE, STORE_READ and ALLOC_STORE_INLINE (``--quick``: LOAD and
     STORE_INLINE) at 64 and 4096 octets, both MTUs, from :data:`MULTI_QPS` initiators at
     once, each with its own bound handle (ALLOC_STORE: its own handles) and buffers and
-    :data:`DEPTH` requests outstanding (:meth:`Bench.series_multi`; JSON ``multi``,
+    :data:`MULTI_DEPTH` requests outstanding (:meth:`Bench.series_multi`; JSON ``multi``,
     ``bench_multi.csv``). Over the common steady-state window (every QP past its first
     COMPLETION, none past its last) the aggregate goodput is the size over the distance between
     successive COMPLETIONs of any QP, as a fraction of :func:`theory_goodput` and of the op
     wire bound, and each QP's operation rate is its completions per cycle (over whole groups
-    of DEPTH of them). Fairness: each QP's rate over the mean of them all and the largest
+    of ``depth`` of them). Fairness: each QP's rate over the mean of them all and the largest
     deviation (goal :data:`FAIRNESS_GOAL`, +-10 %); per QP
     and overall mean and p99 latency (a request's last octet in to its COMPLETION's first octet
     out, queueing behind the other requests included). Every QP's LOAD data and stored blocks
@@ -77,7 +78,7 @@ host.codec messages, as tests/sim/cocotb_system.py does) and the target is confi
 to every frame the moment the frame's last octet has left the target (``run(until_tx=True)``;
 the largest reaction delay is reported as ``peer_turnaround_max``), its frames go onto the
 wire back to back (the gaps between the frames of one peer burst are reported, they equal the
-12-octet IFG), and it keeps :data:`DEPTH` requests outstanding, so the target always has the
+12-octet IFG), and it keeps ``depth`` requests outstanding, so the target always has the
 next request in its receive buffers (``min_outstanding`` >= 1 is checked for every series).
 
 CLI: ``python -m tools.bench [--configs ecpix5,8,64] [--quick] [--out build/bench]`` writes
@@ -120,11 +121,12 @@ ROCE_HEADERS = EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
 #: Wire octets of one RoCEv2 packet besides its payload (no extended header): 82.
 PACKET_OVERHEAD = PREAMBLE_SFD + ROCE_HEADERS + ICRC + FCS + IFG
 CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
-#: Requests one initiator keeps outstanding in the goodput series (receive buffers: at least
-#: :data:`SIZING_CREDITS` per QP, see :class:`Bench`; kept at 3, as the figures before the engine
-#: stopped waiting for its completions' WorkCompletions (issue 20) were measured, so before and
-#: after compare).
-DEPTH = 3
+#: Requests one initiator keeps outstanding (issue 20: "from one QP at a depth within its
+#: credits"): 8, or the request credits the configuration advertises where its memory holds
+#: fewer receive buffers (:attr:`Bench.depth`; the ECPIX-5 in block RAM: 4 to 7). The shipped
+#: core advertises 16. Until stop 42 the bench kept 3 outstanding (the figures of the serial
+#: engine were measured so); ``--depth 3`` gives those again.
+DEPTH = 8
 #: Request credits, and so receive buffers per QP (host/driver.py ``memory_plan``), that Max
 #: Inline and the pool are sized for: the figures measured before the credits matched the
 #: buffers (issue 20 item 5) were measured with 4 buffers per QP, so Max Inline and the pool
@@ -132,8 +134,15 @@ DEPTH = 3
 #: :data:`MAX_CREDITS` that fit beside them (:class:`Bench`).
 SIZING_CREDITS = 4
 MAX_CREDITS = 16
-#: Initiators of the multi-QP goodput and fairness series (every one with DEPTH outstanding).
+#: Initiators of the multi-QP goodput and fairness series.
 MULTI_QPS = 4
+#: Requests each of them keeps outstanding (12 in all). Deeper, 4 QPs' inline STOREs of 4 KiB
+#: arrive faster than the shipped core's memory bus places and copies them (a receive-buffer
+#: write, a read and a block write per octet at 25 MHz): the MAC buffer fills and the
+#: responder refuses new messages with RNR NAKs (``--multi-depth 8`` shows it; the test
+#: ``test_overload_is_refused_not_lost``), and the window of a fairness figure is no longer a
+#: steady state.
+MULTI_DEPTH = 3
 #: Fairness goal: every QP's operation rate within this fraction of the mean of them all.
 FAIRNESS_GOAL = 0.10
 #: KBTP request sizes (header + Data Descriptor; no Completion Descriptor: RECORD is not used).
@@ -283,7 +292,7 @@ class Bench:
         # 4096-octet blocks on one QP: Max Inline 8192 (16 KiB buffers), 10 blocks, the
         # structures end at 49152, the buffers start at 65536 (16 KiB-aligned):
         # (131072 - 65536) / 16384 = 4; at 65536-octet blocks Max Inline falls to 256 and 16
-        # fit. Every series keeps DEPTH requests outstanding, so none needs more than 4.
+        # fit. Every series keeps min(DEPTH, credits) requests outstanding (``depth``).
         for credits in range(MAX_CREDITS, SIZING_CREDITS - 1, -1):
             # every initiator may use the whole pool (the bench frees between series)
             self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb,
@@ -291,6 +300,8 @@ class Bench:
             if memory_plan(self.cfg, n_qp)["end"] <= mem:
                 break
         self.num_blocks = nb
+        #: requests outstanding per initiator: DEPTH, within the credits (receive buffers)
+        self.depth = min(DEPTH, self.cfg.request_credits)
         self.port = TargetPort(self.vt.port_access(self.net_step))
         # (the target's RANGEs, not those of a target of the bench's n_qp: it may have more QPs)
         self.driver = driver_for(self.port, self.cfg, p, n_qp=n_qp)
@@ -308,9 +319,9 @@ class Bench:
                 qpn=P_QPN0 + q, dest_qpn=T_QPN0 + q, remote_ip=T_IP, remote_mac=T_MAC,
                 pmtu=self.mtus[q], timeout=18, sq_psn=0x100 * q + 7, epsn=0x1000 + q,
                 on_message=self._on_message(q)))
-            # one buffer slot per outstanding request (DEPTH), so every READ and WRITE of a
+            # one buffer slot per outstanding request (depth), so every READ and WRITE of a
             # request touches its own octets
-            buf = bytearray(block_size * DEPTH)
+            buf = bytearray(block_size * self.depth)
             self.ep.register(buf, base_va=PEER_VA, rkey=0x5000 + q)
             self.bufs.append(buf)
         self.rid = 0
@@ -435,8 +446,8 @@ class Bench:
     def free(self, q, handles):
         """FREE ``handles`` of initiator ``q`` through the slow path (not measured)."""
         from host import codec
-        for i in range(0, len(handles), DEPTH):      # no more than the receive buffers
-            batch = handles[i:i + DEPTH]
+        for i in range(0, len(handles), self.depth):  # no more than the receive buffers
+            batch = handles[i:i + self.depth]
             n0 = len(self.events[q])
             for h in batch:
                 self.rid += 1
@@ -447,9 +458,10 @@ class Bench:
 
     # ---- goodput series -------------------------------------------------------------------
     def series(self, q, op, length, n_ops, handles):
-        """``n_ops`` operations of initiator ``q``, :data:`DEPTH` outstanding; returns the
+        """``n_ops`` operations of initiator ``q``, :attr:`depth` outstanding; returns the
         figures of the steady state (completions 0 .. n_ops-1, the first is warm-up)."""
         kind, by_read = OPS[op]
+        D = self.depth
         mtu = self.mtus[q]
         qpn = P_QPN0 + q
         datas = [self.rng.randbytes(length) for _ in range(n_ops)]
@@ -457,13 +469,13 @@ class Bench:
         self.turnaround = 0
         done = lambda: len(self.events[q]) - ev0
         bound = op_plan(op, length, mtu)["bound"]
-        min_out = DEPTH
+        min_out = D
         k = 0
         start = self.vt.cycle
         while done() < n_ops:
-            while k < n_ops and k - done() < DEPTH:
+            while k < n_ops and k - done() < D:
                 h = handles[k] if kind == "ALLOC_STORE" else handles[0]
-                raw = self.request(q, op, h, length, datas[k], slot=k % DEPTH)
+                raw = self.request(q, op, h, length, datas[k], slot=k % D)
                 self.qps[q].send(raw)
                 self._deliver([])         # puts the SEND on the wire now
                 k += 1
@@ -479,7 +491,7 @@ class Bench:
         # Bytes moved: data payload octets on the wire in the window, and content checks.
         moved = self._data_octets(kind, by_read, qpn, tx0, sent0)
         if kind == "LOAD":
-            for s in range(min(n_ops, DEPTH)):
+            for s in range(min(n_ops, D)):
                 got = bytes(self.bufs[q][s * self.block_size:s * self.block_size + length])
                 assert got == self.loaded_expect, "LOAD data differs from the block"
         else:
@@ -499,7 +511,7 @@ class Bench:
         gp = length / per_op
         util = self._utilisation(tx0, sent0, times[0], times[-1])
         return {
-            "op": op, "size": length, "mtu": mtu, "n_ops": n_ops,
+            "op": op, "size": length, "mtu": mtu, "n_ops": n_ops, "depth": D,
             "cycles_per_op": round(per_op, 1),
             "goodput_octets_per_cycle": round(gp, 5),
             "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
@@ -586,9 +598,10 @@ class Bench:
         return worst
 
     # ---- many initiators at once ------------------------------------------------------------
-    def series_multi(self, op, length, n_ops, handles, qs=None):
+    def series_multi(self, op, length, n_ops, handles, qs=None, depth=None):
         """``n_ops`` operations of each initiator in ``qs`` (default: all), every one keeping
-        :data:`DEPTH` requests outstanding at the same time; ``handles[q]``: the handles of
+        ``depth`` (default :data:`MULTI_DEPTH`, within the credits) requests outstanding at the
+        same time; ``handles[q]``: the handles of
         initiator ``q`` (its one bound handle, or one per operation for ALLOC_STORE).
 
         The figures are taken over the common steady-state window: from the cycle every QP has
@@ -596,14 +609,15 @@ class Bench:
         first octets of the COMPLETIONs). The aggregate time per operation is the distance
         between successive COMPLETIONs of any QP in it. A QP's rate is ``m`` / the cycles
         between its first COMPLETION in the window and its ``m``-th after that, ``m`` the largest
-        multiple of DEPTH that fits (a QP's completions may come DEPTH at a time: whole groups
-        keep the phase of the window's edges out of the rate). Should no such window exist (the
+        multiple of the depth that fits (a QP's completions may come depth at a time: whole
+        groups keep the phase of the window's edges out of the rate). Should no such window exist (the
         first QP finished before the last started: ``common_window`` False) the window starts
         at the first COMPLETION of all and a rate is the QP's COMPLETIONs in it / its cycles.
         Latency of every request: its last octet in (``rx_log``) to the first octet of its
         COMPLETION."""
         from roce.frames import parse_frame
         kind, by_read = OPS[op]
+        D = min(depth or MULTI_DEPTH, self.cfg.request_credits)
         qs = list(range(self.n_init)) if qs is None else list(qs)
         mtu = self.mtus[qs[0]]
         assert all(self.mtus[q] == mtu for q in qs), "one path MTU for every QP"
@@ -618,12 +632,12 @@ class Bench:
         bound = plan["bound"]
         k = dict.fromkeys(qs, 0)
         rid_of = {q: {} for q in qs}         # request_id -> operation index
-        min_out = dict.fromkeys(qs, DEPTH)
+        min_out = dict.fromkeys(qs, D)
         while total() < n_ops * len(qs):
             for q in qs:
-                while k[q] < n_ops and k[q] - done(q) < DEPTH:
+                while k[q] < n_ops and k[q] - done(q) < D:
                     h = handles[q][k[q]] if kind == "ALLOC_STORE" else handles[q][0]
-                    raw = self.request(q, op, h, length, datas[q][k[q]], slot=k[q] % DEPTH)
+                    raw = self.request(q, op, h, length, datas[q][k[q]], slot=k[q] % D)
                     rid_of[q][self.rid] = k[q]
                     self.qps[q].send(raw)
                     self._deliver([])     # puts the SEND on the wire now
@@ -642,7 +656,7 @@ class Bench:
                 assert c.data_length == length, (q, c)
             if kind == "LOAD":
                 want = self.content[handles[q][0]]
-                for s in range(min(n_ops, DEPTH)):
+                for s in range(min(n_ops, D)):
                     got = bytes(self.bufs[q][s * self.block_size:s * self.block_size + length])
                     assert got == want, f"initiator {q}: LOAD data differs from its block"
                 continue
@@ -683,8 +697,8 @@ class Bench:
         rate, spans = {}, {}
         for q in qs:
             inw = [t for t in times[q] if w0 <= t <= w1]
-            # whole multiples of DEPTH intervals: a QP's completions may come DEPTH at a time
-            m = (len(inw) - 1) // DEPTH * DEPTH
+            # whole multiples of D intervals: a QP's completions may come D at a time
+            m = max(0, (len(inw) - 1) // D * D)
             if common and m:
                 rate[q], spans[q] = m / (inw[m] - inw[0]), (m, inw[m] - inw[0])
             else:
@@ -716,6 +730,7 @@ class Bench:
             })
         return {
             "op": op, "size": length, "mtu": mtu, "n_qp": len(qs), "n_ops_per_qp": n_ops,
+            "depth": D,
             "n_ops": n_ops * len(qs), "window": [w0, w1], "window_cycles": w1 - w0,
             "common_window": common,
             "cycles_per_op": round(per_op, 1),
@@ -810,10 +825,9 @@ QUICK_SIZES = [64, 4096]
 
 
 def _n_ops(size, quick):
-    if size <= 1024:
-        return 8 if quick else 24
+    # three times DEPTH (quick: twice): a steady state at that depth
     if size <= 16384:
-        return 5 if quick else 8
+        return 16 if quick else 24
     return 3
 
 
@@ -896,9 +910,13 @@ def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run
                                       "op": b.current_op, "error": str(e)[:200], "mac": mac})
                 log(f"{label(width):<11} {b.current_op:<19} {size:>8} {mtu:>5}{what} FAILED: "
                     f"no completion (MAC {mac})")
+            # Overload: frames the MAC's full receive buffer lost, and new messages the
+            # responder refused with an RNR NAK while that buffer was half full instead.
             out["retransmits"].append({"mtu": mtu, **extra,
                                        "target": _req_counter(b, "cnt_retransmits"),
-                                       "peer": b.ep.counters.retransmissions})
+                                       "peer": b.ep.counters.retransmissions,
+                                       "rx_overflows": _top_counter(b, "mac", "rx_overflows"),
+                                       "rnr_backlog": _resp_counter(b, "cnt_rnr_backlog")})
     return out
 
 
@@ -906,13 +924,15 @@ def _mtu_series(b, width, size, n, max_inline, out, log):
     s = b.sess[0]
     hb = s.handle_base
     n_alloc = min(n, b.num_blocks - 1, s.handle_count - 1)
-    alloc = "ALLOC_STORE_INLINE" if size <= max_inline else "ALLOC_STORE_READ"
+    # ALLOC_STORE by READ at every size; inline too where the size fits Max Inline
+    allocs = (["ALLOC_STORE_INLINE"] if size <= max_inline else []) + ["ALLOC_STORE_READ"]
     ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
     # The handle of LOAD / STORE: bound by one (unmeasured) ALLOC_STORE by READ.
     b.current_op = "ALLOC_STORE_READ (setup)"
     _bind_one(b, 0, hb, size, max_cycles=4 * op_plan("ALLOC_STORE_READ", size,
                                                      b.mtus[0])["bound"] + 200_000)
-    runs = [(alloc, list(range(hb + 1, hb + 1 + n_alloc)), n_alloc)] if n_alloc >= 2 else []
+    runs = [(a, list(range(hb + 1, hb + 1 + n_alloc)), n_alloc)
+            for a in allocs] if n_alloc >= 2 else []
     runs += [(op, [hb], n) for op in ops]
     for op, hs, k in runs:
         b.current_op = op
@@ -938,7 +958,7 @@ def _n_ops_multi(size, quick):
 
 
 def run_multi(width, size, *, quick=False, mtus=(1024, 4096), ops=None, max_inline=16384,
-              n_qp=MULTI_QPS, log=print):
+              n_qp=MULTI_QPS, log=print, depth=None):
     """The multi-QP series of one block size (:meth:`Bench.series_multi`): ``n_qp``
     initiators at once, one fresh target per path MTU. An inline operation whose data exceed
     the Max Inline the configuration's memory allows with ``n_qp`` QPs' receive buffers runs
@@ -949,10 +969,10 @@ def run_multi(width, size, *, quick=False, mtus=(1024, 4096), ops=None, max_inli
     n = _n_ops_multi(size, quick)
     return _per_mtu(width, size, mtus, out, log, n_init=n_qp, max_inline=max_inline,
                     max_blocks=n_qp * (n + 1) + 2, extra={"n_qp": n_qp}, what=f" x{n_qp} QPs",
-                    run=lambda b, w: _mtu_multi(b, w, size, n, ops, out, log))
+                    run=lambda b, w: _mtu_multi(b, w, size, n, ops, out, log, depth))
 
 
-def _mtu_multi(b, width, size, n, ops, out, log):
+def _mtu_multi(b, width, size, n, ops, out, log, depth=None):
     qs = list(range(b.n_init))
     mtu = b.mtus[0]
     for q in qs:        # each QP's own handle for LOAD / STORE, bound by one ALLOC_STORE
@@ -988,7 +1008,7 @@ def _mtu_multi(b, width, size, n, ops, out, log):
         else:
             hs, k = {q: [hb[q]] for q in qs}, n
         b.current_op = op
-        r = b.series_multi(op, size, k, hs)
+        r = b.series_multi(op, size, k, hs, depth=depth)
         r["width"] = width
         out["multi"].append(r)
         log(_multi_row(r))
@@ -1056,6 +1076,13 @@ def _bind_one(b, q, h, size, max_cycles=20_000_000):
     b.completion(q, n0)
     b.loaded_expect = data
     b.content[h] = data
+
+
+def _resp_counter(b, name):
+    from hw.iface import REG_TRANSPORT, Space
+    from hw.target.target import RESP_COUNTERS
+    r, _ = b.vt.access(Space.REG, REG_TRANSPORT + 4 * RESP_COUNTERS.index(name), 0, 0)
+    return r
 
 
 def _req_counter(b, name):
@@ -1186,6 +1213,7 @@ def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 40
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     widths = [str(w) for w in widths]
     res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": DEPTH,
+           "multi_depth": MULTI_DEPTH,
            "quick": quick, "widths": {}, "resources": resources()}
     if jobs > 1 and len(widths) > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -1232,7 +1260,7 @@ def _latency_summary(lat, clocks):
 # Output
 # --------------------------------------------------------------------------------------------
 
-CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_mbps",
+CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "depth", "cycles_per_op", "goodput_mbps",
               "theory", "frac_theory", "op_bound_cycles", "frac_op_bound", "excess_cycles",
               "ops_per_s",
               "frame_rate_limit", "wire_util_to_target", "wire_util_to_peer", "wire_bound",
@@ -1241,18 +1269,19 @@ CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "cycles_per_op", "goodput_
 
 def _row(r):
     return (f"{label(r.get('width', '?')):<11} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
-            f"{r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
+            f"{r.get('depth', ''):>3} {r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
             f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
             f"{r['ops_per_s']:>9} "
             f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
 
 
-HEADER = (f"{'config':<11} {'op':<19} {'size':>8} {'mtu':>5} {'cyc/op':>10} {'Mb/s':>8} "
-          f"{'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
+HEADER = (f"{'config':<11} {'op':<19} {'size':>8} {'mtu':>5} {'dep':>3} {'cyc/op':>10} "
+          f"{'Mb/s':>8} {'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
           f"{'':>4}")
 
 
-MULTI_CSV_FIELDS = ["config", "op", "size", "mtu", "n_qp", "n_ops_per_qp", "window_cycles",
+MULTI_CSV_FIELDS = ["config", "op", "size", "mtu", "n_qp", "n_ops_per_qp", "depth",
+                    "window_cycles",
                     "cycles_per_op", "goodput_mbps", "theory", "frac_theory", "op_bound_cycles",
                     "frac_op_bound", "ops_per_s", "wire_util_to_target", "wire_util_to_peer",
                     "fairness_max_dev", "fair", "qp_ratio_to_mean", "latency_mean",
@@ -1290,8 +1319,8 @@ def format_table(res):
             lines.append(_row(dict(r, width=w)))
     if any(wr.get("multi") or wr.get("multi_failed") or wr.get("multi_skipped")
            for wr in res["widths"].values()):
-        lines.append(f"goodput and fairness of {MULTI_QPS} QPs at once, each with {DEPTH} "
-                     f"requests outstanding (latency: cycles from a request's last octet in "
+        lines.append(f"goodput and fairness of {MULTI_QPS} QPs at once, each with "
+                     f"{MULTI_DEPTH} requests outstanding (latency: cycles from a request's last octet in "
                      f"to its COMPLETION's first octet out):")
         lines.append(MULTI_HEADER)
     for w, wr in res["widths"].items():
@@ -1421,7 +1450,12 @@ def main(argv=None):
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--mtus", default="1024,4096")
     ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
+    ap.add_argument("--depth", type=int, default=DEPTH,
+                    help="requests one initiator keeps outstanding (within its credits)")
+    ap.add_argument("--multi-depth", type=int, default=MULTI_DEPTH,
+                    help="requests each initiator of the multi-QP series keeps outstanding")
     a = ap.parse_args(argv)
+    globals()["DEPTH"], globals()["MULTI_DEPTH"] = a.depth, a.multi_depth
     widths = [x for x in a.widths.split(",") if x]
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     print(HEADER, flush=True)
