@@ -35,9 +35,14 @@ goodput
     MTU is not run at larger sizes; KbtpTarget's MAC buffers are 8192 octets, enough for a
     frame of path MTU 4096). One initiator keeps
     :data:`DEPTH` requests outstanding, or as many as its request credits where the
-    configuration's memory holds fewer receive buffers (``depth`` in each row); the time per operation is the distance between the
-    first octets of successive COMPLETION frames in steady state (the first operation is
-    warm-up). Reported as a fraction of the theoretical RoCEv2 goodput of the link
+    configuration's memory holds fewer receive buffers (``depth`` in each row); the time per
+    operation is the distance between the first octets of successive COMPLETION frames in
+    steady state: with ``depth`` D and n >= 2D + 2 operations, from COMPLETION D to
+    COMPLETION n - 1 - D (``window``), where every COMPLETION sends the next request, so each
+    interval carries one request and one operation's data; the first D requests went out
+    before it (the fill) and the last D COMPLETIONs send none (the drain), and either would
+    make an operation look shorter than the wire allows. Fewer operations (sizes above 16 KiB,
+    three of them): COMPLETION 0 to the last. Reported as a fraction of the theoretical RoCEv2 goodput of the link
     (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
     PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
     operation's own wire bound (:func:`op_plan`: every request, data, completion and ACK
@@ -459,7 +464,8 @@ class Bench:
     # ---- goodput series -------------------------------------------------------------------
     def series(self, q, op, length, n_ops, handles):
         """``n_ops`` operations of initiator ``q``, :attr:`depth` outstanding; returns the
-        figures of the steady state (completions 0 .. n_ops-1, the first is warm-up)."""
+        figures of the steady state (COMPLETIONs D .. n_ops - 1 - D of depth D, see the module
+        docstring; 0 .. n_ops - 1 when n_ops < 2D + 2)."""
         kind, by_read = OPS[op]
         D = self.depth
         mtu = self.mtus[q]
@@ -487,7 +493,8 @@ class Bench:
         assert self.vt.cycle - start > 0
         comps = [self.completion(q, ev0 + i) for i in range(n_ops)]
         times = [self.events[q][ev0 + i][0] for i in range(n_ops)]
-        per_op = (times[-1] - times[0]) / (n_ops - 1)
+        lo, hi = (D, n_ops - 1 - D) if n_ops >= 2 * D + 2 else (0, n_ops - 1)
+        per_op = (times[hi] - times[lo]) / (hi - lo)
         # Bytes moved: data payload octets on the wire in the window, and content checks.
         moved = self._data_octets(kind, by_read, qpn, tx0, sent0)
         if kind == "LOAD":
@@ -509,9 +516,10 @@ class Bench:
         obs = self._frames_per_op(qpn, tx0, sent0, n_ops)
         th = theory_goodput(length, mtu)
         gp = length / per_op
-        util = self._utilisation(tx0, sent0, times[0], times[-1])
+        util = self._utilisation(tx0, sent0, times[lo], times[hi])
         return {
             "op": op, "size": length, "mtu": mtu, "n_ops": n_ops, "depth": D,
+            "window": [lo, hi],
             "cycles_per_op": round(per_op, 1),
             "goodput_octets_per_cycle": round(gp, 5),
             "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
@@ -825,9 +833,10 @@ QUICK_SIZES = [64, 4096]
 
 
 def _n_ops(size, quick):
-    # three times DEPTH (quick: twice): a steady state at that depth
+    # a steady-state window between the fill and the drain of DEPTH requests (see series):
+    # 2 DEPTH - 1 intervals
     if size <= 16384:
-        return 16 if quick else 24
+        return 4 * DEPTH
     return 3
 
 
