@@ -127,11 +127,11 @@ ROCE_HEADERS = EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
 PACKET_OVERHEAD = PREAMBLE_SFD + ROCE_HEADERS + ICRC + FCS + IFG
 CLOCK_HZ = 125_000_000  # GMII: one octet per cycle
 #: Requests one initiator keeps outstanding (issue 20: "from one QP at a depth within its
-#: credits"): 8, or the request credits the configuration advertises where its memory holds
-#: fewer receive buffers (:attr:`Bench.depth`; the ECPIX-5 in block RAM: 4 to 7). The shipped
-#: core advertises 16. Until stop 42 the bench kept 3 outstanding (the figures of the serial
-#: engine were measured so); ``--depth 3`` gives those again.
-DEPTH = 8
+#: credits"): 16, the request credits the shipped core advertises, or as many as the
+#: configuration advertises where its memory holds fewer receive buffers (:attr:`Bench.depth`;
+#: the ECPIX-5 in block RAM: 4 to 7). Until stop 42 the bench kept 3 outstanding (the figures
+#: of the serial engine were measured so); ``--depth 3`` gives those again.
+DEPTH = 16
 #: Request credits, and so receive buffers per QP (host/driver.py ``memory_plan``), that Max
 #: Inline and the pool are sized for: the figures measured before the credits matched the
 #: buffers (issue 20 item 5) were measured with 4 buffers per QP, so Max Inline and the pool
@@ -141,12 +141,9 @@ SIZING_CREDITS = 4
 MAX_CREDITS = 16
 #: Initiators of the multi-QP goodput and fairness series.
 MULTI_QPS = 4
-#: Requests each of them keeps outstanding (12 in all). Deeper, 4 QPs' inline STOREs of 4 KiB
-#: arrive faster than the shipped core's memory bus places and copies them (a receive-buffer
-#: write, a read and a block write per octet at 25 MHz): the MAC buffer fills and the
-#: responder refuses new messages with RNR NAKs (``--multi-depth 8`` shows it; the test
-#: ``test_overload_is_refused_not_lost``), and the window of a fairness figure is no longer a
-#: steady state.
+#: Requests each of them keeps outstanding (12 in all): deeper, the fairness window (every QP
+#: past its first COMPLETION, none past its last) is no steady state with the operations a
+#: series can afford. ``--multi-depth`` sets it; ``test_overload_is_not_lost`` runs 4 x 8.
 MULTI_DEPTH = 3
 #: Fairness goal: every QP's operation rate within this fraction of the mean of them all.
 FAIRNESS_GOAL = 0.10

@@ -236,7 +236,9 @@ class KbtpTarget(wiring.Component):
         sm.ethtx = ethtx = EthIpTx(w)
         sm.qpt = qpt = QpTable(nq)
         sm.mrt = mrt = MrTable(self.n_mr, n_qp=nq)
-        sm.arb = arb = MemArbiter(5 if self.engine else 4)
+        # The responder (0) and the requester (1, READ responses) place what the wire brings:
+        # first, so that they keep pace with the line (MemArbiter ``urgent``).
+        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=(0, 1))
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
         sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)

@@ -201,13 +201,17 @@ def test_quick_multi_qp(quick):
                                  "rx_overflows": 0, "rnr_backlog": 0}]
 
 
-def test_overload_is_refused_not_lost():
-    """4 QPs, each with 8 inline STOREs of 4 KiB outstanding: more than the shipped core's
-    memory bus places and copies at line rate, so the MAC's receive buffer fills. The
-    responder refuses new messages with RNR NAKs while it is half full (cnt_rnr_backlog), the
-    requesters wait out the RNR timer and resend, and no frame is lost to a full buffer: every
-    operation completes with its data (checked inside the bench) and rx_overflows stays 0.
-    Without the refusal this run lost 56 frames and stalled on ACK timeouts."""
+def test_overload_is_not_lost():
+    """4 QPs, each with 8 inline STOREs of 4 KiB outstanding: the wire brings them faster than
+    the shipped core finishes them (a receive-buffer write, a read and a block write per octet
+    on its 25 MHz memory bus), so they queue in the receive buffers the credits allow. Nothing
+    is lost and nothing is sent twice: the responder's and the requester's placement go first
+    on the memory bus (MemArbiter ``urgent``), so the MAC's receive buffer never fills
+    (rx_overflows 0, and the responder never had to refuse a message, cnt_rnr_backlog 0), and
+    the peer retransmits nothing. Every operation completes with its data (checked inside the
+    bench). Without the urgent masters this run refused 15 messages with RNR NAKs while the
+    MAC buffer was half full and the peer resent 400 packets; without that refusal as well it
+    lost 8 frames to the full buffer."""
     m = bench.run_multi("ecpix5", 4096, quick=True, mtus=(1024,), ops=("STORE_INLINE",),
                         depth=8, log=lambda s: None)
     assert not m["failed"], m["failed"]
@@ -215,9 +219,8 @@ def test_overload_is_refused_not_lost():
     assert r["depth"] == 8
     for x in r["per_qp"]:
         assert x["completed"] == r["n_ops_per_qp"], x
-    (rt,) = m["retransmits"]
-    assert rt["rx_overflows"] == 0, rt
-    assert rt["rnr_backlog"] > 0 and rt["peer"] > 0, rt
+    assert m["retransmits"] == [{"mtu": 1024, "n_qp": 4, "target": 0, "peer": 0,
+                                 "rx_overflows": 0, "rnr_backlog": 0}]
 
 
 class _SizingOnly:
