@@ -98,6 +98,13 @@ program:
 synth-check: $(VENV)/.installed litedram
 	$(PY) -m boards synth-check --board ecpix5 $(if $(CORE),--core $(CORE)) $(if $(SEED),--seed $(SEED))
 
+# Fmax and area of the 10 Gb/s configuration (KbtpTarget behind the XGMII MAC, width 64, one
+# 156.25 MHz clock; 128 KiB of block RAM) on the ECPIX-5's ECP5, for comparison: no 10G board
+# here, its ports on a shift register (boards/xgmii10g.py). build/ecpix5-10g/report.json.
+.PHONY: fmax-10g
+fmax-10g: $(VENV)/.installed
+	$(PY) -m boards.xgmii10g $(if $(SEED),--seed $(SEED))
+
 # Logic depth of every core-clock register input of the last build's netlist, worst first
 # (tools/depth.py): the paths to pipeline for a faster core clock, found in one pass rather
 # than one place-and-route each. Needs build/$(BOARD)/top.json (`make bitstream`, or
@@ -135,7 +142,8 @@ build/litedram_versa/init_program.json: boards/litedram_gen.py $(LD_VENV)/.insta
 
 # Cycle-exact goodput / op rate / latency / resources (tools/bench.py; Verilated target via
 # sim/vltarget.py): build/bench/bench.json, bench.csv, goodput_w<width>.png.
-# BENCH_ARGS="--quick" for two sizes; "--widths 8" for one width.
+# BENCH_ARGS="--quick" for two sizes; "--configs 8" for one configuration; "--configs 10g" for
+# the 10 Gb/s configuration (XGMII at 156.25 MHz, width 64; not in the default set).
 BENCH_ARGS ?=
 .PHONY: bench
 bench: $(VENV)/.installed

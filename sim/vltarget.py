@@ -34,7 +34,10 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_BRAM", "DRAMS", "NAMED", "VlTarget", "TxFrame", "build", "export_verilog",
+import boards.xgmii10g
+
+__all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_BRAM", "XGMII_10G", "XGMII_TICKS", "DRAMS", "NAMED",
+           "config_params", "VlTarget", "TxFrame", "build", "export_verilog",
            "board_params", "n_ranges_of"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
@@ -59,9 +62,31 @@ SHIPPED = {"board": "ecpix5", "dram": "ddr3"}
 #: ECPIX-5's default before issue 22, kept as the benches' comparison.
 SHIPPED_BRAM = {"board": "ecpix5"}
 
+#: The 10 Gb/s configuration (issue 21 item 4): the one-clock target at width 64 behind the XGMII
+#: MAC (:class:`hw.net.xgmii.XgmiiMac`), everything at 156.25 MHz, 4 MiB of memory: what a
+#: 10G board would build (no open toolchain here places a 10G transceiver, so no board does).
+#: The harness counts octet times of the 10 Gb/s line (0.8 ns, 8 per clock cycle), so every
+#: figure keeps its GMII meaning of one octet per count; :attr:`VlTarget.core_cycle` is the
+#: clock cycle.
+XGMII_10G = dict(boards.xgmii10g.XGMII_10G)
+
 #: The configurations the tools name (``--hw`` of the soak and the server, the bench's board
 #: configurations): name -> params.
-NAMED = {"ecpix5": SHIPPED, "ecpix5-bram": SHIPPED_BRAM, "unit": HW_DEFAULT}
+NAMED = {"ecpix5": SHIPPED, "ecpix5-bram": SHIPPED_BRAM, "unit": HW_DEFAULT, "10g": XGMII_10G}
+
+#: Octet times per clock cycle of the XGMII harness (its counts are octet times).
+XGMII_TICKS = 8
+
+
+def config_params(name):
+    """The parameters of a configuration the tools name: a key of :data:`NAMED`, or a width
+    (``"8"``, ``"64"``: the one-clock unit target at that width)."""
+    name = str(name)
+    if name in NAMED:
+        return NAMED[name]
+    if name.isdigit():
+        return {"width": int(name)}
+    raise ValueError(f"configuration {name!r}: one of {sorted(NAMED)} or a width")
 
 TxFrame = collections.namedtuple("TxFrame", "start end frame fcs_ok")
 
@@ -165,6 +190,10 @@ def make_target(params):
     from hw.target.target import KbtpTarget
     p = dict(params)
     width = p.pop("width")
+    if p.get("mac") == "xgmii":
+        from hw.target.xgmii_target import XgmiiKbtpTarget
+        del p["mac"]
+        return XgmiiKbtpTarget(width, **p)
     return KbtpTarget(width, **p)
 
 
@@ -225,8 +254,13 @@ def build_dir_of(params):
 
 
 def _defines(params):
-    """C++ defines of the harness: the board's core has two clocks (sim/vl/harness.cpp)."""
-    return ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"] if "board" in params else []
+    """C++ defines of the harness (sim/vl/harness.cpp): the board's core has two clocks; the
+    10 Gb/s target has XGMII pins."""
+    if "board" in params:
+        return ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"]
+    if params.get("mac") == "xgmii":
+        return ["-CFLAGS", "-DKBTP_XGMII"]
+    return []
 
 
 def _extra_sources(params):
@@ -326,7 +360,9 @@ class VlTarget:
     ----------
     cycle : int
         Simulated GMII cycles (8 ns at 125 MHz) since reset; in the board's configuration the
-        core runs one cycle in ``params["core_div"]`` of them (:attr:`core_cycle`).
+        core runs one cycle in ``params["core_div"]`` of them (:attr:`core_cycle`). With XGMII
+        (``params["mac"] == "xgmii"``): octet times of the 10 Gb/s line (0.8 ns), 8 per clock
+        cycle.
     rx_log : list of (int, int)
         ``(first_octet_cycle, last_octet_cycle)`` of every frame sent, in order (preamble
         included).
@@ -348,6 +384,8 @@ class VlTarget:
     @property
     def core_cycle(self):
         """Cycles of the core clock since reset (the GMII clock's, for a one-clock target)."""
+        if self.params.get("mac") == "xgmii":
+            return self.cycle // XGMII_TICKS
         return self.cycle // self.params.get("core_div", 1)
 
     # ---- pipe ---------------------------------------------------------------------------

@@ -19,6 +19,11 @@ Everything is counted in simulated clock cycles of the Verilated target
 ``8``, ``64``
     The one-clock unit-test target at that width, everything at 125 MHz and 4 MiB of memory:
     *not what a board builds*; the table names these rows ``unit-w8`` / ``unit-w64``.
+``10g``
+    The one-clock target at width 64 behind the 10 Gb/s XGMII MAC, everything at 156.25 MHz
+    (:data:`sim.vltarget.XGMII_10G`, issue 21 item 4): what a 10G board would build. Its
+    counts are octet times of the 10 Gb/s line (0.8 ns, 8 per clock cycle), so its figures
+    read as the others do; run it by name. Table rows ``unit-10g``.
 
 The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles are GMII
 cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
@@ -42,7 +47,8 @@ goodput
     interval carries one request and one operation's data; the first D requests went out
     before it (the fill) and the last D COMPLETIONs send none (the drain), and either would
     make an operation look shorter than the wire allows. Fewer operations (sizes above 16 KiB,
-    three of them): COMPLETION 0 to the last. Reported as a fraction of the theoretical RoCEv2 goodput of the link
+    three of them): COMPLETION 0 to the last. Reported as a fraction of the theoretical RoCEv2
+    goodput of the link
     (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
     PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
     operation's own wire bound (:func:`op_plan`: every request, data, completion and ACK
@@ -259,7 +265,7 @@ class Bench:
     """
 
     def __init__(self, vt, block_size, *, mtus=(1024, 4096), n_init=4, max_inline=16384,
-                 n_qp=None, max_blocks=96, seed=1):
+                 n_qp=None, max_blocks=96, seed=1, depth=None):
         from host.driver import memory_plan
         from host.port import TargetPort
         from model.target import TargetConfig
@@ -268,6 +274,8 @@ class Bench:
         self.vt = vt
         self.rng = random.Random(seed)
         p = vt.params
+        #: counts per second: GMII cycles, or octet times of the 10 Gb/s line (XGMII)
+        self.unit_hz = XGMII_OCTET_HZ if p.get("mac") == "xgmii" else CLOCK_HZ
         # The driver sets up the QPs the bench uses (their receive buffers take memory).
         n_qp = n_qp or n_init
         n_mr = p["n_mr"]
@@ -306,8 +314,8 @@ class Bench:
             if memory_plan(self.cfg, n_qp)["end"] <= mem:
                 break
         self.num_blocks = nb
-        #: requests outstanding per initiator: DEPTH, within the credits (receive buffers)
-        self.depth = min(DEPTH, self.cfg.request_credits)
+        #: requests outstanding per initiator: ``depth`` (default DEPTH), within the credits
+        self.depth = self.within_credits(depth or DEPTH)
         self.port = TargetPort(self.vt.port_access(self.net_step))
         # (the target's RANGEs, not those of a target of the bench's n_qp: it may have more QPs)
         self.driver = driver_for(self.port, self.cfg, p, n_qp=n_qp)
@@ -335,6 +343,11 @@ class Bench:
         self.content = {}           # handle -> what its block holds (bound / stored here)
         self.current_op = None
 
+    def within_credits(self, depth):
+        """``depth`` requests outstanding, or as many as one initiator's request credits (its
+        receive buffers) where the configuration's memory holds fewer."""
+        return min(depth, self.cfg.request_credits)
+
     # ---- network --------------------------------------------------------------------------
     def _on_message(self, q):
         def cb(qp, data, imm=None, invalidated_rkey=None):
@@ -347,9 +360,9 @@ class Bench:
             assert f.fcs_ok, f"bad FCS from the target at cycle {f.start}"
             self.tx.append(f)
             self._frame = f
-            self.ep.receive_frame(f.frame, f.end / (CLOCK_HZ / 1e6))
+            self.ep.receive_frame(f.frame, f.end / (self.unit_hz / 1e6))
             self._frame = None
-        self.ep.tick(self.vt.cycle / (CLOCK_HZ / 1e6))
+        self.ep.tick(self.vt.cycle / (self.unit_hz / 1e6))
         for g in self.ep.poll_tx():
             self.send(g)
 
@@ -403,7 +416,7 @@ class Bench:
             if self.vt.cycle >= end:
                 raise TimeoutError(f"bench: {what} (slow path) timed out")
             self._deliver(self.vt.run(256, until_tx=True))
-            run_sync(self.driver.poll(self.vt.cycle * 1e3 / CLOCK_HZ))
+            run_sync(self.driver.poll(self.vt.cycle * 1e3 / self.unit_hz))
 
     def engine_reg(self, name):
         from hw.iface import Space
@@ -523,13 +536,13 @@ class Bench:
             "window": [lo, hi],
             "cycles_per_op": round(per_op, 1),
             "goodput_octets_per_cycle": round(gp, 5),
-            "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
+            "goodput_mbps": round(gp * self.unit_hz * 8 / 1e6, 2),
             "theory": round(th, 5), "frac_theory": round(gp / th, 4),
             "op_bound_cycles": plan["bound"], "frac_op_bound": round(plan["bound"] / per_op, 4),
             # cycles per operation the wire did not need (RTTs the serial engine waits for)
             "excess_cycles": round(per_op - plan["bound"], 1),
-            "ops_per_s": round(CLOCK_HZ / per_op), "frame_rate_limit": round(CLOCK_HZ /
-                                                                             plan["bound"]),
+            "ops_per_s": round(self.unit_hz / per_op),
+            "frame_rate_limit": round(self.unit_hz / plan["bound"]),
             "frames_per_op_plan": [len(plan["to_target"]), len(plan["to_peer"])],
             "frames_per_op_seen": obs,
             "wire_util_to_target": util[0], "wire_util_to_peer": util[1],
@@ -619,14 +632,15 @@ class Bench:
         between successive COMPLETIONs of any QP in it. A QP's rate is ``m`` / the cycles
         between its first COMPLETION in the window and its ``m``-th after that, ``m`` the largest
         multiple of the depth that fits (a QP's completions may come depth at a time: whole
-        groups keep the phase of the window's edges out of the rate). Should no such window exist (the
-        first QP finished before the last started: ``common_window`` False) the window starts
-        at the first COMPLETION of all and a rate is the QP's COMPLETIONs in it / its cycles.
+        groups keep the phase of the window's edges out of the rate). Should no such window
+        exist (the first QP finished before the last started: ``common_window`` False) the
+        window starts at the first COMPLETION of all and a rate is the QP's COMPLETIONs in it /
+        its cycles.
         Latency of every request: its last octet in (``rx_log``) to the first octet of its
         COMPLETION."""
         from roce.frames import parse_frame
         kind, by_read = OPS[op]
-        D = min(depth or MULTI_DEPTH, self.cfg.request_credits)
+        D = self.within_credits(depth or MULTI_DEPTH)
         qs = list(range(self.n_init)) if qs is None else list(qs)
         mtu = self.mtus[qs[0]]
         assert all(self.mtus[q] == mtu for q in qs), "one path MTU for every QP"
@@ -744,11 +758,11 @@ class Bench:
             "common_window": common,
             "cycles_per_op": round(per_op, 1),
             "goodput_octets_per_cycle": round(gp, 5),
-            "goodput_mbps": round(gp * CLOCK_HZ * 8 / 1e6, 2),
+            "goodput_mbps": round(gp * self.unit_hz * 8 / 1e6, 2),
             "theory": round(th, 5), "frac_theory": round(gp / th, 4),
             "op_bound_cycles": bound, "frac_op_bound": round(bound * agg, 4),
             "excess_cycles": round(per_op - bound, 1),
-            "ops_per_s": round(CLOCK_HZ * agg), "frame_rate_limit": round(CLOCK_HZ / bound),
+            "ops_per_s": round(self.unit_hz * agg), "frame_rate_limit": round(self.unit_hz / bound),
             "frames_per_op_plan": [len(plan["to_target"]), len(plan["to_peer"])],
             "frames_per_op_seen": self._frames_per_op(None, tx0, sent0, n_ops * len(qs)),
             "wire_util_to_target": util[0], "wire_util_to_peer": util[1],
@@ -833,11 +847,11 @@ SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1048576]
 QUICK_SIZES = [64, 4096]
 
 
-def _n_ops(size, quick):
-    # a steady-state window between the fill and the drain of DEPTH requests (see series):
-    # 2 DEPTH - 1 intervals
+def _n_ops(size, quick, depth=None):
+    # a steady-state window between the fill and the drain of ``depth`` (default DEPTH)
+    # requests (see series): 2 depth - 1 intervals
     if size <= 16384:
-        return 4 * DEPTH
+        return 4 * (depth or DEPTH)
     return 3
 
 
@@ -846,8 +860,17 @@ CONFIGS = ("ecpix5", "8", "64")
 
 
 def label(config):
-    """How the table names a configuration: the board's, or ``unit-w<width>`` (not a board's)."""
+    """How the table names a configuration: the board's, ``unit-w<width>`` or ``unit-10g``
+    (not a board's)."""
+    if config == XGMII_CONFIG:
+        return "unit-10g"
     return config if not str(config).isdigit() else f"unit-w{config}"
+
+
+#: The 10 Gb/s configuration's name (:data:`sim.vltarget.XGMII_10G`).
+XGMII_CONFIG = "10g"
+#: Octet times per second of the 10 Gb/s line: the unit of that configuration's counts.
+XGMII_OCTET_HZ = 1.25e9
 
 
 #: Board configurations by name: the shipped core, and simulation-only variants of it.
@@ -855,10 +878,8 @@ BOARD_CONFIGS = ("ecpix5", "ecpix5-bram")
 
 
 def _params(config):
-    from sim.vltarget import NAMED
-    if config in BOARD_CONFIGS:
-        return NAMED[config]
-    return {"width": int(config)}
+    from sim.vltarget import config_params
+    return config_params(config)
 
 
 def _vt(config, log):
@@ -873,10 +894,15 @@ def clocks_of(config):
     if config in BOARD_CONFIGS:
         p = board_params("ecpix5")
         return {"gmii_hz": p["mac_hz"], "core_hz": p["core_hz"], "width": p["width"]}
+    if config == XGMII_CONFIG:
+        # gmii_hz: the rate of the counts (octet times of the 10 Gb/s line)
+        from sim.vltarget import XGMII_10G
+        return {"gmii_hz": XGMII_OCTET_HZ, "core_hz": XGMII_10G["clk_hz"], "width": 64}
     return {"gmii_hz": CLOCK_HZ, "core_hz": CLOCK_HZ, "width": int(config)}
 
 
-def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print):
+def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, log=print,
+             depth=None):
     """Every goodput series of one block size in one configuration (``width``: a name of
     :data:`CONFIGS`): one fresh target per path MTU. A block size the configuration's memory
     cannot hold is recorded in ``unfit``.
@@ -886,14 +912,14 @@ def run_size(width, size, *, quick=False, mtus=(1024, 4096), max_inline=16384, l
     counters (a frame longer than the MAC buffers is dropped on receive or never sent).
     """
     out = {"series": [], "failed": [], "retransmits": []}
-    n = _n_ops(size, quick)
+    n = _n_ops(size, quick, depth)
     return _per_mtu(width, size, mtus, out, log, n_init=1, max_inline=max_inline,
-                    max_blocks=max(n + 2, 8),
+                    max_blocks=max(n + 2, 8), depth=depth,
                     run=lambda b, w: _mtu_series(b, w, size, n, b.max_inline, out, log))
 
 
 def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run, extra=None,
-             what=""):
+             what="", depth=None):
     """One fresh target per path MTU: the :class:`Bench` (a block size the memory cannot hold
     goes into ``out["unfit"]`` and ends the run), ``run(b, width)``, and the retransmissions;
     a series that cannot complete (TimeoutError) ends that MTU's run, recorded in
@@ -905,7 +931,7 @@ def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run
         with _vt(width, log) as vt:
             try:
                 b = Bench(vt, size, mtus=(mtu,), n_init=n_init, max_inline=max_inline,
-                          max_blocks=max_blocks)
+                          max_blocks=max_blocks, depth=depth)
             except MemoryError as e:
                 out["unfit"] = str(e)
                 log(f"{label(width):<11} {size:>8}:{what} not run, {e}")
@@ -1160,7 +1186,8 @@ def resources(root=None):
     return out or "not built"
 
 
-def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
+def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096), depth=None,
+              multi_depth=None):
     """Every figure of one configuration (:data:`CONFIGS`). An MTU whose series failed at
     some size is not run at the larger sizes, nor is any size past one the memory cannot hold
     (recorded in ``skipped``)."""
@@ -1174,7 +1201,7 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
         wr["skipped"] += [{"size": size, "mtu": m, "why": dead[m]} for m in mtus if m in dead]
         if not live:
             continue
-        r = run_size(w, size, quick=quick, log=log, mtus=live)
+        r = run_size(w, size, quick=quick, log=log, mtus=live, depth=depth)
         if "unfit" in r:
             for m in live:
                 wr["skipped"].append({"size": size, "mtu": m, "why": r["unfit"]})
@@ -1190,7 +1217,7 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
     if msizes:
         log(MULTI_HEADER)
     for size in msizes:
-        r = run_multi(w, size, quick=quick, log=log, mtus=mtus)
+        r = run_multi(w, size, quick=quick, log=log, mtus=mtus, depth=multi_depth)
         if "unfit" in r:
             wr["multi_skipped"] += [{"size": size, "mtu": m, "why": r["unfit"]} for m in mtus]
             continue
@@ -1208,23 +1235,25 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096)):
     return wr
 
 
-def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1):
+def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1,
+              depth=DEPTH, multi_depth=MULTI_DEPTH):
     """All figures of every configuration (``widths``: names of :data:`CONFIGS`; ``jobs`` at
     once, in separate processes); returns the results dict (see :func:`write_results`)."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     widths = [str(w) for w in widths]
-    res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": DEPTH,
-           "multi_depth": MULTI_DEPTH,
+    res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": depth,
+           "multi_depth": multi_depth,
            "quick": quick, "widths": {}, "resources": resources()}
     if jobs > 1 and len(widths) > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(min(jobs, len(widths))) as ex:
-            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus) for w in widths}
+            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus, depth, multi_depth)
+                    for w in widths}
             for w in widths:
                 res["widths"][str(w)] = futs[w].result()
     else:
         for w in widths:
-            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus)
+            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus, depth, multi_depth)
     return res
 
 
@@ -1270,14 +1299,16 @@ CSV_FIELDS = ["config", "op", "size", "mtu", "n_ops", "depth", "cycles_per_op", 
 
 def _row(r):
     return (f"{label(r.get('width', '?')):<11} {r['op']:<19} {r['size']:>8} {r['mtu']:>5} "
-            f"{r.get('depth', ''):>3} {r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} {r['theory']:>6.3f} "
+            f"{r.get('depth', ''):>3} {r['cycles_per_op']:>10.1f} {r['goodput_mbps']:>8.1f} "
+            f"{r['theory']:>6.3f} "
             f"{r['frac_theory']:>6.3f} {r['frac_op_bound']:>6.3f} {r['excess_cycles']:>7.0f} "
             f"{r['ops_per_s']:>9} "
             f"{r['frame_rate_limit']:>9} {'wire' if r['wire_bound'] else '':>4}")
 
 
 HEADER = (f"{'config':<11} {'op':<19} {'size':>8} {'mtu':>5} {'dep':>3} {'cyc/op':>10} "
-          f"{'Mb/s':>8} {'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} {'limit/s':>9} "
+          f"{'Mb/s':>8} {'theory':>6} {'/theo':>6} {'/bound':>6} {'excess':>7} {'ops/s':>9} "
+          f"{'limit/s':>9} "
           f"{'':>4}")
 
 
@@ -1321,7 +1352,8 @@ def format_table(res):
     if any(wr.get("multi") or wr.get("multi_failed") or wr.get("multi_skipped")
            for wr in res["widths"].values()):
         lines.append(f"goodput and fairness of {MULTI_QPS} QPs at once, each with "
-                     f"{MULTI_DEPTH} requests outstanding (latency: cycles from a request's last octet in "
+                     f"{res.get('multi_depth', MULTI_DEPTH)} requests outstanding (latency: "
+                     f"cycles from a request's last octet in "
                      f"to its COMPLETION's first octet out):")
         lines.append(MULTI_HEADER)
     for w, wr in res["widths"].items():
@@ -1445,7 +1477,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--configs", "--widths", dest="widths", default=",".join(CONFIGS),
                     help="ecpix5 (the board's core, DDR3), ecpix5-bram (its memory block RAM), "
-                         "8 / 64 (the one-clock unit target)")
+                         "8 / 64 (the one-clock unit target), "
+                         "10g (width 64 behind XGMII at 156.25 MHz)")
     ap.add_argument("--quick", action="store_true", help="two sizes, fewer operations")
     ap.add_argument("--sizes", default=None, help="comma-separated block sizes (octets)")
     ap.add_argument("--out", default="build/bench")
@@ -1456,13 +1489,12 @@ def main(argv=None):
     ap.add_argument("--multi-depth", type=int, default=MULTI_DEPTH,
                     help="requests each initiator of the multi-QP series keeps outstanding")
     a = ap.parse_args(argv)
-    globals()["DEPTH"], globals()["MULTI_DEPTH"] = a.depth, a.multi_depth
     widths = [x for x in a.widths.split(",") if x]
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     print(HEADER, flush=True)
     mtus = [int(x) for x in a.mtus.split(",") if x]
     res = run_bench(widths, a.quick, log=lambda s: print(s, flush=True), sizes=sizes,
-                    mtus=mtus, jobs=a.jobs)
+                    mtus=mtus, jobs=a.jobs, depth=a.depth, multi_depth=a.multi_depth)
     j, c = write_results(res, a.out)
     pngs = plot(res, a.out)
     print()

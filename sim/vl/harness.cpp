@@ -29,6 +29,17 @@
 //   the two domains never share an edge. Cycle counts stay GMII cycles (8 ns); a host-bus
 //   access is held from one core edge to the core edge after the one that showed ack, as the
 //   board's host link does.
+// - KBTP_XGMII: hw/target/xgmii_target.py XgmiiKbtpTarget (width 64, one clock, clk, at
+//   156.25 MHz): XGMII pins xgmii_rxd/rxc (64 + 8 bits, lane 0 the first octet) instead of
+//   GMII (IEEE 802.3 clause 46).
+//   Frames go in as /S/ (0xFB, control) in lane 0 or 4 in place of the first preamble octet,
+//   6 x 0x55, 0xD5, the frame, its FCS and /T/ (0xFD), which is the first octet of the gap;
+//   the gap is rounded to the next start lane (0 or 4) with the deficit idle count of
+//   §46.3.1.4 (up to 3 octets shorter, made up later), so that frames sent back to back with a
+//   12-octet gap take on average exactly what they take on GMII. Counts are octet times (one
+//   octet of the 10 Gb/s line, 0.8 ns; 8 per clock cycle) so that every figure the Python side
+//   computes keeps its GMII meaning: an RX octet's time is 8 x its cycle + its lane; 'R' runs
+//   whole cycles until at least the asked octet times have passed.
 
 #include "Vtop.h"
 #include "verilated.h"
@@ -37,11 +48,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <unistd.h>
 #include <vector>
 
 // Verilator escapes the double underscore of the interface ports (host__addr -> host___05Faddr).
+#if defined(KBTP_CORE_DIV) && defined(KBTP_XGMII)
+#error "the XGMII target has one clock"
+#endif
 #ifdef KBTP_CORE_DIV
 #define HOST(name) bus___05F##name
 #define GMII(name) gmii___05F##name
@@ -104,6 +119,114 @@ void flush() {
     obuf.clear();
 }
 
+#ifdef KBTP_XGMII
+// ---- XGMII receive side (frames into the target) -------------------------------------------
+// A frame's wire is preamble + SFD + frame + FCS as on GMII; its first octet goes out as /S/.
+struct RxFrame { std::vector<uint8_t> wire; uint32_t gap; };
+std::deque<RxFrame> rxq;
+bool rx_active = false;
+size_t rx_pos = 0;
+uint32_t rx_idle = 0;           // idle octets still owed before the next /S/ (after /T/)
+int rx_deficit = 0;             // deficit idle count (0..3), IEEE 802.3 §46.3.1.4
+uint64_t rx_first = 0;
+std::vector<std::pair<uint64_t, uint64_t>> rx_log;
+constexpr uint8_t XG_IDLE = 0x07, XG_START = 0xFB, XG_TERM = 0xFD;
+
+inline void drive_rx() {
+    uint64_t d = 0;
+    uint8_t c = 0;
+    for (int lane = 0; lane < 8; lane++) {
+        uint8_t oct = XG_IDLE;
+        bool ctl = true;
+        if (!rx_active && rx_idle == 0 && !rxq.empty() && (lane == 0 || lane == 4)) {
+            rx_active = true;
+            rx_pos = 0;
+            rx_first = cyc + lane;
+        }
+        if (rx_active) {
+            const RxFrame& f = rxq.front();
+            if (rx_pos < f.wire.size()) {
+                oct = rx_pos == 0 ? XG_START : f.wire[rx_pos];
+                ctl = rx_pos == 0;
+                if (++rx_pos == f.wire.size()) rx_log.emplace_back(rx_first, cyc + lane);
+            } else {
+                // /T/: the first octet of the gap. The gap ends at the next start lane, or up
+                // to 3 octets before it while the deficit allows (then made up later).
+                oct = XG_TERM;
+                uint32_t gap = f.gap ? f.gap : 1;
+                uint32_t end = uint32_t(lane) + gap;           // lane after the gap, unaligned
+                uint32_t over = end % 4;
+                if (over && gap > over && rx_deficit + int(over) <= 3) {
+                    rx_deficit += int(over);
+                    gap -= over;
+                } else if (over) {
+                    rx_deficit = std::max(0, rx_deficit - int(4 - over));
+                    gap += 4 - over;
+                }
+                rx_idle = gap - 1;
+                rx_active = false;
+                rxq.pop_front();
+            }
+        } else if (rx_idle) {
+            rx_idle--;
+        } else if (rxq.empty()) {
+            rx_deficit = 0;     // the line idles: no gap to make up
+        }
+        d |= uint64_t(oct) << (8 * lane);
+        c |= uint8_t(ctl) << lane;
+    }
+    top->xgmii_rxd = d;
+    top->xgmii_rxc = c;
+}
+
+// ---- XGMII transmit side (frames out of the target) ----------------------------------------
+struct TxFrame { uint64_t start, end; bool fcs_ok; std::vector<uint8_t> body; };
+std::vector<TxFrame> tx_done;
+std::vector<uint8_t> tx_oct;
+bool tx_busy = false, tx_bad = false;
+uint64_t tx_start = 0, tx_last = 0;
+
+void tx_finish() {
+    TxFrame f{tx_start, tx_last, false, {}};
+    size_t k = 0;
+    while (k < tx_oct.size() && tx_oct[k] == 0x55) k++;
+    if (!tx_bad && k < tx_oct.size() && tx_oct[k] == 0xD5 && tx_oct.size() >= k + 1 + 4) {
+        const uint8_t* b = tx_oct.data() + k + 1;
+        size_t n = tx_oct.size() - k - 1 - 4;
+        f.body.assign(b, b + n);
+        uint32_t fcs;
+        memcpy(&fcs, b + n, 4);
+        f.fcs_ok = crc32(b, n) == fcs;
+    }
+    tx_done.push_back(std::move(f));
+    tx_oct.clear();
+    tx_busy = tx_bad = false;
+}
+
+// The octets on txd in the cycle that ends at ``cyc`` (octet times): sampled after the edge.
+inline void sample_tx(uint64_t at) {
+    uint64_t d = top->xgmii_txd;
+    uint8_t c = top->xgmii_txc;
+    for (int lane = 0; lane < 8; lane++) {
+        uint8_t oct = uint8_t(d >> (8 * lane));
+        bool ctl = (c >> lane) & 1;
+        if (!tx_busy) {
+            if (ctl && oct == XG_START) {
+                tx_busy = true;
+                tx_start = at + lane;
+                tx_oct.push_back(0x55);          // /S/ stands for the first preamble octet
+            }
+        } else if (ctl && oct == XG_TERM) {
+            tx_finish();
+        } else {
+            if (ctl) tx_bad = true;               // /E/ or any other control inside a frame
+            tx_oct.push_back(oct);
+            tx_last = at + lane;
+        }
+    }
+}
+
+#else
 // ---- GMII receive side (frames into the target) --------------------------------------------
 struct RxFrame { std::vector<uint8_t> wire; uint32_t gap; };
 std::deque<RxFrame> rxq;
@@ -166,6 +289,8 @@ inline void sample_tx() {
     }
 }
 
+#endif  // KBTP_XGMII
+
 // One clock cycle in two halves: inputs applied and combinational logic settled with the clock
 // low (a host-bus ack is visible here), then the rising edge.
 #ifdef KBTP_CORE_DIV
@@ -204,8 +329,13 @@ inline void half_low() {
 inline void half_high() {
     top->clk = 1;
     top->eval();
+#ifdef KBTP_XGMII
+    cyc += 8;           // ``cyc`` counts octet times: 8 per clock cycle
+    sample_tx(cyc);
+#else
     cyc++;
     sample_tx();
+#endif
 }
 inline void step() { half_low(); half_high(); }
 // The host bus is in the one clock: ack may come combinationally, so it is looked at with the
@@ -267,7 +397,12 @@ int main(int argc, char** argv) {
     top = new Vtop;
     top->clk = 0;
     top->rst = 1;
+#ifdef KBTP_XGMII
+    top->xgmii_rxd = 0x0707070707070707ull;
+    top->xgmii_rxc = 0xFF;
+#else
     top->GMII(rx_dv) = top->GMII(rx_er) = top->GMII(rxd) = 0;
+#endif
     top->HOST(we) = top->HOST(re) = top->HOST(space) = 0;
     top->HOST(addr) = top->HOST(wdata) = 0;
 #ifdef KBTP_CORE_DIV
@@ -315,10 +450,11 @@ int main(int argc, char** argv) {
         case 'R': {
             uint64_t n = rd<uint64_t>();
             bool until_tx = rd<uint8_t>();
+            uint64_t until = cyc + n;
             if (until_tx) {
-                for (uint64_t i = 0; i < n && tx_done.empty(); i++) step();
+                while (cyc < until && tx_done.empty()) step();
             } else {
-                for (uint64_t i = 0; i < n; i++) step();
+                while (cyc < until) step();
             }
             put_events();
             break;

@@ -248,3 +248,39 @@ def test_request_credits_are_the_receive_buffers(config):
         assert min(seen) == bench.SIZING_CREDITS and max(seen) <= bench.MAX_CREDITS
     else:
         assert seen == {bench.MAX_CREDITS}
+
+
+@pytest.fixture(scope="module")
+def quick10g():
+    """The quick series of the 10 Gb/s configuration (issue 21 item 4: XGMII at 156.25 MHz,
+    width 64; its counts are octet times of the 10 Gb/s line) at 64 and 4096 octets, both MTUs."""
+    return {size: bench.run_size(bench.XGMII_CONFIG, size, quick=True, mtus=(1024, 4096),
+                                 log=lambda s: None) for size in (64, 4096)}
+
+
+def test_quick_10g_is_possible(quick10g):
+    """The same physical floors as at 1 Gb/s, in octet times of the 10 Gb/s line: nothing is
+    faster than its frames on the wire, every octet asked is moved (and checked inside the
+    bench), no retransmission, the peer never the bottleneck (its frames wait at most for the
+    next XGMII start lane: the deficit idle count lengthens a gap by up to 3 octets)."""
+    assert bench.label(bench.XGMII_CONFIG) == "unit-10g"
+    assert bench.clocks_of(bench.XGMII_CONFIG) == {"gmii_hz": 1.25e9, "core_hz": 156.25e6,
+                                                   "width": 64}
+    seen = set()
+    for size in (64, 4096):
+        r = quick10g[size]
+        assert not r["failed"], r["failed"]
+        for s in r["series"]:
+            seen.add((s["op"], s["mtu"]))
+            plan = bench.op_plan(s["op"], size, s["mtu"])
+            ack = bench.frame_wire(0, bench.AETH.SIZE)
+            floor = max(sum(plan["to_target"]) - ack, sum(plan["to_peer"]) - ack)
+            assert 0 < s["frac_theory"] <= 1.0 and s["cycles_per_op"] >= floor, (s, floor)
+            assert s["bytes_moved"] == s["bytes_asked"] == size * s["n_ops"], s
+            assert s["min_outstanding"] >= 1 and s["peer_burst_gap_max"] <= 3, s
+            # Mb/s at 1.25 G octet times per second
+            assert s["goodput_mbps"] == pytest.approx(size / s["cycles_per_op"] * 1e4, rel=2e-3)
+        assert [x["rx_overflows"] + x["target"] + x["peer"] for x in r["retransmits"]] == [0, 0]
+    assert {op for op, _ in seen} == {"LOAD", "STORE_READ", "STORE_INLINE",
+                                      "ALLOC_STORE_INLINE", "ALLOC_STORE_READ"}
+    assert {m for _, m in seen} == {1024, 4096}

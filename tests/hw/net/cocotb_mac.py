@@ -104,26 +104,9 @@ except ImportError:                                # pragma: no cover
 
 if cocotb is not None:
     from cocotbext.eth import GmiiFrame, GmiiSink, GmiiSource
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
 
     from sim.hdl import get_params
-
-    def random_frame(rng, length):
-        """An Ethernet frame of ``length`` octets (no FCS) built by scapy."""
-        mac = lambda: ":".join(f"{rng.getrandbits(8) & (0xFE if i == 0 else 0xFF):02x}"
-                               for i in range(6))
-        if length >= 42:
-            ip = lambda: ".".join(str(rng.randrange(1, 255)) for _ in range(4))
-            pkt = (Ether(dst=mac(), src=mac()) / IP(src=ip(), dst=ip(), id=rng.getrandbits(16))
-                   / UDP(sport=rng.getrandbits(16), dport=rng.getrandbits(16))
-                   / Raw(rng.randbytes(length - 42)))
-        else:
-            pkt = Ether(dst=mac(), src=mac(), type=0x88B5) / Raw(rng.randbytes(length - 14))
-        raw = bytes(pkt)
-        assert len(raw) == length
-        return raw
+    from tests.hw.net.frames import random_frame
 
     class TB:
         def __init__(self, dut, salt=""):

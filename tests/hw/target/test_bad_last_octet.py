@@ -51,7 +51,8 @@ from hw.target.target import RESP_COUNTERS, TOP_COUNTERS
 from sim.hdl import gmii_drive, gmii_wire, packet_get, run_until_done
 from sim.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
 from sim.system import P_IP, P_MAC, P_QPN0, T_IP, T_MAC, run_sync
-from tools.bench import CONFIGS, _vt
+from sim.vltarget import VlTarget, config_params
+from tools.bench import CONFIGS
 
 #: GMII cycles (8 ns) waited for an answer that must not come.
 QUIET = 20_000
@@ -192,7 +193,7 @@ def config(request):
 def test_bad_last_octet_dropped_counted_then_served(config):
     t0 = time.monotonic()
     rng = random.Random(21)
-    vt = _vt(config, print)
+    vt = VlTarget(config_params(config), log=print)
     try:
         rig = Rig(vt, rng)
         top0, resp0 = rig.top(), rig.resp()
