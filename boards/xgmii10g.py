@@ -5,13 +5,13 @@
 comparison: ``python -m boards.xgmii10g [--seed N] [--build-root DIR]`` (``make fmax-10g``).
 
 The 10 Gb/s configuration (:data:`XGMII_10G`, simulated as :data:`sim.vltarget.XGMII_10G`) is
-the one-clock target at width 64 behind the XGMII MAC, everything at 156.25 MHz. No board here has a 10G PHY,
-and the ECP5's SERDES stop at 5 Gb/s (shared/notes/platform-facts.md), so this is not a board
-build: the XGMII pins and the host bus have no package pins. Instead every input of the target
-comes from one shift register filled from one pin (the UART's RX), and every output is folded by
-XOR into one register on an LED, so that synthesis can remove nothing and no I/O timing enters
-the figures. The PLL makes 156.25 MHz from the 100 MHz oscillator (VCO 625 MHz / 4); nextpnr
-checks the target against it.
+the one-clock target at width 64 behind the XGMII MAC, everything at 156.25 MHz. No board here
+has a 10G PHY, and the ECP5's SERDES stop at 5 Gb/s (shared/notes/platform-facts.md), so this is
+not a board build: the XGMII pins and the host bus have no package pins. Instead every input of
+the target comes from one shift register filled from one pin (the UART's RX), and every output
+is folded by XOR into one register on an LED, so that synthesis can remove nothing and no I/O
+timing enters the figures. The PLL makes 156.25 MHz from the 100 MHz oscillator (VCO 625 MHz /
+4); nextpnr checks the target against it.
 
 What differs from the simulated configuration, and why: the target memory is
 :data:`MEM_WORDS` words of block RAM (128 KiB), not the 4 MiB the bench's unit target has,
@@ -31,16 +31,23 @@ from amaranth.lib import io
 from .clocks import Ecp5Pll
 from .top import BoardTop
 
-__all__ = ["XGMII_FREQ", "XGMII_10G", "MEM_WORDS", "FMAX_KWARGS", "Xgmii10gFmaxTop",
-           "build_10g", "main"]
+__all__ = ["XGMII_FREQ", "MAC_RX_10G", "XGMII_10G", "MEM_WORDS", "FMAX_KWARGS",
+           "Xgmii10gFmaxTop", "build_10g", "main"]
 
 #: XGMII clock: 10 Gb/s / 64 bits.
 XGMII_FREQ = 156.25e6
+#: The 10 Gb/s MAC's receive buffer: 128 KiB, four times the 1 Gb/s cores' 32 KiB. It bounds
+#: the engine's RDMA READ window (hw/kbtp/engine.py read_window_for), and READ data at 10 Gb/s
+#: needs ten times the octets in flight for the same round trip: with 32 KiB, STORE by READ of
+#: 16 KiB blocks at path MTU 4096 ran one READ at a time (0.655 of the theoretical goodput;
+#: 1.013 with 128 KiB), and 8 inline STOREs of 16 KiB outstanding overflowed it (the peer
+#: resent 606 packets at MTU 1024; none with 128 KiB). 64 of the ECP5's 208 EBR.
+MAC_RX_10G = 131072
 #: The 10 Gb/s configuration's KbtpTarget arguments beside those of the unit target (which
 #: :data:`sim.vltarget.XGMII_10G` adds: 4 QPs, 8 MRs, 4 MiB of memory): width 64 behind the
 #: XGMII MAC (hw/target/xgmii_target.py XgmiiKbtpTarget), the requester's timers counting
-#: 156.25 MHz cycles.
-XGMII_10G = {"width": 64, "mac": "xgmii", "clk_hz": XGMII_FREQ}
+#: 156.25 MHz cycles, and a MAC receive buffer of 128 KiB (:data:`MAC_RX_10G`).
+XGMII_10G = {"width": 64, "mac": "xgmii", "clk_hz": XGMII_FREQ, "mac_rx_depth": MAC_RX_10G}
 #: Target memory of the ECP5 build: 128 KiB of block RAM (the kbtp-bram core's pool size).
 MEM_WORDS = 16384
 #: KbtpTarget arguments of the ECP5 build: the simulated configuration's QPs and MRs
