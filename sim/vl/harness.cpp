@@ -119,6 +119,31 @@ void flush() {
     obuf.clear();
 }
 
+// ---- transmit side, either interface: a frame's octets from its first preamble octet ---------
+// (tx_bad: the interface marked an error inside the frame; the frame then has no body.)
+struct TxFrame { uint64_t start, end; bool fcs_ok; std::vector<uint8_t> body; };
+std::vector<TxFrame> tx_done;
+std::vector<uint8_t> tx_oct;
+bool tx_busy = false, tx_bad = false;
+uint64_t tx_start = 0, tx_last = 0;
+
+void tx_finish() {
+    TxFrame f{tx_start, tx_last, false, {}};
+    size_t k = 0;
+    while (k < tx_oct.size() && tx_oct[k] == 0x55) k++;
+    if (!tx_bad && k < tx_oct.size() && tx_oct[k] == 0xD5 && tx_oct.size() >= k + 1 + 4) {
+        const uint8_t* b = tx_oct.data() + k + 1;
+        size_t n = tx_oct.size() - k - 1 - 4;
+        f.body.assign(b, b + n);
+        uint32_t fcs;
+        memcpy(&fcs, b + n, 4);
+        f.fcs_ok = crc32(b, n) == fcs;
+    }
+    tx_done.push_back(std::move(f));
+    tx_oct.clear();
+    tx_busy = tx_bad = false;
+}
+
 #ifdef KBTP_XGMII
 // ---- XGMII receive side (frames into the target) -------------------------------------------
 // A frame's wire is preamble + SFD + frame + FCS as on GMII; its first octet goes out as /S/.
@@ -180,28 +205,6 @@ inline void drive_rx() {
 }
 
 // ---- XGMII transmit side (frames out of the target) ----------------------------------------
-struct TxFrame { uint64_t start, end; bool fcs_ok; std::vector<uint8_t> body; };
-std::vector<TxFrame> tx_done;
-std::vector<uint8_t> tx_oct;
-bool tx_busy = false, tx_bad = false;
-uint64_t tx_start = 0, tx_last = 0;
-
-void tx_finish() {
-    TxFrame f{tx_start, tx_last, false, {}};
-    size_t k = 0;
-    while (k < tx_oct.size() && tx_oct[k] == 0x55) k++;
-    if (!tx_bad && k < tx_oct.size() && tx_oct[k] == 0xD5 && tx_oct.size() >= k + 1 + 4) {
-        const uint8_t* b = tx_oct.data() + k + 1;
-        size_t n = tx_oct.size() - k - 1 - 4;
-        f.body.assign(b, b + n);
-        uint32_t fcs;
-        memcpy(&fcs, b + n, 4);
-        f.fcs_ok = crc32(b, n) == fcs;
-    }
-    tx_done.push_back(std::move(f));
-    tx_oct.clear();
-    tx_busy = tx_bad = false;
-}
 
 // The octets on txd in the cycle that ends at ``cyc`` (octet times): sampled after the edge.
 inline void sample_tx(uint64_t at) {
@@ -256,28 +259,6 @@ inline void drive_rx() {
 }
 
 // ---- GMII transmit side (frames out of the target) -----------------------------------------
-struct TxFrame { uint64_t start, end; bool fcs_ok; std::vector<uint8_t> body; };
-std::vector<TxFrame> tx_done;
-std::vector<uint8_t> tx_oct;
-bool tx_busy = false;
-uint64_t tx_start = 0, tx_last = 0;
-
-void tx_finish() {
-    TxFrame f{tx_start, tx_last, false, {}};
-    size_t k = 0;
-    while (k < tx_oct.size() && tx_oct[k] == 0x55) k++;
-    if (k < tx_oct.size() && tx_oct[k] == 0xD5 && tx_oct.size() >= k + 1 + 4) {
-        const uint8_t* b = tx_oct.data() + k + 1;
-        size_t n = tx_oct.size() - k - 1 - 4;
-        f.body.assign(b, b + n);
-        uint32_t fcs;
-        memcpy(&fcs, b + n, 4);
-        f.fcs_ok = crc32(b, n) == fcs;
-    }
-    tx_done.push_back(std::move(f));
-    tx_oct.clear();
-    tx_busy = false;
-}
 
 inline void sample_tx() {
     if (top->GMII(tx_en)) {

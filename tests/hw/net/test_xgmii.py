@@ -33,8 +33,6 @@ def run(dut, *benches, background=(), max_cycles=50_000):
                    step=1000 * CLK)
 
 
-scapy_frame = random_frame
-
 
 def with_fcs(frame):
     return bytes(frame) + zlib.crc32(frame).to_bytes(4, "little")
@@ -141,7 +139,7 @@ def test_rx_every_length_both_lanes(ifg):
     rng = random.Random(ifg)
     lengths = list(range(60, 201))
     rng.shuffle(lengths)                        # every (start lane, length) pair mixes
-    good = [scapy_frame(rng, n) for n in lengths]
+    good = [random_frame(rng, n) for n in lengths]
     got, cnt, lanes = rx_run([xgmii_frame(with_fcs(f)) for f in good], ifg=ifg, depth=2048)
     assert set(lanes) == {0, 4}
     # Every change of start lane happens, both ways and not.
@@ -159,7 +157,7 @@ def test_rx_five_octet_gaps():
     # Lengths = 8q + 7 (FCS included 8q + 3) put /T/ 3 lanes after /S/'s: the next /S/ 5 octets
     # on is in the same lane; 8q + 3 puts it 7 lanes after: the next /S/ changes lane.
     for n in [63, 67, 71, 67, 67, 75, 131, 1515, 63, 1511, 67, 63]:
-        f = scapy_frame(rng, n)
+        f = random_frame(rng, n)
         frames.append(f)
         octets.append(xgmii_frame(with_fcs(f)))
     words, lanes = xgmii_encode(octets, 5)
@@ -174,7 +172,7 @@ def test_rx_five_octet_gaps():
 
 def test_rx_bad_frames_dropped_and_counted():
     rng = random.Random(5)
-    good = [scapy_frame(rng, n) for n in (60, 61, 100, 64, 150, 67, 90, 200)]
+    good = [random_frame(rng, n) for n in (60, 61, 100, 64, 150, 67, 90, 200)]
     plan = []                       # (octets, kind)
 
     def add_good(f):
@@ -188,7 +186,7 @@ def test_rx_bad_frames_dropped_and_counted():
     for i, f in enumerate(good):
         add_good(f)
         kind = ["fcs", "fcs_last", "runt63", "runt_tiny", "err", "ctrl", "fcs", "err_last"][i]
-        g = scapy_frame(rng, rng.randint(60, 130))
+        g = random_frame(rng, rng.randint(60, 130))
         if kind == "fcs":
             plan.append((xgmii_frame(bit_flip(g, 0)), "fcs"))
         elif kind == "fcs_last":
@@ -220,7 +218,7 @@ def test_rx_bad_frames_dropped_and_counted():
 
 def test_rx_backpressure():
     rng = random.Random(21)
-    good = [scapy_frame(rng, rng.randint(60, 400)) for _ in range(20)]
+    good = [random_frame(rng, rng.randint(60, 400)) for _ in range(20)]
     got, cnt, _ = rx_run([xgmii_frame(with_fcs(f)) for f in good], ifg=lambda i: 5 + i % 8,
                          depth=2048, backpressure=0.5, rng=rng, settle=1500)
     assert got == good
@@ -232,8 +230,8 @@ def test_rx_overflow_and_backlog():
     at half the buffer; frames sent once there is room again arrive intact."""
     rng = random.Random(9)
     dut = XgmiiRx(depth=32)                     # 256 octets
-    pkts = [scapy_frame(rng, 100) for _ in range(4)]
-    big = scapy_frame(rng, 300)
+    pkts = [random_frame(rng, 100) for _ in range(4)]
+    big = random_frame(rng, 300)
     got = []
 
     async def bench(ctx):
@@ -290,7 +288,7 @@ def test_tx_wire_format_and_dic(lengths):
     if lengths == "short":
         pkts = [rng.randbytes(n) for n in list(range(1, 80)) + list(range(1, 30))]
     else:
-        pkts = [scapy_frame(rng, rng.choice([rng.randint(14, 200), rng.randint(14, 1514)]))
+        pkts = [random_frame(rng, rng.choice([rng.randint(14, 200), rng.randint(14, 1514)]))
                 for _ in range(40)]
     if lengths == "short":
         dut = XgmiiMac(rx_depth=2048, tx_depth=4096)
