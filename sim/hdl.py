@@ -284,6 +284,21 @@ def run_sim(dut, main, background=(), *, processes=(), vcd=None, period=1e-8):
         sim.run()
 
 
+def run_bounded(dut, *benches, background=(), clk, max_cycles=50_000):
+    """Simulate ``dut`` on one ``sync`` clock of period ``clk`` until every bench returns;
+    fail (rather than hang) after ``max_cycles``. ``dut`` is wrapped so that a ``sync``
+    domain exists even for a purely combinational one (1:1 sizers)."""
+    from amaranth import ClockDomain, Module
+    from amaranth.sim import Simulator
+    top = Module()
+    top.submodules.dut = dut
+    top.domains.sync = ClockDomain()
+    sim = Simulator(top)
+    sim.add_clock(clk)
+    run_until_done(sim, benches, background=background, limit=max_cycles * clk,
+                   step=1000 * clk)
+
+
 def run_until_done(sim, benches, *, background=(), limit, step=None):
     """Add the testbenches ``benches`` (and ``background`` ones) to ``sim`` and run it until
     every bench has returned, looking every ``step`` seconds of simulated time; raise

@@ -11,29 +11,20 @@ import random
 import zlib
 
 import pytest
-from amaranth import ClockDomain, Elaboratable, Fragment, Module
+from amaranth import Elaboratable, Fragment, Module
 from amaranth.lib import data
-from amaranth.sim import Simulator
 
 from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer, StreamUpsizer
 from sim.hdl import (beats_to_packet, gmii_drive, gmii_wire, packet_get, packet_put,
-                     packet_to_beats, run_until_done, stream_get, stream_put)
+                     packet_to_beats, run_bounded, stream_get, stream_put)
 
 CLK = 8e-9
 
 
 def run(dut, *benches, background=(), max_cycles=50_000):
-    """Simulate until every bench returns; fail (rather than hang) after ``max_cycles``."""
-    # Wrap so that a "sync" domain exists even for a purely combinational DUT (1:1 sizers).
-    top = Module()
-    top.submodules.dut = dut
-    top.domains.sync = ClockDomain()
-    sim = Simulator(top)
-    sim.add_clock(CLK)
-    run_until_done(sim, benches, background=background, limit=max_cycles * CLK,
-                   step=1000 * CLK)
+    run_bounded(dut, *benches, background=background, clk=CLK, max_cycles=max_cycles)
 
 
 def random_packets(rng, count, lo, hi):

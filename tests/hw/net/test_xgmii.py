@@ -11,12 +11,11 @@ import random
 import zlib
 
 import pytest
-from amaranth import ClockDomain, Fragment, Module, Shape
-from amaranth.sim import Simulator
+from amaranth import Fragment, Module, Shape
 
 from hw.net.xgmii import (ERROR, IDLE, START, TERMINATE, XgmiiMac, XgmiiRx, XgmiiTx)
 import hw.net.xgmii as xgmii
-from sim.hdl import packet_put, run_until_done, split_packets, stream_collect
+from sim.hdl import packet_put, run_bounded, split_packets, stream_collect
 from tests.hw.net.frames import random_frame
 
 CLK = 6.4e-9
@@ -24,13 +23,7 @@ IDLE_WORD = (int.from_bytes(bytes([IDLE] * 8), "little"), 0xFF)
 
 
 def run(dut, *benches, background=(), max_cycles=50_000):
-    top = Module()
-    top.submodules.dut = dut
-    top.domains.sync = ClockDomain()
-    sim = Simulator(top)
-    sim.add_clock(CLK)
-    run_until_done(sim, benches, background=background, limit=max_cycles * CLK,
-                   step=1000 * CLK)
+    run_bounded(dut, *benches, background=background, clk=CLK, max_cycles=max_cycles)
 
 
 

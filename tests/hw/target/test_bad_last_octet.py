@@ -1,11 +1,12 @@
 # Ref: issue 21 (Must show: bad FCS and bad ICRC found only at the last octet, at every width);
 #      docs/roce-layouts.md §5 (ICRC: coverage, octet order), §6.2-§6.5 (ePSN, MSN, ACKs), §4;
 #      sim/vltarget.py and sim/vl/harness.cpp ('S': FCS); hw/target/target.py TOP_COUNTERS,
-#      RESP_COUNTERS; tools/bench.py CONFIGS (the three configurations).
+#      RESP_COUNTERS; tools/bench.py CONFIGS (the three configurations) and XGMII_CONFIG (10 Gb/s).
 """A request whose only fault is in its last octet is dropped, counted and forgotten.
 
 For each configuration of the bench (tools/bench.py ``CONFIGS``: the ECPIX-5 core with its DDR3
-model, the one-clock unit targets at widths 8 and 64), Verilated (sim/vltarget.py), and for each
+model, the one-clock unit targets at widths 8 and 64) and the 10 Gb/s one (``XGMII_CONFIG``: width 64
+behind the XGMII MAC; its counts are octet times), Verilated (sim/vltarget.py), and for each
 of an RDMA WRITE Only (RETH, into an MR), a SEND Only (the KBTP engine is left at reset, its
 fast path off, so the message goes to the host's RecvNotify queue), an RDMA READ Request and a
 FetchAdd, in PSN order on one QP, programmed straight through host/port.py:
@@ -52,9 +53,9 @@ from sim.hdl import gmii_drive, gmii_wire, packet_get, run_until_done
 from sim.scapy_roce import RETH, AtomicETH, dissect_roce, icrc_of, roce_frame
 from sim.system import P_IP, P_MAC, P_QPN0, T_IP, T_MAC, run_sync
 from sim.vltarget import VlTarget, config_params
-from tools.bench import CONFIGS
+from tools.bench import CONFIGS, XGMII_CONFIG
 
-#: GMII cycles (8 ns) waited for an answer that must not come.
+#: Counts (GMII cycles of 8 ns; octet times of 0.8 ns at 10 Gb/s) waited for an answer that must not come.
 QUIET = 20_000
 QP, T_QPN, P_QPN = 0, QPN_BASE, P_QPN0
 RQ_PSN = 0x5D19F0
@@ -185,7 +186,7 @@ def check_sent(tx):
     return bth, ext, payload
 
 
-@pytest.fixture(params=CONFIGS)
+@pytest.fixture(params=CONFIGS + (XGMII_CONFIG,))
 def config(request):
     return request.param
 
