@@ -105,6 +105,14 @@ synth-check: $(VENV)/.installed litedram
 fmax-10g: $(VENV)/.installed
 	$(PY) -m boards.xgmii10g $(if $(SEED),--seed $(SEED))
 
+# ECP5 cells (LUT4, FF, carry, LUT RAM, EBR) of each block of a configuration's target, each
+# synthesised alone (tools/area.py): where the area goes, ~15 min at depth 2 for the shipped
+# core. AREA_ARGS="--config 10g --depth 1 --only eng,req --out F.json".
+AREA_ARGS ?= --config ecpix5 --depth 2
+.PHONY: area
+area: $(VENV)/.installed
+	$(PY) -m tools.area $(AREA_ARGS)
+
 # Logic depth of every core-clock register input of the last build's netlist, worst first
 # (tools/depth.py): the paths to pipeline for a faster core clock, found in one pass rather
 # than one place-and-route each. Needs build/$(BOARD)/top.json (`make bitstream`, or
