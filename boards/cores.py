@@ -352,6 +352,7 @@ class KbtpCore(wiring.Component):
         wiring.connect(m, t.tx, cdc.tx)
         for k in range(len(cdc.counters)):
             m.d.comb += t.mac_counters[k].eq(cdc.counters[k])
+        m.d.comb += t.mac_rx_backlog.eq(cdc.rx_backlog)
         _gmii_flopped(m, self.gmii, cdc, self.leds)
         if "dram_status" in self.signature.members:
             # Status only (LEDs): the controller's flags, each through a synchroniser.

@@ -82,7 +82,9 @@ def render(stats, source="", now=None):
                  f"{c.get('resp.cnt_seq_naks', 0)}, ahead {c.get('resp.cnt_psn_ahead', 0)}, "
                  f"duplicates {c.get('resp.cnt_duplicates', 0)}, seq NAKs got "
                  f"{c.get('req.cnt_seq_naks', 0)}  RNR NAKs {c.get('resp.cnt_rnr_naks', 0)}"
-                 f"/{c.get('req.cnt_rnr_naks', 0)}  rkey {c.get('resp.cnt_rkey_errors', 0)}")
+                 f"/{c.get('req.cnt_rnr_naks', 0)} (refused at backlog "
+                 f"{c.get('resp.cnt_rnr_backlog', 0)}, MAC overflows "
+                 f"{c.get('mac.rx_overflows', 0)})  rkey {c.get('resp.cnt_rkey_errors', 0)}")
     lines.append(f"retransmit   {c.get('req.cnt_retransmits', 0)} (timeouts "
                  f"{c.get('req.cnt_timeouts', 0)})  QP errors {c.get('req.qp_error', 0)}")
     fb = drv.get("free_blocks", {})

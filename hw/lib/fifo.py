@@ -75,6 +75,9 @@ class PacketFifo(wiring.Component):
     r : Out(stream of packet_layout(width) [+ "side"])
     level : Out(range(depth + 2))
         Beats held (committed or not, including the one in the output register).
+    half : Out(1)
+        Registered: the memory holds ``depth // 2`` beats or more (from the same difference
+        of pointers as the registered full flag, no adder of its own).
     cnt_overflow : Out(32)
         Only with ``drop_oversize``: packets dropped because they did not fit.
     """
@@ -98,6 +101,7 @@ class PacketFifo(wiring.Component):
             "w_discard": In(1),
             "r": Out(stream.Signature(layout)),
             "level": Out(range(depth + 2)),
+            "half": Out(1),
         }
         if drop_oversize:
             ports["cnt_overflow"] = Out(32)
@@ -131,6 +135,7 @@ class PacketFifo(wiring.Component):
         else:
             m.d.comb += used.eq(Mux(wp[abits] != rp[abits], depth, 0) + wp[:abits] - rp[:abits])
         m.d.comb += self.level.eq(used + out_valid)
+        m.d.sync += self.half.eq(used >= depth // 2)
 
         # Full (used == depth) as an equality test of the address bits and a differing lap
         # bit: a few LUT levels, where the subtraction's carry chain plus the pointer increment

@@ -142,14 +142,23 @@ class MemArbiter(wiring.Component):
         block: a row miss costs 3 core cycles on the ECPIX-5 DDR3); 16 in a row cut a STORE
         inline of 4 KiB from 11,432 to 8,249 GMII cycles in the bench (with the deeper sizes
         above). Another master waits at most ``hold`` requests longer.
+    urgent : tuple of int
+        Masters granted whenever they ask, before the round robin and any other master's hold,
+        the first listed first. Meant for the masters the wire feeds (the responder placing
+        SEND and WRITE payloads, the requester placing READ responses): they must keep pace
+        with the line, or the MAC's receive buffer fills behind them. Their demand is bounded
+        by the line rate, so the others keep what the line leaves of the bus. Default none.
     """
 
-    def __init__(self, n, outstanding=32, hold=16):
+    def __init__(self, n, outstanding=32, hold=16, urgent=()):
         if hold < 1:
             raise ValueError(f"MemArbiter: hold {hold} < 1")
+        if any(not 0 <= i < n for i in urgent):
+            raise ValueError(f"MemArbiter: urgent masters {urgent} not all in 0..{n - 1}")
         self.n = n
         self.outstanding = outstanding
         self.hold = hold
+        self.urgent = tuple(urgent)
         super().__init__({"masters": In(MemBusSignature()).array(n),
                           "bus": Out(MemBusSignature())})
 
@@ -181,6 +190,10 @@ class MemArbiter(wiring.Component):
                     with m.Case(i):
                         with m.If(self.masters[i].req.valid & (run < self.hold)):
                             m.d.comb += grant.eq(i)
+        # ... unless an urgent master asks (the last assignment wins: the first listed last).
+        for i in reversed(self.urgent):
+            with m.If(self.masters[i].req.valid):
+                m.d.comb += [grant.eq(i), any_valid.eq(1)]
 
         out = self.bus.req
         for i in range(n):

@@ -66,6 +66,10 @@ class GmiiRx(wiring.Component):
         Frame counters (wrapping). A bad frame counts once, under the first of: ``rx_errors``
         (rx_er seen while rx_dv), ``runts`` (< 64 octets with FCS), ``fcs_errors``,
         ``overflows`` (did not fit in the buffer).
+    backlog : Out(1)
+        The buffer holds half its depth or more (registered): what lies behind the reader is
+        arriving faster than it drains. The responder then refuses new messages with an RNR
+        NAK instead of letting the buffer overflow (hw/rdma/resp_exec.py).
     """
 
     def __init__(self, depth=2048):
@@ -74,12 +78,13 @@ class GmiiRx(wiring.Component):
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "o": Out(PacketStream(8)),
             "frames_ok": Out(32), "fcs_errors": Out(32), "runts": Out(32),
-            "rx_errors": Out(32), "overflows": Out(32),
+            "rx_errors": Out(32), "overflows": Out(32), "backlog": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.fifo = fifo = PacketFifo(8, self._depth, registered_ready=True)
+        m.d.comb += self.backlog.eq(fifo.half)
         m.submodules.crc = fcs = _fcs_crc()
         wiring.connect(m, wiring.flipped(self.o), fifo.r)
 
@@ -317,6 +322,8 @@ class GmiiMac(wiring.Component):
         than ``tx_depth`` octets would stall the stream forever: keep frames within the MTU.
     rx_frames_ok, rx_fcs_errors, rx_runts, rx_errors, rx_overflows, tx_frames, tx_underruns
         Out(32) counters (see :class:`GmiiRx`, :class:`GmiiTx`).
+    rx_backlog : Out(1)
+        The receive buffer is half full or more (:class:`GmiiRx` ``backlog``).
     """
 
     def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048):
@@ -332,7 +339,7 @@ class GmiiMac(wiring.Component):
             "tx": In(PacketStream(width)),
             "rx_frames_ok": Out(32), "rx_fcs_errors": Out(32), "rx_runts": Out(32),
             "rx_errors": Out(32), "rx_overflows": Out(32),
-            "tx_frames": Out(32), "tx_underruns": Out(32),
+            "tx_frames": Out(32), "tx_underruns": Out(32), "rx_backlog": Out(1),
         })
 
     def elaborate(self, platform):
@@ -349,7 +356,7 @@ class GmiiMac(wiring.Component):
             self.txd.eq(tx.txd), self.tx_en.eq(tx.tx_en), self.tx_er.eq(tx.tx_er),
             self.rx_frames_ok.eq(rx.frames_ok), self.rx_fcs_errors.eq(rx.fcs_errors),
             self.rx_runts.eq(rx.runts), self.rx_errors.eq(rx.rx_errors),
-            self.rx_overflows.eq(rx.overflows),
+            self.rx_overflows.eq(rx.overflows), self.rx_backlog.eq(rx.backlog),
             self.tx_frames.eq(tx.frames), self.tx_underruns.eq(tx.underruns),
         ]
         wiring.connect(m, rx.o, up.i)

@@ -10,6 +10,7 @@
     GMII <- GmiiMac(8).tx <- slice <- StreamDownsizer(w, 8) <- slice <- AsyncFIFO <- tx (core)
     (slice: RegisterSlice, a skid buffer that cuts the valid/data and ready paths)
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
+    rx_backlog (the MAC's receive buffer half full): a level, through an FFSynchronizer.
 
 The MAC keeps its own frame buffers (bad frames are dropped there, and transmission starts
 only once a whole frame is buffered), so the asynchronous FIFOs only have to absorb the clock
@@ -52,6 +53,9 @@ class MacCdc(wiring.Component):
         GMII, in ``mac_domain``.
     rx : Out(PacketStream(width)), tx : In(PacketStream(width))
         Frames without FCS, in ``core_domain``.
+    rx_backlog : Out(1)
+        The MAC's receive buffer holds half its depth or more (GmiiMac ``rx_backlog``), in
+        ``core_domain``, two core cycles late (a level that lasts at least a frame).
     counters : Out(32).array(7)
         The MAC's counters (:data:`MAC_COUNTER_NAMES`) recounted in ``core_domain``. Events of
         one counter closer than a few core cycles may count once; the MAC's events are a frame
@@ -68,6 +72,7 @@ class MacCdc(wiring.Component):
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
             "rx": Out(PacketStream(width)), "tx": In(PacketStream(width)),
             "counters": Out(32).array(len(MAC_COUNTER_NAMES)),
+            "rx_backlog": Out(1),
         })
 
     def elaborate(self, platform):
@@ -113,6 +118,9 @@ class MacCdc(wiring.Component):
         wiring.connect(m, tx_slice.o, down.i)
         wiring.connect(m, down.o, tx_slice8.i)
         wiring.connect(m, tx_slice8.o, mac.tx)
+
+        m.submodules.backlog_sync = cdc.FFSynchronizer(mac.rx_backlog, self.rx_backlog,
+                                                       o_domain=cd)
 
         # Counters: the MAC's counters step by one, so a toggle of bit 0 is an event; events
         # cross as pulses.

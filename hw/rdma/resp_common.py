@@ -34,7 +34,8 @@ RespTx = data.StructLayout({
 #: Counter output ports, in the order a register bank should map them (offset 4 * index).
 COUNTERS = ("cnt_packets", "cnt_acks", "cnt_seq_naks", "cnt_psn_ahead", "cnt_duplicates",
             "cnt_rkey_errors", "cnt_nak_invalid", "cnt_nak_access", "cnt_rnr_naks",
-            "cnt_unknown_qp", "cnt_bad_state", "cnt_bad_opcode", "cnt_src_mismatch")
+            "cnt_unknown_qp", "cnt_bad_state", "cnt_bad_opcode", "cnt_src_mismatch",
+            "cnt_rnr_backlog")
 
 #: One strobe per counter: a block raises a bit for one cycle to count one event.
 Counts = data.StructLayout({name: 1 for name in COUNTERS})

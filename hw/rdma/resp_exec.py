@@ -44,6 +44,7 @@ class RespSequencer(wiring.Component):
     h : In(RoceRxHeader), kind : In(ReqKind), qi : In(QP_INDEX_BITS)   the packet in hand
     seq_bad, len_bad : In(1)        from RequestDecoder
     credits : In(9)                 receive buffers of QP ``qi``
+    backlog : In(1)                 the MAC's receive buffer is half full: refuse new messages
     admit : In(AdmitCtl)
     ctx_in : In(SeqCtx)             QP ``qi``'s stored context (loaded on ``admit.start``)
     ctx : Out(SeqCtx), commit : Out(1)   working context; write it back now
@@ -57,7 +58,7 @@ class RespSequencer(wiring.Component):
         self.cache_depth, self.ack_every, self.rnr_timer = cache_depth, ack_every, rnr_timer
         super().__init__({
             "h": In(RoceRxHeader), "kind": In(ReqKind), "qi": In(QP_INDEX_BITS),
-            "seq_bad": In(1), "len_bad": In(1), "credits": In(9),
+            "seq_bad": In(1), "len_bad": In(1), "credits": In(9), "backlog": In(1),
             "admit": In(AdmitCtl),
             "ctx_in": In(SeqCtx), "ctx": Out(SeqCtx), "commit": Out(1),
             "mr_ok": In(1), "mr_laddr": In(ADDR_BITS),
@@ -156,6 +157,12 @@ class RespSequencer(wiring.Component):
                         fatal(S.NAK_INVALID_REQUEST.value, "cnt_nak_invalid")
                     with m.Elif(k.needs_recv & (self.credits == 0)):
                         answer("cnt_rnr_naks", syndrome=S.RNR_NAK.value | self.rnr_timer)
+                    with m.Elif(k.needs_recv & self.backlog):
+                        # Frames arrive faster than the target drains them: a new message
+                        # waits out the RNR timer at its requester rather than being lost
+                        # to a full MAC buffer (the messages under way go on).
+                        answer("cnt_rnr_naks", "cnt_rnr_backlog",
+                               syndrome=S.RNR_NAK.value | self.rnr_timer)
                     with m.Elif(k.atomic & (h.atomic_eth.va[0:3] != 0)):
                         fatal(S.NAK_INVALID_REQUEST.value, "cnt_nak_invalid")
                     with m.Elif(k.write & k.first_only & (reth.dma_length != 0)):

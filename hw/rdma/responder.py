@@ -28,7 +28,10 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
   original value. Not in the cache: dropped. The cache (``cache_depth`` entries per QP, in a
   memory) is searched one entry per cycle, lowest entry index first.
 - No receive buffer for a packet that needs one: RNR NAK (0x20 | ``rnr_timer``), PSN of the
-  request, nothing changes.
+  request, nothing changes. The same for the first packet of a new SEND while ``rx_backlog``
+  says the MAC's receive buffer is half full (``cnt_rnr_backlog`` counts these as well):
+  admission control, so that a requester with many messages outstanding waits out the RNR
+  timer instead of losing frames to a full buffer and its ACK timeout.
 - R_Key / range / rights failure: NAK 0x62; opcode sequence, length, misaligned atomic,
   unknown invalidate R_Key: NAK 0x61. Both are fatal: the responder marks the QP in error (its
   packets are dropped, ``qp_error`` strobes) until the host rewrites the QP's state (the QP
@@ -114,6 +117,7 @@ class Responder(wiring.Component):
     tx : Out(stream of RespTx)            to the TX path
     notify : Out(stream of RecvNotify), repost : In(stream of RecvRepost)
     qp_error : Out(1), qp_error_index : Out(QP_INDEX_BITS)   strobe on a fatal NAK
+    rx_backlog : In(1)                    the MAC's receive buffer is half full (GmiiMac)
     cnt_* : Out(32)                       see :data:`COUNTERS`
     """
 
@@ -134,6 +138,7 @@ class Responder(wiring.Component):
             "notify": Out(stream.Signature(RecvNotify)),
             "repost": In(stream.Signature(RecvRepost)),
             "qp_error": Out(1), "qp_error_index": Out(QP_INDEX_BITS),
+            "rx_backlog": In(1),
             **{name: Out(32) for name in COUNTERS},
         })
 
@@ -179,6 +184,7 @@ class Responder(wiring.Component):
         # Sequencer.
         m.d.comb += [seq.h.eq(h), seq.kind.eq(k), seq.qi.eq(qi), seq.seq_bad.eq(dec.seq_bad),
                      seq.len_bad.eq(dec.len_bad), seq.credits.eq(store.credits),
+                     seq.backlog.eq(self.rx_backlog),
                      seq.ctx_in.eq(store.ctx.seq), seq.mr_ok.eq(self.mr.ok),
                      seq.mr_laddr.eq(self.mr.laddr),
                      self.qp_error.eq(seq.qp_error), self.qp_error_index.eq(seq.qp_error_index)]

@@ -207,7 +207,8 @@ class KbtpTarget(wiring.Component):
                      "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1)}
         else:
             ports = {"rx": In(PacketStream(width)), "tx": Out(PacketStream(width)),
-                     "mac_counters": In(32).array(len(MAC_COUNTERS))}
+                     "mac_counters": In(32).array(len(MAC_COUNTERS)),
+                     "mac_rx_backlog": In(1)}
         super().__init__({**ports, "host": In(HostBusSignature())})
         self.ram = ram if ram is not None else MemRam(mem_words, init=self.init)
 
@@ -220,6 +221,7 @@ class KbtpTarget(wiring.Component):
         else:
             # The MAC lives outside: its user-side streams and counters are our ports.
             mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
+                                  rx_backlog=self.mac_rx_backlog,
                                   **dict(zip(MAC_COUNTERS, self.mac_counters)))
         sm.ethrx = ethrx = EthIpRx(w)
         sm.arp = arp = ArpResponder(w)
@@ -234,7 +236,9 @@ class KbtpTarget(wiring.Component):
         sm.ethtx = ethtx = EthIpTx(w)
         sm.qpt = qpt = QpTable(nq)
         sm.mrt = mrt = MrTable(self.n_mr, n_qp=nq)
-        sm.arb = arb = MemArbiter(5 if self.engine else 4)
+        # The responder (0) and the requester (1, READ responses) place what the wire brings:
+        # first, so that they keep pace with the line (MemArbiter ``urgent``).
+        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=(0, 1))
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
         sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)
@@ -331,6 +335,7 @@ class KbtpTarget(wiring.Component):
             m.d.comb += [unit.load_valid.eq(qpt.load_valid), unit.load_qp.eq(qpt.load_qp),
                          unit.load_row.eq(qpt.load_row)]
         wiring.connect(m, resp.mr, mrt.lookup)
+        m.d.comb += resp.rx_backlog.eq(mac.rx_backlog)
         m.d.comb += [mrt.inv_valid.eq(resp.mr_inv_valid), mrt.inv_rkey.eq(resp.mr_inv_rkey),
                      resp.mr_inv_found.eq(mrt.inv_found)]
 

@@ -72,5 +72,6 @@ class XgmiiKbtpTarget(wiring.Component):
         wiring.connect(m, t.tx, mac.tx)
         for k, name in enumerate(MAC_COUNTERS):
             m.d.comb += t.mac_counters[k].eq(getattr(mac, name))
+        m.d.comb += t.mac_rx_backlog.eq(mac.rx_backlog)   # RNR on backlog (hw/rdma/resp_exec.py)
         wiring.connect(m, wiring.flipped(self.host), t.host)
         return m

@@ -125,3 +125,50 @@ def test_back_to_back_reads_one_word_per_cycle(n):
     assert got == init[:count]
     print(f"{count} reads through a {n}-port arbiter: {cycles[0]} cycles")
     assert cycles[0] <= count + 3
+
+
+@pytest.mark.parametrize("urgent", [(0,), ()])
+def test_urgent_master_goes_first(urgent):
+    """Masters 1 and 2 stream writes (each would keep its grant for ``hold`` = 16 in a row);
+    master 0, urgent, asks now and then: it is granted in the cycle it asks, every time. Without
+    ``urgent`` (the plain round robin with its hold) it waits behind the stream's run."""
+    top = on_ram(MemArbiter(3, outstanding=4, urgent=urgent), "bus", WORDS, [0] * WORDS)
+    waits = []
+
+    async def streamer(ctx, i):
+        port = top.master.masters[i]
+        k = 0
+        ctx.set(port.req.valid, 1)
+        while True:
+            ctx.set(port.req.payload, {"addr": 8 * (64 + 64 * (i - 1) + k % 64), "we": 1,
+                                       "wdata": k, "wstrb": 0xFF})
+            _, _, ok = await ctx.tick().sample(port.req.ready)
+            k += int(bool(ok))
+
+    async def urgent_master(ctx):
+        port = top.master.masters[0]
+        for n in range(12):
+            await ctx.tick().repeat(5 + 3 * n)
+            ctx.set(port.req.payload, {"addr": 8 * n, "we": 1, "wdata": n, "wstrb": 0xFF})
+            ctx.set(port.req.valid, 1)
+            w = 0
+            while not ctx.get(port.req.ready):
+                await ctx.tick()
+                w += 1
+            await ctx.tick()
+            ctx.set(port.req.valid, 0)
+            waits.append(w)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    for i in (1, 2):
+        async def stream_i(ctx, i=i):
+            await streamer(ctx, i)
+        sim.add_process(stream_i)
+    sim.add_testbench(urgent_master)
+    sim.run_until(8e-6)
+    assert len(waits) == 12
+    if urgent:
+        assert waits == [0] * 12, waits
+    else:
+        assert max(waits) > 0, waits

@@ -308,6 +308,48 @@ def test_rnr(width):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+def test_rnr_backlog(width):
+    """``rx_backlog`` (the MAC's receive buffer half full): the first packet of a new SEND gets
+    an RNR NAK although a receive buffer is free (cnt_rnr_naks and cnt_rnr_backlog), and takes
+    no buffer; the packets of a SEND already under way are placed; once the backlog clears,
+    the peer's retry after the RNR timer is accepted, and every message lands once."""
+    env, rng = make_env(width, 256, seed=width + 11)
+
+    async def scenario(ctx, env):
+        psn = 0x123456
+        qp = await fresh(ctx, env, psn, recv_count=4)
+        r = env.dut.resp
+        long = bytes(rng.getrandbits(8) for _ in range(600))      # 3 packets at PMTU 256
+        qp.send(long)
+        first, *rest = env.peer.poll_tx()
+        out = await env.exchange(ctx, [first])
+        ctx.set(r.rx_backlog, 1)
+        out += await env.exchange(ctx, rest)
+        # the SEND under way is finished: one ACK (AckReq on its last packet), no NAK
+        assert summary(out) == [(O.ACKNOWLEDGE.value, S.ACK.value, psn + 2)], summary(out)
+        env.to_peer(out, PEER_QPN)
+        short = b"S" * 40
+        qp.send(short)
+        out = await env.exchange(ctx, env.peer.poll_tx())
+        assert summary(out) == [(O.ACKNOWLEDGE.value, S.RNR_NAK.value | 1, psn + 3)]
+        env.to_peer(out, PEER_QPN)
+        c = env.counters(ctx)
+        assert (c["cnt_rnr_naks"], c["cnt_rnr_backlog"]) == (1, 1), c
+        assert len(env.notes) == 1          # the refused SEND took no buffer
+        ctx.set(r.rx_backlog, 0)
+        await env.run_peer(ctx, PEER_QPN, tick_us=20)       # RNR timer code 1 = 10 us
+        assert [c.status for c in qp.poll_cq()] == [WcStatus.SUCCESS] * 2
+        assert [n["length"] for n in env.notes] == [600, 40]
+        assert env.notes[0]["addr"] == RECV_BASE != env.notes[1]["addr"]
+        assert env.mem(ctx, env.notes[0]["addr"], 600) == long
+        assert env.mem(ctx, env.notes[1]["addr"], 40) == short
+        c = env.counters(ctx)
+        assert (c["cnt_rnr_naks"], c["cnt_rnr_backlog"]) == (1, 1), c
+
+    run(env, scenario)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_drops(width):
     """Unknown QPN, QP not in RTR/RTS, response opcodes: dropped and counted, their payload
     drained (the following request still executes); no packet goes out."""
