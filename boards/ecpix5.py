@@ -38,7 +38,18 @@ ECPIX5 = BoardSpec(
     # +0.629 ns), not from 2 (floor 72 overused wires at iteration ~51, then rising; it was
     # seed 2 before the unit). nextpnr is deterministic for one netlist, seed and option set;
     # a change of the gateware can need another seed (`make bitstream SEED=n`).
-    nextpnr_seed=1,
+    # Seed 3 with the static placer (below) for the core with the admission fixes (RNR on MAC
+    # backlog, the wire's masters first on the memory bus): router2 at overuse 0 at iteration
+    # 140, every clock met (core 35.35 MHz at 25, GMII 128.19 at 125, LiteDRAM 66.30 at 50),
+    # 2026-12-05. Seed 1 on the same gateware before the LED flops hovered at overuse 5-127
+    # past iteration 380. HeAP at seed 1 diverged on it (overuse 666 at 22, 7,134 at 46).
+    nextpnr_seed=3,
+    # nextpnr's analytic "static" placer instead of HeAP: on the width-64 core with 64 QPs and
+    # LiteDRAM (77 % of the LUT4) router2 finished at iteration 92 instead of 180, and the core
+    # clock reached 37.85 MHz instead of 33.10 (seed 1, 086ec81's gateware); it spread the
+    # design enough to expose the LED activity net as the 125 MHz clock's critical path (7.7 ns
+    # of routing across the die), since flopped twice (boards/top.py).
+    nextpnr_opts=("--placer", "static"),
     # Issue 22: the kbtp core's target memory (pool, table, rings, receive and scratch buffers)
     # is the board's 512 MB of DDR3 through LiteDRAM (boards/litedram_bridge.py; LiteDRAM's
     # clock 50 MHz). Core kbtp-bram keeps it in the block RAM of ``memory`` (128 KiB of pool).

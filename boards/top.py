@@ -125,6 +125,13 @@ class BoardTop(Elaboratable):
         heartbeat = Signal(27)
         m.d.sync += heartbeat.eq(heartbeat + 1)
         activity = core.leds if "leds" in core.signature.members else Signal(2)
+        # Two flip-flops between the activity lines (flopped by the GMII pins) and the timers
+        # (by the LED pins, across the die on the ECPIX-5): without them that one net was the
+        # 125 MHz clock's critical path, 7.7 ns of routing of its 8.6 ns (nextpnr's static
+        # placer, 2026-12-05). A blink 16 ns late is not seen.
+        act_r = [Signal(2, name=f"activity_r{k}") for k in range(2)]
+        m.d.sync += [act_r[0].eq(activity), act_r[1].eq(act_r[0])]
+        activity = act_r[1]
         stretched = []
         for i in range(2):
             timer = Signal(23)      # ~67 ms at 125 MHz: visible blinks for single frames
