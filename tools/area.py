@@ -67,25 +67,26 @@ def blocks_of(config, depth=1, only=None):
     from amaranth.lib import memory, wiring
     out = []
 
-    def walk(prefix, el, level):
+    def blocks_in(el, level):
         # A memory is not opened up as a block of its own (it does not convert alone): it
-        # stays in its parent's glue.
-        kids = [(n, s) for n, s in _children(el) if (n != "ram" or prefix)
-                and (level == 1 or not isinstance(s, memory.Memory))]
+        # stays in its parent's glue. The target's own memory (``ram``) is left out.
+        return [(n, s) for n, s in _children(el)
+                if (n != "ram" if level == 1 else not isinstance(s, memory.Memory))]
+
+    def walk(prefix, kids, level):
         for name, sub in kids:
             if level == 1 and only and name not in only:
                 continue
             path = f"{prefix}{name}"
             opened = level < depth and isinstance(sub, wiring.Component)
-            grandkids = _children(sub) if opened else []
-            if opened and any(isinstance(s, wiring.Component) and
-                              not isinstance(s, memory.Memory) for _, s in grandkids):
+            grandkids = blocks_in(sub, level + 1) if opened else []
+            if any(isinstance(s, wiring.Component) for _, s in grandkids):
                 out.append((f"{path}.(glue)", sub))
-                walk(f"{path}.", sub, level + 1)
+                walk(f"{path}.", grandkids, level + 1)
             else:
                 out.append((path, sub))
 
-    walk("", _target_of(config), 1)
+    walk("", blocks_in(_target_of(config), 1), 1)
     return out
 
 
