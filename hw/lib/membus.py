@@ -9,14 +9,15 @@ stream keep each master a small FSM and make the order of writes (which the draf
 depend on) the order in which the arbiter accepts them.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import fifo, wiring
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import wire_fields
 
 from hw.iface import MEM_DATA_BITS, MemBusSignature
+from hw.lib.stream import RegisterSlice
 
 __all__ = ["MemRam", "MemArbiter", "MemSplit", "be_field", "bswap", "bswap64", "read_words"]
 
@@ -117,7 +118,25 @@ class MemRam(wiring.Component):
 
 
 class MemArbiter(wiring.Component):
-    """Round-robin arbiter of ``n`` masters onto one bus; responses routed back in order.
+    """Arbiter of ``n`` masters onto one bus, with a registered grant; responses routed back in
+    order through a register.
+
+    No combinational path runs from one master to another (draft-free reason: the ECPIX-5's
+    core clock). The grant is a flop: a master's ``req.ready`` is its grant bit and the bus's
+    ready, never another master's ``valid``; the decision for the next cycle is made from this
+    cycle's requests. Responses pass a register stage (:class:`~hw.lib.stream.RegisterSlice`)
+    before they reach their master. The single order of the bus is kept: a request is accepted
+    by the arbiter in the cycle it goes out on the bus, so a write is visible to every request
+    any master hands over later (the ordering the draft's memory rules need).
+
+    Cost: a master that asks while the grant is elsewhere waits one cycle more than with a
+    combinational grant; a read answers one cycle later. A master keeps the grant after a
+    request while its run is below ``hold`` (it may not ask again: one idle cycle on the bus
+    if another master was waiting).
+
+    Before this, the grant was combinational, and the core clock's longest path on the ECPIX-5
+    (28.3 ns, 24.8 of it routing) ran from the ring allocator's state through the arbiter into
+    the requester's READ-response writer and on into the responder.
 
     Ports
     -----
@@ -135,19 +154,20 @@ class MemArbiter(wiring.Component):
         bursts of 64 in InlineCopy as well, nextpnr's router2 did not converge at that seed
         (overuse still rising at iteration 204), so InlineCopy's burst stays 16.
     hold : int
-        grants in a row the last master keeps while it asks, before the others' turn (1: plain
-        round robin and no added logic; 16, the default). One request each in turn makes DRAM
-        switch rows with nearly every request when two masters stream to two rows of a bank
-        (the responder filling a receive buffer while the engine copies the previous one into a
-        block: a row miss costs 3 core cycles on the ECPIX-5 DDR3); 16 in a row cut a STORE
-        inline of 4 KiB from 11,432 to 8,249 GMII cycles in the bench (with the deeper sizes
-        above). Another master waits at most ``hold`` requests longer.
+        grants in a row the last master keeps, before the others' turn (1: plain round robin;
+        16, the default). One request each in turn makes DRAM switch rows with nearly every
+        request when two masters stream to two rows of a bank (the responder filling a receive
+        buffer while the engine copies the previous one into a block: a row miss costs 3 core
+        cycles on the ECPIX-5 DDR3); 16 in a row cut a STORE inline of 4 KiB from 11,432 to
+        8,249 GMII cycles in the bench (with the deeper sizes above). Another master waits at
+        most ``hold`` requests longer.
     urgent : tuple of int
         Masters granted whenever they ask, before the round robin and any other master's hold,
-        the first listed first. Meant for the masters the wire feeds (the responder placing
-        SEND and WRITE payloads, the requester placing READ responses): they must keep pace
-        with the line, or the MAC's receive buffer fills behind them. Their demand is bounded
-        by the line rate, so the others keep what the line leaves of the bus. Default none.
+        the first listed first: the cycle after they ask, or at once if the grant is already
+        theirs. Meant for the masters the wire feeds (the responder placing SEND and WRITE
+        payloads, the requester placing READ responses): they must keep pace with the line, or
+        the MAC's receive buffer fills behind them. Their demand is bounded by the line rate, so
+        the others keep what the line leaves of the bus. Default none.
     """
 
     def __init__(self, n, outstanding=32, hold=16, urgent=()):
@@ -170,55 +190,74 @@ class MemArbiter(wiring.Component):
         # answers, so back-to-back reads run at one word per cycle.
         m.submodules.route = route = fifo.SyncFIFO(width=idbits, depth=self.outstanding)
 
-        last = Signal(idbits)       # last master granted; the search starts after it
-        grant = Signal(idbits)
-        any_valid = Signal()
-        # Round-robin: the first valid master after `last`, wrapping (`last` itself last) ...
-        for off in reversed(range(1, n + 1)):
-            idx = Signal(idbits, name=f"cand{off}")
-            m.d.comb += idx.eq((last + off) % n)
-            with m.Switch(idx):
-                for i in range(n):
-                    with m.Case(i):
-                        with m.If(self.masters[i].req.valid):
-                            m.d.comb += [grant.eq(i), any_valid.eq(1)]
-        if self.hold > 1:
-            # ... unless `last` asks again and has had fewer than `hold` grants in a row.
-            run = Signal(range(self.hold + 1))     # grants in a row to `last`
-            with m.Switch(last):
-                for i in range(n):
-                    with m.Case(i):
-                        with m.If(self.masters[i].req.valid & (run < self.hold)):
-                            m.d.comb += grant.eq(i)
-        # ... unless an urgent master asks (the last assignment wins: the first listed last).
-        for i in reversed(self.urgent):
-            with m.If(self.masters[i].req.valid):
-                m.d.comb += [grant.eq(i), any_valid.eq(1)]
+        grant = Signal(idbits)      # the master whose request may go out this cycle (a flop)
+        run = Signal(range(self.hold + 1))      # requests in a row taken from `grant`
+        asks = Signal(n)
+        m.d.comb += asks.eq(Cat(p.req.valid for p in self.masters))
 
         out = self.bus.req
-        for i in range(n):
-            with m.If(grant == i):
-                m.d.comb += out.payload.eq(self.masters[i].req.payload)
+        with m.Switch(grant):
+            for i in range(n):
+                with m.Case(i):
+                    m.d.comb += out.payload.eq(self.masters[i].req.payload)
         is_read = ~out.payload.we
         # A read needs room to remember where its response goes.
-        can_issue = any_valid & (~is_read | route.w_rdy)
-        m.d.comb += out.valid.eq(can_issue)
+        room = ~is_read | route.w_rdy
+        m.d.comb += out.valid.eq(asks.bit_select(grant, 1) & room)
         for i in range(n):
-            m.d.comb += self.masters[i].req.ready.eq((grant == i) & can_issue & out.ready)
-        with m.If(out.valid & out.ready):
-            m.d.sync += last.eq(grant)
-            if self.hold > 1:
-                m.d.sync += run.eq(Mux(grant == last, Mux(run < self.hold, run + 1, run), 1))
-        m.d.comb += [route.w_data.eq(grant), route.w_en.eq(out.valid & out.ready & is_read)]
+            m.d.comb += self.masters[i].req.ready.eq((grant == i) & room & out.ready)
+        take = out.valid & out.ready
+        m.d.comb += [route.w_data.eq(grant), route.w_en.eq(take & is_read)]
 
-        # Responses: in order, to the master at the head of the route FIFO.
+        # The next grant, from this cycle's requests. `others`: every master asking but the
+        # granted one (whether it asks again after a request it hands over now is not known).
+        others = Signal(n)
+        m.d.comb += others.eq(asks & ~(1 << grant)[:n])
+        # Round robin among the others: the first asking after `grant`, wrapping.
+        rr, rr_any = Signal(idbits), Signal()
+        for off in reversed(range(1, n)):
+            with m.Switch(grant):
+                for g in range(n):
+                    with m.Case(g):
+                        i = (g + off) % n
+                        with m.If(others[i]):
+                            m.d.comb += [rr.eq(i), rr_any.eq(1)]
+        # An urgent master asking, the first listed first, unless an urgent master listed
+        # before it has the grant and asks.
+        urg, urg_any = Signal(idbits), Signal()
+        for k, i in reversed(list(enumerate(self.urgent))):
+            earlier = Cat((grant == j) & asks[j] for j in self.urgent[:k]).any()
+            with m.If(others[i] & ~earlier):
+                m.d.comb += [urg.eq(i), urg_any.eq(1)]
+        granted_urgent = Cat(grant == i for i in self.urgent).any()
+        keep = Signal()             # the granted master keeps the grant after this cycle
+        with m.If(take):
+            m.d.comb += keep.eq((run + 1 < self.hold) | granted_urgent)
+        with m.Else():
+            m.d.comb += keep.eq(asks.bit_select(grant, 1))      # stalled: keeps it
+        with m.If(take & (run < self.hold)):
+            m.d.sync += run.eq(run + 1)
+        with m.If(urg_any):
+            m.d.sync += [grant.eq(urg), run.eq(0)]
+        with m.Elif(~keep & rr_any):
+            m.d.sync += [grant.eq(rr), run.eq(0)]
+        with m.Elif(~keep):
+            m.d.sync += run.eq(0)     # parked on an idle master: its next run starts anew
+
+        # Responses: in order, to the master at the head of the route FIFO, through a register.
         rsp = self.bus.rsp
+        rlayout = data.StructLayout({"rdata": MEM_DATA_BITS, "id": idbits})
+        m.submodules.rsp_reg = reg = RegisterSlice(signature=stream.Signature(rlayout))
+        m.d.comb += [reg.i.valid.eq(rsp.valid & route.r_rdy),
+                     reg.i.payload.rdata.eq(rsp.payload.rdata),
+                     reg.i.payload.id.eq(route.r_data),
+                     rsp.ready.eq(reg.i.ready & route.r_rdy),
+                     route.r_en.eq(rsp.valid & rsp.ready)]
         for i in range(n):
-            m.d.comb += self.masters[i].rsp.payload.eq(rsp.payload)
-            with m.If(route.r_rdy & (route.r_data == i)):
-                m.d.comb += [self.masters[i].rsp.valid.eq(rsp.valid),
-                             rsp.ready.eq(self.masters[i].rsp.ready)]
-        m.d.comb += route.r_en.eq(rsp.valid & rsp.ready)
+            m.d.comb += [self.masters[i].rsp.payload.rdata.eq(reg.o.payload.rdata),
+                         self.masters[i].rsp.valid.eq(reg.o.valid & (reg.o.payload.id == i))]
+            with m.If(reg.o.payload.id == i):
+                m.d.comb += reg.o.ready.eq(self.masters[i].rsp.ready)
         return m
 
 
