@@ -6,8 +6,9 @@ does to it.
 
 It owns the configuration registers (exported as :data:`~hw.kbtp.regmap.CONFIG`), the RANGE
 registers (a LUT RAM read at ``range_idx``, and a flip-flop per range saying it was written since
-reset), the sessions (every session word in one LUT RAM, a row per QP, and a flip-flop per QP
-saying the row was written since reset), the COUNT memory with its clearing sweep after reset,
+reset), the sessions (every session word but USAGE in one memory with registered ports, block RAM
+on the ECP5, a row per QP; USAGE in a LUT RAM; a flip-flop per QP saying the row was written since
+reset), the COUNT memory with its clearing sweep after reset,
 the host command register and the free queue, the statistics (STALL_CYCLES, LAST_LATENCY,
 LAST_CYCLES, HOSTQ_COUNT) and the host-bus decode, generated from
 :data:`~hw.kbtp.regmap.REGS`: every register of the table must have a storage here (elaborate
@@ -58,15 +59,16 @@ SESSION = data.StructLayout({"valid": 1, "record": 1, "addr_le": 1, "host_alloc"
                              "scratch": ADDR_BITS})
 
 _QP = next(r for r in REGS if r.name == "QP")
-#: A row of the sessions memory: each session register of the map, SESSION's implemented bits
-#: only (bits 3..0 and 15..8), as ``name: (first bit, bits)``; written in lanes of _LANE bits,
-#: the width of an ECP5 LUT RAM (DPR16X4), so a word or USAGE is written alone.
-_LANE = 4
+#: A row of the sessions memory: each session register of the map but USAGE, as
+#: ``name: (first bit, bits)``, each in whole 32-bit words (SESSION's implemented bits 3..0 and
+#: 15..8 in the low 12 bits of its word), written a word at a time (``_LANE``). USAGE, which the
+#: engine reads, changes and writes back in one cycle, has a memory of its own.
+_LANE = 32
 _FIELD, _ROW_BITS = {}, 0
 for _f in _QP.fields:
-    _FIELD[_f.name] = (_ROW_BITS, 12 if _f.name == "SESSION" else 32 * _f.n_words)
-    _ROW_BITS += _FIELD[_f.name][1]
-assert all(p % _LANE == 0 and w % _LANE == 0 for p, w in _FIELD.values())
+    if _f.name != "USAGE":
+        _FIELD[_f.name] = (_ROW_BITS, 32 * _f.n_words)
+        _ROW_BITS += _FIELD[_f.name][1]
 
 
 def _row(v):
@@ -74,12 +76,9 @@ def _row(v):
     return {n: v[p:p + w] for n, (p, w) in _FIELD.items()}
 
 
-def _lanes(name, k=None):
-    """Write-enable lanes of register ``name`` of a row (its word ``k`` only, if given)."""
-    p, w = _FIELD[name]
-    if k is not None and name != "SESSION":
-        p, w = p + 32 * k, 32
-    return ((1 << w // _LANE) - 1) << p // _LANE
+def _lanes(name, k):
+    """Write-enable lane of word ``k`` of register ``name`` of a row."""
+    return 1 << (_FIELD[name][0] // _LANE + k)
 
 
 class EngineRegs(wiring.Component):
@@ -267,67 +266,87 @@ class EngineRegs(wiring.Component):
     def _sessions(self, m, sq):
         """The sessions; ``sq`` is the host's QP (when the decode finds a session register)."""
         nq, bus, qn = self.n_qp, self.bus, self.qp_next
-        # Every session word in one memory, one row per QP (LUT RAM on the ECP5), instead of
-        # n_qp-wide flip-flop arrays behind QP multiplexers and an adder per QP. Two read ports
-        # (each a copy of the LUT RAM): the request's, registered at ``qp_next`` and
-        # transparent, so a write shows the next cycle as a flip-flop's would; and one
-        # combinational port shared by the host's accesses and USAGE's read-modify-write.
+        # Every session word but USAGE in one memory, one row per QP, with two registered read
+        # ports: the request's, at ``qp_next`` and transparent to the host's writes, so a write
+        # shows the next cycle as a flip-flop's would; and the host's, so a host read of a
+        # session word answers a cycle late (``hwait``). Registered ports let yosys put the
+        # rows in block RAM (the ECPIX-5 has EBR to spare): with a combinational host port they
+        # were LUT RAM, two copies of 204 bits x 64 QPs, 520 DPR16X4 (tools/area.py).
         m.submodules.sessions = sessions = memory.Memory(shape=_ROW_BITS, depth=nq, init=[])
         wp = sessions.write_port(granularity=_LANE)
         all_lanes = (1 << len(wp.en)) - 1
         rp = sessions.read_port(domain="sync", transparent_for=(wp,))
-        hp = sessions.read_port(domain="comb")
+        hp = sessions.read_port(domain="sync")
+        # USAGE alone (LUT RAM): a registered port for the request, transparent, and a
+        # combinational one shared by the host's accesses and the engine's read-modify-write.
+        m.submodules.usage = usage = memory.Memory(shape=32, depth=nq, init=[])
+        uwp = usage.write_port()
+        urp = usage.read_port(domain="sync", transparent_for=(uwp,))
+        uhp = usage.read_port(domain="comb")
         # A memory has no reset: ``live`` (a bit per QP, cleared by reset) says the row was
         # written since; a row that is not reads 0 (SESSION, USAGE reset 0), and the host's
-        # first write fills the whole row (zeros beside the word written).
+        # first write fills the whole row (zeros beside the word written; USAGE 0).
         live = Signal(nq)
         live_h, live_r = live.bit_select(sq, 1), Signal()
         m.d.sync += live_r.eq(live.bit_select(qn, 1))
         row = _row(rp.data)
         sess = self.session
-        m.d.comb += [rp.addr.eq(qn), hp.addr.eq(sq),
+        m.d.comb += [rp.addr.eq(qn), hp.addr.eq(sq), urp.addr.eq(qn), uhp.addr.eq(sq),
                      sess.valid.eq(live_r & row["SESSION"][0]), sess.record.eq(row["SESSION"][1]),
                      sess.addr_le.eq(row["SESSION"][2]), sess.host_alloc.eq(row["SESSION"][3]),
-                     sess.domain.eq(row["SESSION"][4:12]), sess.usage.eq(row["USAGE"]),
+                     sess.domain.eq(row["SESSION"][4:12]), sess.usage.eq(urp.data),
                      sess.handle_base.eq(row["HANDLE_BASE"]),
                      sess.handle_count.eq(row["HANDLE_COUNT"]), sess.quota.eq(row["QUOTA"]),
                      sess.scratch.eq(row["SCRATCH"])]
         # USAGE has one writer, this port: the front's +1 (at ``qp``) and the back's -1 (at
         # ``dec_qp``) never come in one cycle (both are the ring allocator's ``done``), and a
-        # host access to a session in such a cycle is not answered until the next (the bus
-        # holds it), so a host write of USAGE still lands after the engine's update ("the host
+        # host access to USAGE in such a cycle is not answered until the next (the bus holds
+        # it), so a host write of USAGE still lands after the engine's update ("the host
         # wins"). One read-modify-write port rather than an increment and a decrement counter
         # per QP: the host's absolute writes would make those three writers again.
         engine = Signal()
         usage_qp = Mux(self.usage_dec, self.dec_qp, self.qp)
         m.d.comb += engine.eq(self.usage_inc | self.usage_dec)
         with m.If(engine):
-            old = _row(hp.data)["USAGE"]
-            m.d.comb += [hp.addr.eq(usage_qp), wp.addr.eq(usage_qp), wp.en.eq(_lanes("USAGE")),
-                         wp.data.eq(Mux(self.usage_dec, old - 1, old + 1)[:32] <<
-                                    _FIELD["USAGE"][0])]
+            old = uhp.data
+            m.d.comb += [uhp.addr.eq(usage_qp), uwp.addr.eq(usage_qp), uwp.en.eq(1),
+                         uwp.data.eq(Mux(self.usage_dec, old - 1, old + 1))]
+        hwait = Signal()            # a host read of a session word: its row is in hp.data
 
         def word(name, k):
             """Host access to word ``k`` of session register ``name`` of QP ``sq``."""
-            pos, width = _FIELD[name]
-            def access():
-                v = _row(hp.data)[name]
-                if name == "SESSION":
-                    v, width_k = Cat(v[:4], Const(0, 4), v[4:12]), 12
-                else:
-                    v, width_k = v[32 * k:32 * (k + 1)], 32
+            def usage_access():
                 with m.If(engine):
                     m.d.comb += bus.ack.eq(0)           # the port is USAGE's this cycle: wait
                 with m.Else():
-                    m.d.comb += bus.rdata.eq(Mux(live_h, v, 0))
+                    m.d.comb += bus.rdata.eq(Mux(live_h, uhp.data, 0))
                     with m.If(bus.we):
-                        wd = Cat(bus.wdata[:4], bus.wdata[8:16]) if name == "SESSION" else \
-                            bus.wdata
-                        m.d.comb += [wp.addr.eq(sq),
-                                     wp.en.eq(Mux(live_h, _lanes(name, k), all_lanes)),
-                                     wp.data.eq(wd[:width_k] << (pos + 32 * k))]
+                        m.d.comb += [uwp.addr.eq(sq), uwp.en.eq(1), uwp.data.eq(bus.wdata)]
+                        with m.If(~live_h):         # the rest of the row: zeros
+                            m.d.comb += [wp.addr.eq(sq), wp.en.eq(all_lanes), wp.data.eq(0)]
                         m.d.sync += live.bit_select(sq, 1).eq(1)
-            return access
+
+            def access():
+                pos = _FIELD[name][0] + 32 * k
+                v = hp.data[pos:pos + 32]
+                wd = bus.wdata
+                if name == "SESSION":
+                    v, wd = Cat(v[:4], Const(0, 4), v[4:12]), Cat(bus.wdata[:4], bus.wdata[8:16])
+                with m.If(bus.re & ~hwait):
+                    m.d.comb += bus.ack.eq(0)           # the row is read: answer next cycle
+                    m.d.sync += hwait.eq(1)
+                with m.Elif(bus.re):
+                    m.d.comb += bus.rdata.eq(Mux(live_h, v, 0))
+                    m.d.sync += hwait.eq(0)
+                with m.If(bus.we & ~live_h & engine):
+                    m.d.comb += bus.ack.eq(0)   # a first write also clears USAGE: wait
+                with m.Elif(bus.we):
+                    m.d.comb += [wp.addr.eq(sq), wp.en.eq(Mux(live_h, _lanes(name, k), all_lanes)),
+                                 wp.data.eq(wd << pos)]
+                    with m.If(~live_h):         # the first write since reset: USAGE 0
+                        m.d.comb += [uwp.addr.eq(sq), uwp.en.eq(1), uwp.data.eq(0)]
+                    m.d.sync += live.bit_select(sq, 1).eq(1)
+            return usage_access if name == "USAGE" else access
 
         return {"QP_" + f.name: (lambda k, n=f.name: word(n, k)) for f in _QP.fields}
 
