@@ -31,5 +31,5 @@ async def bus_access(ctx, bus, space, addr, we, wdata=0, *, limit=200):
         await ctx.tick()
     ctx.set(bus.we, 0)
     ctx.set(bus.re, 0)
-    raise AssertionError(f"host bus: no ack within {limit} cycles for space {int(space)} "
+    raise AssertionError(f"host bus: no ack within {limit} cycles for space {getattr(space, 'value', space)} "
                          f"address {addr:#x}")
