@@ -5,8 +5,8 @@
 """cocotb bench: the target's memory bus through :class:`boards.litedram_bridge.LiteDramCore` into
 LiteDRAM's own controller on its SDRAM PHY model (run by tests/boards/test_litedram.py).
 
-Clocks as on the ECPIX-5: the target's core clock at 25 MHz on ``clk``, the controller's sys
-clock at 50 MHz on ``dram_clk`` (exactly two controller cycles per core cycle).
+Clocks as on the ECPIX-5: the target's core clock on ``clk`` (boards/cores.py CORE_FREQ, its period
+``core_ps`` from the test), the controller's sys clock at 50 MHz on ``dram_clk``.
 
 The oracle is a word dictionary updated when a request is accepted (the bus's order rule), and
 LiteDRAM itself: nothing reaches the memory model unless the init program has run to
@@ -28,7 +28,6 @@ from boards.litedram_bridge import LiteDramCore
 from hw.iface import MemBusSignature
 from sim.hdl import get_params
 
-CORE_PS = 40_000        # 25 MHz (2 x 20,000 ps: the two clocks keep their phase)
 DRAM_PS = 20_000        # 50 MHz
 
 
@@ -112,7 +111,7 @@ class Bus:
 
 
 async def _start(dut):
-    cocotb.start_soon(Clock(dut.clk, CORE_PS, unit="ps").start())
+    cocotb.start_soon(Clock(dut.clk, get_params()["core_ps"], unit="ps").start())
     cocotb.start_soon(Clock(dut.dram_clk, DRAM_PS, unit="ps").start())
     dut.bus__req__valid.value = 0
     dut.bus__rsp__ready.value = 1
@@ -125,7 +124,7 @@ async def _start(dut):
         assert not dut.init_error.value, f"init error at step {int(dut.init_step.value)}"
         await RisingEdge(dut.clk)
         cycles += 1
-        assert cycles < 40_000, f"no init_done after {cycles} core cycles (step " \
+        assert cycles < 2e9 / get_params()["core_ps"], f"no init_done after 2 ms: {cycles} core cycles (step " \
                                 f"{int(dut.init_step.value)})"
     return cycles
 

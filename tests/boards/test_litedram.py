@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from boards.cores import CORE_FREQ
 from boards.litedram_bridge import BOARD_CORE, SIM_CORE
 from sim.hdl import run_cocotb
 from tests.boards.litedram_cores import litedram_cores
@@ -85,13 +86,14 @@ def test_bridge_on_litedram_controller(cores):
     desc, _ = cores["sim"]
     out = run_cocotb(lambda: LiteDramHarness(SIM_CORE), "litedram_bridge",
                      "tests.boards.cocotb_litedram",
-                     params={"storage_bytes": desc["storage_bytes"], "ops": 3000, "seed": 1},
+                     params={"storage_bytes": desc["storage_bytes"], "ops": 3000, "seed": 1,
+                             "core_ps": round(1e12 / CORE_FREQ)},
                      extra_sources=[desc["verilog_path"]])
     r = json.loads((out / "litedram.json").read_text())
-    model = ECPIX5_DDR3.cycles(25e6)
+    model = ECPIX5_DDR3.cycles(CORE_FREQ)
     print(f"\nLiteDRAM (SDRAMPHYModel, sys {desc['sys_clk_hz'] / 1e6:g} MHz) behind the bridge, "
-          f"core clock 25 MHz: "
-          f"init {r['init_core_cycles']} core cycles ({r['init_core_cycles'] * 40 / 1000:.1f} us); "
+          f"core clock {CORE_FREQ / 1e6:g} MHz: "
+          f"init {r['init_core_cycles']} core cycles ({r['init_core_cycles'] / CORE_FREQ * 1e6:.1f} us); "
           f"{r['reads']} reads and {r['writes']} writes matched; read latency min/median/max, "
           f"open row {r['read_latency_hit']}, row miss {r['read_latency_miss']} core cycles "
           f"(timing model: hit {model.hit}, miss +{model.miss}); 256 reads streamed in "
@@ -106,4 +108,4 @@ def test_bridge_on_litedram_controller(cores):
     # init takes the program's waits, counted in controller cycles.
     program = json.loads((SIM_CORE / "init_program.json").read_text())
     waits = sum(s["wait"] for s in program["steps"])
-    assert r["init_core_cycles"] >= waits * 25e6 / program["sys_clk_hz"], (r, waits)
+    assert r["init_core_cycles"] >= waits * CORE_FREQ / program["sys_clk_hz"], (r, waits)

@@ -27,13 +27,14 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
+from boards.cores import CORE_FREQ
 from boards.dram import ECPIX5_DDR3, DramModel
 from hw.kbtp.movers import InlineCopy
 from hw.lib.dma import DmaReader
 from hw.lib.membus import MemArbiter
 
 DEPTH = 1 << 15             # words of DRAM model
-CORE_HZ = 25e6              # the ECPIX-5 core clock (boards/cores.py CORE_FREQ)
+CORE_HZ = CORE_FREQ         # the ECPIX-5 core clock
 LENGTH = 4096
 #: The arbiter's default reads in flight and hold (what the target builds).
 ARBITER_DEFAULT = inspect.signature(MemArbiter).parameters["outstanding"].default
@@ -160,7 +161,7 @@ def test_load_streams_a_block_from_ddr3(shipped):
     n, ok = load_cycles(depth, outstanding)
     print(f"DmaReader 4 KiB from DDR3: depth {depth}, arbiter {outstanding} in flight: {n} core "
           f"cycles = {n / CORE_HZ * 1e6:.2f} us, {LENGTH / n:.2f} octets/cycle "
-          f"({LENGTH * 8 * CORE_HZ / n / 1e9:.2f} Gb/s at 25 MHz)")
+          f"({LENGTH * 8 * CORE_HZ / n / 1e9:.2f} Gb/s at {CORE_HZ / 1e6:g} MHz)")
     assert ok
     assert (n <= LOAD_BOUND) if shipped else (n > LOAD_BOUND), (n, LOAD_BOUND)
 
