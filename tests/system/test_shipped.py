@@ -19,6 +19,7 @@ import pytest
 
 from tools.soak import report, soak
 from sim.system import VlSystemBench, mixed, mixed_checks, model_config, run_sync
+from boards.cores import CORE_FREQ
 from sim.vltarget import SHIPPED, VlTarget, board_params
 
 #: GMII cycles per core cycle of the shipped core (boards.cores.CORE_FREQ; checked exactly in
