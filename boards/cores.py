@@ -33,7 +33,7 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
 #: divided by 20: 31.25 MHz, four GMII cycles per core cycle. At width 64 that is 2.0 Gb/s of
 #: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05; the core met
-#: 31.25 MHz on seeds 1 and 3 once the memory arbiter's grant was a flop, hw/lib/membus.py.)
+#: 31.25 MHz on seeds 3 and 2 once the memory arbiter's grant was a flop, hw/lib/membus.py.)
 CORE_FREQ = 625e6 / 20
 
 #: QPs of the kbtp core with its memory in the board's DRAM: 64, as issue 22 item 3 asks (64
