@@ -29,15 +29,19 @@ from QpTable's ``req`` copy, addressed with it, too) and the entries the cycle a
 acts and writes back (``commit``):
 
 - a work request: select, then push (2 cycles: a push needs the record only);
-- an expired timer, a flush completion, a request packet: select, READ, act (3 cycles);
+- an expired timer, a flush completion, a request packet: select, READ, act (3 cycles), and
+  the idle cycle before the select, when the FSM comes from another step: the scheduler's
+  candidates are registered and are used only in the second idle cycle in a row (so a packet
+  after a packet takes 4 cycles);
 - a response: select (take), READ, ACK_LOOP one cycle per message it completes and one more,
   ACT (k + 4 cycles for an ACK that completes k messages; it was k + 3 with the records in
   flip-flops), then the READ data path as before. ACK_LOOP and READ_DONE see the record and
   the head entry as written by their own previous cycle (transparent record port; entry
   addresses from the write-back).
 
-The scheduler's candidate was right at the select; what may change before the act is what a
-host load changes, so each act checks the state again on ``cur``, whose ``st``, ``timer_on``
+The scheduler's candidate was taken in the idle cycle before the select, when this FSM changed
+nothing; what may have changed since, and before the act, is what a host load changes (and a
+timer's ``zero`` may rise, which only makes a pick late), so each act checks the state again on ``cur``, whose ``st``, ``timer_on``
 and ``rnr_wait`` are the flip-flops of this cycle. In the cycle of a host load (``sq.busy``)
 the FSM does not act: the load has the record's write port, and from the next cycle on
 ``cur`` is the loaded record.
@@ -181,8 +185,19 @@ class RequesterControl(wiring.Component):
             m.d.sync += [qp.eq(q), step.eq(then)]
             m.next = "READ"
 
+        # The scheduler's candidates are registered (a cycle old). ``fresh``: this is the
+        # second idle cycle in a row, so no step has acted since they were taken and they show
+        # every change of this FSM's own (a commit, a push, a timer start).
+        fresh = Signal()
+        m.d.sync += fresh.eq(0)
+        exp_any, flush_any, send_any = (Signal(name=n) for n in ("exp_any", "flush_any",
+                                                                  "send_any"))
+        m.d.comb += [exp_any.eq(pick.exp_any & fresh), flush_any.eq(pick.flush_any & fresh),
+                     send_any.eq(pick.send_any & fresh)]
+
         with m.FSM(name="req"):
             with m.State("IDLE"):
+                m.d.sync += fresh.eq(1)
                 with m.If(rx.valid):
                     m.d.comb += rx.take.eq(1)
                     m.d.sync += progress.eq(0)
@@ -194,16 +209,19 @@ class RequesterControl(wiring.Component):
                         m.d.comb += [ev.src_mismatch.eq(rx.hit), ev.stale.eq(~rx.hit)]
                         with m.If(rx.has_payload):
                             m.next = "DISCARD"
-                with m.Elif(pick.exp_any):
+                with m.Elif(exp_any):
                     select(pick.exp_qp, _Step.EXPIRE)
-                with m.Elif(pick.flush_any & wc.ready):
+                with m.Elif(flush_any & wc.ready):
                     select(pick.flush_qp, _Step.FLUSH)
-                with m.Elif(self.wr.valid & (pick.prefer_wr | ~pick.send_any | pk.busy)):
+                # Without a fresh candidate a WR waits for one unless it is its turn anyway:
+                # WR after WR would otherwise keep packets out.
+                with m.Elif(self.wr.valid & (pick.prefer_wr | (fresh & ~pick.send_any) |
+                                             pk.busy)):
                     # A push needs the record only: act in the next cycle.
                     m.d.comb += [sq.sel.eq(self.wr.p.qp), pick.wr_turn.eq(1)]
                     m.d.sync += qp.eq(self.wr.p.qp)
                     m.next = "WR"
-                with m.Elif(pick.send_any & ~pk.busy):
+                with m.Elif(send_any & ~pk.busy):
                     m.d.comb += pick.sent.eq(1)
                     select(pick.send_qp, _Step.SEND)
 

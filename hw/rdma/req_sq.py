@@ -304,6 +304,8 @@ class SqScheduler(wiring.Component):
     Round robin: the lowest QP above the last one sent (``sent``) that can send, else the
     lowest that can send (the last one sent comes last).
 
+    Every candidate is registered: it shows the status and ``zero`` of the cycle before.
+
     Ports
     -----
     status : In(:func:`sq_status`), zero : In(n_qp)   timer i is 0
@@ -327,7 +329,13 @@ class SqScheduler(wiring.Component):
         m.d.comb += above.eq(Cat(*[rr < i for i in range(nq)]))
         after_any, after_qp = lowest_set(m, st.can_send & above, "after")
         first_any, first_qp = lowest_set(m, st.can_send, "first")
-        m.d.comb += [c.exp_any.eq(exp_any), c.exp_qp.eq(exp_qp),
+        # The candidates from flops: the trees above end here, so a pick's QP reaches the
+        # record and table addresses from a register. Combinational, the round robin's tree
+        # ran on into the send queues' records in one cycle (25.7 ns, the core clock's
+        # critical path on ECPIX-5 in trial ck3). They are a cycle old: the control FSM uses
+        # them only in its second idle cycle in a row (``RequesterControl``), when nothing of
+        # its own has changed since they were taken.
+        m.d.sync += [c.exp_any.eq(exp_any), c.exp_qp.eq(exp_qp),
                      c.flush_any.eq(flush_any), c.flush_qp.eq(flush_qp),
                      c.send_any.eq(first_any), c.send_qp.eq(Mux(after_any, after_qp, first_qp))]
         prefer_wr = Signal()

@@ -1,7 +1,9 @@
 # Ref: hw/rdma/req_sq.py (SqScheduler: lowest expired, lowest flush, round robin after the last
 #      QP sent, the turn of new work requests).
 """SqScheduler against a Python model of its policy, written as the priority chains it had
-before its trees (lowest_set): random status vectors, timers and strobes, every cycle."""
+before its trees (lowest_set): random status vectors, timers and strobes, every cycle; the
+candidates are registered, so each cycle's ports are checked against the previous cycle's
+inputs."""
 
 import random
 
@@ -36,8 +38,25 @@ def test_scheduler_policy(n):
         return sum(1 << rng.randrange(n) for _ in range(rng.randrange(1, 4)))
 
     async def main(ctx):
-        rr, prefer = 0, 0
+        # The candidates are registered: what the ports show in a cycle is the model's pick
+        # of the previous cycle's status, timers and round-robin pointer.
+        rr, prefer, expect = 0, 0, None
         for _ in range(600):
+            c = dut.ctl
+            assert ctx.get(c.prefer_wr) == prefer
+            if expect is None:
+                assert not (ctx.get(c.exp_any) or ctx.get(c.flush_any) or ctx.get(c.send_any))
+                sa = False
+            else:
+                ea, eq, fa, fq, sa, sq = expect
+                assert ctx.get(c.exp_any) == ea and ctx.get(c.flush_any) == fa
+                assert ctx.get(c.send_any) == sa
+                if ea:
+                    assert ctx.get(c.exp_qp) == eq
+                if fa:
+                    assert ctx.get(c.flush_qp) == fq
+                if sa:
+                    assert ctx.get(c.send_qp) == sq, (expect, rr)
             timing, zero, flush, can_send = sparse(), sparse() | rng.getrandbits(n), sparse(), \
                 sparse()
             sent, turn = rng.random() < 0.3, rng.random() < 0.3
@@ -45,16 +64,7 @@ def test_scheduler_policy(n):
             ctx.set(dut.zero, zero)
             ctx.set(dut.status.flush, flush)
             ctx.set(dut.status.can_send, can_send)
-            c = dut.ctl
-            ea, eq, fa, fq, sa, sq = model_pick(n, timing, zero, flush, can_send, rr)
-            assert ctx.get(c.exp_any) == ea and ctx.get(c.flush_any) == fa
-            assert ctx.get(c.send_any) == sa and ctx.get(c.prefer_wr) == prefer
-            if ea:
-                assert ctx.get(c.exp_qp) == eq
-            if fa:
-                assert ctx.get(c.flush_qp) == fq
-            if sa:
-                assert ctx.get(c.send_qp) == sq, (hex(can_send), rr)
+            expect = model_pick(n, timing, zero, flush, can_send, rr)
             sent = sent and sa
             ctx.set(c.sent, sent)
             ctx.set(c.wr_turn, turn)
