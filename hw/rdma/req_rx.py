@@ -4,14 +4,15 @@
 
 A response header (from :class:`~hw.rdma.requester.RespDemux`) is taken into a holding register
 while the intake's copy of the QP table (registered read port ``cfg``, QpTable.intake) reads the
-row at ``qp_index_of(dest_qp)``; from the next cycle on the control FSM sees it (``valid``)
-matched against that row: ``hit`` (the row's ``local_qpn`` is the destination QPN and the QP is
-ready to send) and ``hit_src`` (its ``peer_ip`` is the header's source address); ``qp`` is the
-header's QP index, for the FSM to address the QP's record in the cycle it takes the header. A
-header thus reaches the FSM one cycle later than it arrives, and the next one is taken the
-cycle after ``take``. When the control FSM takes the header (``take``), the fields
-it works on are latched in ``rec``, with the QP index and ``limit``, the last PSN the response
-acknowledges (its PSN for an ACK, the PSN before it for a NAK or a READ response).
+row at ``qp_index_of(dest_qp)``. The next cycle compares the header with that row into flops,
+and from the cycle after (the second after the header arrived) the control FSM sees it
+(``valid``): ``hit`` (the row's ``local_qpn`` is the destination QPN, and the QP is ready to
+send in the cycle it is taken) and ``hit_src`` (its ``peer_ip`` is the header's source
+address); ``qp`` is the header's QP index, for the FSM to address the QP's record in the cycle
+it takes the header. The next header is taken the cycle after ``take``. When the control FSM
+takes the header (``take``), the fields it works on are latched in ``rec``, with the QP index
+and ``limit``, the last PSN the response acknowledges (its PSN for an ACK, the PSN before it
+for a NAK or a READ response).
 
 The payload that follows a header goes either to the :class:`~hw.lib.dma.DmaWriter` (``write``,
 after ``write_start`` gave the writer its address) or nowhere (``discard``); ``payload_end``
@@ -94,13 +95,21 @@ class ResponseIntake(wiring.Component):
             for i in range(self._n_qp):
                 with m.Case(i):
                     m.d.comb += sel_rts.eq(self.rts[i])
+        # The row's compares end in flops, and the FSM sees the header the cycle after they
+        # are taken (``aged``): combinational, the row's data ran through both compares, the
+        # FSM's choice and the record addresses in one cycle (28.2 ns, the core clock's
+        # critical path on ECPIX-5 at seed 3, clean-clone CI of e170252). ``sel_rts`` stays
+        # combinational: the FSM may stop the QP in the step just before it takes the header.
         row = self.cfg.data
-        m.d.comb += [c.hit.eq((rh.bth.dest_qp == row.local_qpn) & sel_rts),
-                     c.hit_src.eq(rh.meta.src_ip == row.peer_ip)]
+        qpn_ok, src_ok, aged = Signal(), Signal(), Signal()
+        m.d.sync += [qpn_ok.eq(rh.bth.dest_qp == row.local_qpn),
+                     src_ok.eq(rh.meta.src_ip == row.peer_ip),
+                     aged.eq(held & ~c.take)]
+        m.d.comb += [c.hit.eq(qpn_ok & sel_rts), c.hit_src.eq(src_ok)]
         is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
                  (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)
-        m.d.comb += [c.valid.eq(held), c.has_payload.eq(rh.payload_len != 0)]
+        m.d.comb += [c.valid.eq(held & aged), c.has_payload.eq(rh.payload_len != 0)]
         with m.If(c.take):
             m.d.sync += [c.rec.op.eq(rh.bth.opcode), c.rec.psn.eq(rh.bth.psn),
                          c.rec.syn.eq(rh.aeth.syndrome), c.rec.plen.eq(rh.payload_len),
