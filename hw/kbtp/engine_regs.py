@@ -311,7 +311,11 @@ class EngineRegs(wiring.Component):
             old = uhp.data
             m.d.comb += [uhp.addr.eq(usage_qp), uwp.addr.eq(usage_qp), uwp.en.eq(1),
                          uwp.data.eq(Mux(self.usage_dec, old - 1, old + 1))]
-        hwait = Signal()            # a host read of a session word: its row is in hp.data
+        # A host read of a session word: its row is in hp.data. Set only in a read's first
+        # cycle and clear in every other, so a read that a master dropped before its answer
+        # cannot leave it set for the next one.
+        hwait = Signal()
+        m.d.sync += hwait.eq(0)
 
         def word(name, k):
             """Host access to word ``k`` of session register ``name`` of QP ``sq``."""
@@ -337,7 +341,6 @@ class EngineRegs(wiring.Component):
                     m.d.sync += hwait.eq(1)
                 with m.Elif(bus.re):
                     m.d.comb += bus.rdata.eq(Mux(live_h, v, 0))
-                    m.d.sync += hwait.eq(0)
                 with m.If(bus.we & ~live_h & engine):
                     m.d.comb += bus.ack.eq(0)   # a first write also clears USAGE: wait
                 with m.Elif(bus.we):

@@ -213,14 +213,15 @@ class MemArbiter(wiring.Component):
         # granted one (whether it asks again after a request it hands over now is not known).
         others = Signal(n)
         m.d.comb += others.eq(asks & ~(1 << grant)[:n])
-        # Round robin among the others: the first asking after `grant`, wrapping.
+        # Round robin among the others: the first asking after `grant`, wrapping (`i` is never
+        # `grant` here, so a plain `asks[i]`).
         rr, rr_any = Signal(idbits), Signal()
         for off in reversed(range(1, n)):
             with m.Switch(grant):
                 for g in range(n):
                     with m.Case(g):
                         i = (g + off) % n
-                        with m.If(others[i]):
+                        with m.If(asks[i]):
                             m.d.comb += [rr.eq(i), rr_any.eq(1)]
         # An urgent master asking, the first listed first, unless an urgent master listed
         # before it has the grant and asks.

@@ -159,3 +159,37 @@ def test_decode_follows_the_table(N_QP):
     assert not bad
     assert set(written) == {name for name, r, _ in regmap.layout(n_qp=1, n_ranges=1)
                             if r.access == "RW"}
+
+
+def test_dropped_session_read_leaves_no_wait():
+    """A session word's read takes two cycles (``hwait``). A master that drops it after the first
+    must not leave the bank answering the next read at once, with the row of the address the
+    dropped one had: the next read, of another QP, still gets its own QP's word."""
+    dut = EngineRegs(4, N_RANGES, REG_KBTP)
+    entries = {name: e for name, r, e in regmap.layout(n_qp=4, n_ranges=N_RANGES)}
+    off = [words[0] for words in entries["QP_HANDLE_BASE"]]   # word 0 of QP 0, 1, ...
+    got = {}
+
+    async def bench(ctx):
+        for _ in range(70):             # the COUNT memory's clearing sweep
+            await ctx.tick()
+        for qp, value in ((0, 0x1111_0000), (1, 0x2222_0000)):
+            _, err = await bus_access(ctx, dut.bus, Space.REG, REG_KBTP + off[qp], True, value)
+            assert not err
+        # QP 0's word: one cycle of the read, then the master lets go (no ack seen).
+        ctx.set(dut.bus.space, Space.REG)
+        ctx.set(dut.bus.addr, REG_KBTP + off[0])
+        ctx.set(dut.bus.we, 0)
+        ctx.set(dut.bus.re, 1)
+        assert not ctx.get(dut.bus.ack)
+        await ctx.tick()
+        ctx.set(dut.bus.re, 0)
+        await ctx.tick()
+        got[1] = await bus_access(ctx, dut.bus, Space.REG, REG_KBTP + off[1], False, limit=2)
+        got[0] = await bus_access(ctx, dut.bus, Space.REG, REG_KBTP + off[0], False, limit=2)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == {1: (0x2222_0000, 0), 0: (0x1111_0000, 0)}, {k: hex(v[0]) for k, v in got.items()}
