@@ -42,9 +42,9 @@ acts and writes back (``commit``):
 The scheduler's candidate was taken in the idle cycle before the select, when this FSM changed
 nothing; what may have changed since, and before the act, is what a host load changes (and a
 timer's ``zero`` may rise, which only makes a pick late), so each act checks the state again
-on ``cur``, whose ``st``, ``timer_on`` and ``rnr_wait`` are the flip-flops of this cycle. In the cycle of a host load (``sq.busy``)
-the FSM does not act: the load has the record's write port, and from the next cycle on
-``cur`` is the loaded record.
+on ``cur``, whose ``st``, ``timer_on`` and ``rnr_wait`` are the flip-flops of this cycle. In the
+cycle of a host load (``sq.busy``) the FSM does not act: the load has the record's write port,
+and from the next cycle on ``cur`` is the loaded record.
 """
 
 from contextlib import contextmanager
