@@ -35,7 +35,8 @@ acts and writes back (``commit``):
   after a packet takes 4 cycles);
 - a response: select (take), READ, ACK_LOOP one cycle per message it completes and one more,
   ACT (k + 4 cycles for an ACK that completes k messages; it was k + 3 with the records in
-  flip-flops), then the READ data path as before. ACK_LOOP and READ_DONE see the record and
+  flip-flops), then the READ data path as before; like a candidate, a response is taken only
+  in the second idle cycle in a row (the intake's ``hit`` is registered). ACK_LOOP and READ_DONE see the record and
   the head entry as written by their own previous cycle (transparent record port; entry
   addresses from the write-back).
 
@@ -185,9 +186,10 @@ class RequesterControl(wiring.Component):
             m.d.sync += [qp.eq(q), step.eq(then)]
             m.next = "READ"
 
-        # The scheduler's candidates are registered (a cycle old). ``fresh``: this is the
-        # second idle cycle in a row, so no step has acted since they were taken and they show
-        # every change of this FSM's own (a commit, a push, a timer start).
+        # The scheduler's candidates and the intake's ``hit`` are registered (a cycle old).
+        # ``fresh``: this is the second idle cycle in a row, so no step has acted since they
+        # were taken and they show every change of this FSM's own (a commit, a push, a timer
+        # start, a QP stopped).
         fresh = Signal()
         m.d.sync += fresh.eq(0)
         exp_any, flush_any, send_any = (Signal(name=n) for n in ("exp_any", "flush_any",
@@ -198,7 +200,9 @@ class RequesterControl(wiring.Component):
         with m.FSM(name="req"):
             with m.State("IDLE"):
                 m.d.sync += fresh.eq(1)
-                with m.If(rx.valid):
+                with m.If(rx.valid & ~fresh):
+                    pass                # its `hit` may predate this FSM's last step: wait
+                with m.Elif(rx.valid):
                     m.d.comb += rx.take.eq(1)
                     m.d.sync += progress.eq(0)
                     with m.If(rx.hit & rx.hit_src):

@@ -6,10 +6,11 @@ A response header (from :class:`~hw.rdma.requester.RespDemux`) is taken into a h
 while the intake's copy of the QP table (registered read port ``cfg``, QpTable.intake) reads the
 row at ``qp_index_of(dest_qp)``. The next cycle compares the header with that row into flops,
 and from the cycle after (the second after the header arrived) the control FSM sees it
-(``valid``): ``hit`` (the row's ``local_qpn`` is the destination QPN, and the QP is ready to
-send in the cycle it is taken) and ``hit_src`` (its ``peer_ip`` is the header's source
-address); ``qp`` is the header's QP index, for the FSM to address the QP's record in the cycle
-it takes the header. The next header is taken the cycle after ``take``. When the control FSM
+(``valid``): ``hit`` (the row's ``local_qpn`` is the destination QPN, and the QP was ready to
+send in the cycle before: ``rts`` is registered too, and the FSM takes a header only when it
+did not act in that cycle) and ``hit_src`` (its ``peer_ip`` is the header's source address);
+``qp`` is the header's QP index, for the FSM to address the QP's record in the cycle it takes
+the header. The next header is taken the cycle after ``take``. When the control FSM
 takes the header (``take``), the fields it works on are latched in ``rec``, with the QP index
 and ``limit``, the last PSN the response acknowledges (its PSN for an ACK, the PSN before it
 for a NAK or a READ response).
@@ -89,23 +90,21 @@ class ResponseIntake(wiring.Component):
             m.d.sync += held.eq(0)
         hit_qp = Signal(qp_bits(self._n_qp))
         index = Signal(QP_INDEX_BITS)
-        sel_rts = Signal()
         m.d.comb += [index.eq(qp_index_of(rh.bth.dest_qp)), hit_qp.eq(index), c.qp.eq(hit_qp)]
-        with m.Switch(index):
-            for i in range(self._n_qp):
-                with m.Case(i):
-                    m.d.comb += sel_rts.eq(self.rts[i])
-        # The row's compares end in flops, and the FSM sees the header the cycle after they
-        # are taken (``aged``): combinational, the row's data ran through both compares, the
-        # FSM's choice and the record addresses in one cycle (28.2 ns, the core clock's
-        # critical path on ECPIX-5 at seed 3, clean-clone CI of e170252). ``sel_rts`` stays
-        # combinational: the FSM may stop the QP in the step just before it takes the header.
+        # The row's compares and the QP's ready-to-send bit end in flops, and the FSM sees the
+        # header the cycle after they are taken (``aged``). Combinational, the row's data ran
+        # through both compares, the FSM's choice and the record addresses in one cycle (28.2
+        # ns, the core clock's critical path on ECPIX-5 at seed 3, clean-clone CI of e170252),
+        # and then the header's QP index through the 64-to-1 ``rts`` mux (27.4 ns, CI of
+        # 89ac31b). ``rts_ok`` is a cycle old: the FSM may stop the QP in a step, so it takes
+        # a header only in its second idle cycle in a row (RequesterControl's ``fresh``).
         row = self.cfg.data
-        qpn_ok, src_ok, aged = Signal(), Signal(), Signal()
+        qpn_ok, src_ok, rts_ok, aged = Signal(), Signal(), Signal(), Signal()
         m.d.sync += [qpn_ok.eq(rh.bth.dest_qp == row.local_qpn),
                      src_ok.eq(rh.meta.src_ip == row.peer_ip),
+                     rts_ok.eq(self.rts.bit_select(index, 1)),
                      aged.eq(held & ~c.take)]
-        m.d.comb += [c.hit.eq(qpn_ok & sel_rts), c.hit_src.eq(src_ok)]
+        m.d.comb += [c.hit.eq(qpn_ok & rts_ok), c.hit_src.eq(src_ok)]
         is_ack = (rh.bth.opcode == BthOpcode.ACKNOWLEDGE.value) | \
                  (rh.bth.opcode == BthOpcode.ATOMIC_ACKNOWLEDGE.value)
         plain_ack = is_ack & (rh.aeth.syndrome[5:8] == 0)
