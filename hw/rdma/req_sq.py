@@ -44,6 +44,15 @@ the FSM's own write-back (an ACK completes one message per cycle). A push writes
 Timing seen by the FSM: select QP q in cycle t (``sel = q``, held from then on); ``cur`` is
 q's record in t+1, ``head`` / ``txp`` its entries in t+2 and later.
 
+Only the record's read address follows ``sel`` in its own cycle. Everything else of the step
+(the flip-flop bits in ``cur``, the write-back and push addresses, the entries' read
+addresses) follows ``sel`` as it was in the previous cycle: the FSM holds ``sel`` from the
+select on and neither commits nor pushes in a select cycle, so that is the same QP. The FSM's
+choice of a QP (registered candidates and response flags through a priority and a multiplexer)
+then no longer runs through the n_qp:1 selects of the flip-flop bits into the act logic and
+the write-back in one cycle (18 LUT levels in the ECPIX-5 netlist of 89ac31b, the core clock's
+deepest group by count).
+
 Host loads
 ----------
 A host load of a QP's state (QpTable's load event: ``load_valid``, ``load_qp``, the row in
@@ -191,17 +200,19 @@ class SendQueues(wiring.Component):
         rwp = recs.write_port()
         rrd = recs.read_port(transparent_for=(rwp,))
         m.d.comb += rrd.addr.eq(p.sel)
+        asel = Signal.like(p.sel)       # the step's QP: `sel` of the previous cycle (see above)
+        m.d.sync += asel.eq(p.sel)
         cur = p.cur
         for name, _ in rlay:
             m.d.comb += getattr(cur, name).eq(getattr(rrd.data, name))
         sel_st = Signal(2)
-        with m.Switch(p.sel):
+        with m.Switch(asel):
             for i in range(nq):
                 with m.Case(i):
                     m.d.comb += sel_st.eq(st[i])
-        m.d.comb += [cur.st.eq(sel_st), cur.rnr_wait.eq(rnr_wait.bit_select(p.sel, 1)),
-                     cur.timer_on.eq(timer_on.bit_select(p.sel, 1))]
-        with m.If(host_err.bit_select(p.sel, 1)):
+        m.d.comb += [cur.st.eq(sel_st), cur.rnr_wait.eq(rnr_wait.bit_select(asel, 1)),
+                     cur.timer_on.eq(timer_on.bit_select(asel, 1))]
+        with m.If(host_err.bit_select(asel, 1)):
             m.d.comb += cur.err_code.eq(WcStatus.FLUSHED)
         m.d.comb += p.full.eq((cur.tail - cur.head)[:ib + 1] == depth)
 
@@ -215,7 +226,7 @@ class SendQueues(wiring.Component):
         push = Signal()
         m.d.comb += push.eq(p.push & ~p.busy)
         wp = sq.write_port()
-        m.d.comb += [wp.addr.eq(Cat(cur.tail[:ib], p.sel)), wp.en.eq(push),
+        m.d.comb += [wp.addr.eq(Cat(cur.tail[:ib], asel)), wp.en.eq(push),
                      wp.data.first_psn.eq(cur.alloc_psn), wp.data.npkts.eq(npk)]
         for name in _WR_FIELDS:
             m.d.comb += getattr(wp.data, name).eq(getattr(p.push_wr, name))
@@ -226,11 +237,11 @@ class SendQueues(wiring.Component):
         m.d.comb += [wb.eq(p.nxt), write.eq((p.commit | p.push) & ~p.busy)]
         with m.If(push):
             m.d.comb += [wb.tail.eq(cur.tail + 1), wb.alloc_psn.eq(cur.alloc_psn + npk)]
-        m.d.comb += [rwp.en.eq(write), rwp.addr.eq(p.sel)]
+        m.d.comb += [rwp.en.eq(write), rwp.addr.eq(asel)]
         for name, _ in rlay:
             m.d.comb += getattr(rwp.data, name).eq(getattr(wb, name))
         for i in range(nq):
-            with m.If(write & (p.sel == i)):
+            with m.If(write & (asel == i)):
                 m.d.sync += [st[i].eq(wb.st), rnr_wait[i].eq(wb.rnr_wait),
                              timer_on[i].eq(wb.timer_on),
                              unsent[i].eq(wb.txp != wb.tail), nonempty[i].eq(wb.head != wb.tail)]
@@ -238,7 +249,7 @@ class SendQueues(wiring.Component):
         # The entries of the record as it is after this cycle.
         for ptr, nptr, entry in ((cur.head, wb.head, p.head), (cur.txp, wb.txp, p.txp)):
             port = sq.read_port()
-            m.d.comb += [port.addr.eq(Cat(Mux(write, nptr, ptr)[:ib], p.sel)),
+            m.d.comb += [port.addr.eq(Cat(Mux(write, nptr, ptr)[:ib], asel)),
                          entry.eq(port.data)]
 
         # ---- host loads a QP state (after the write-back: the load wins) -------------------------
