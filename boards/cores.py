@@ -24,6 +24,7 @@ from hw.iface import HostBusSignature
 from hw.lib.stream import RegisterSlice
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
+from hw.target.udplink import HostBusRegister
 
 
 __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", "MacArpCore",
@@ -141,44 +142,6 @@ class MacArpCore(_StandInCore):
         wiring.connect(m, tx_slice.o, mac.tx)
         m.d.comb += [arp.own_ip.eq(target.scratch[0]),
                      arp.own_mac.eq(Cat(target.scratch[2][:16], target.scratch[1]))]
-        return m
-
-
-class HostBusRegister(wiring.Component):
-    """One register stage in each direction of a :class:`~hw.target.hostlink.HostBusSignature`.
-
-    The host link's request signals (its buffer RAM drives ``wdata``) and the target's answer
-    (its address decoders drive ``rdata``/``ack``/``err``) each end in a flop here, so neither
-    side's logic adds up with the other's. An access costs two more cycles, which the UART
-    (thousands of cycles per octet) never notices.
-
-    Ports
-    -----
-    up : In(HostBusSignature)     towards the master (host link)
-    down : Out(HostBusSignature)  towards the target (core)
-    """
-
-    def __init__(self):
-        super().__init__({"up": In(HostBusSignature()), "down": Out(HostBusSignature())})
-
-    def elaborate(self, platform):
-        m = Module()
-        up, down = self.up, self.down
-        with m.FSM(name="hbr"):
-            with m.State("Idle"):
-                with m.If(up.re | up.we):
-                    m.d.sync += [down.addr.eq(up.addr), down.space.eq(up.space),
-                                 down.wdata.eq(up.wdata), down.re.eq(up.re), down.we.eq(up.we)]
-                    m.next = "Issued"
-            with m.State("Issued"):
-                with m.If(down.ack):
-                    m.d.sync += [down.re.eq(0), down.we.eq(0), up.ack.eq(1),
-                                 up.err.eq(down.err), up.rdata.eq(down.rdata)]
-                    m.next = "Answered"
-            with m.State("Answered"):
-                # up.ack is high during this cycle; the master drops its request in the next.
-                m.d.sync += [up.ack.eq(0), up.err.eq(0)]
-                m.next = "Idle"
         return m
 
 

@@ -17,7 +17,7 @@ Data flow::
                  +-> (tap) RawQueues: QP1 frames -> host  +-- host frames (RawQueues.tx)
                  +-> (tap) UdpHostLink: UDP 19272  ------+-- its responses
                                   |
-                 host (UART link) +-> HostBusArbiter -> HostDecoder -> the blocks' registers
+                 host (UART link) +-> HostBusArbiter -> HostBusRegister -> HostDecoder -> registers
 
 Memory: MemArbiter(5) = responder, requester (READ response data), TxPath (payload reads),
 host port, KBTP engine -> MemRam(mem_words).
@@ -77,7 +77,7 @@ from hw.lib.stream import FrameMux
 from hw.rdma.rawq import QpFilter, RawQueues, Q_RAW_RX, Q_RAW_TX
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE, CounterBank, MrTable, QpTable
 from hw.target.regbank import (HostDecoder, HostMemPort, HostQueues, TopRegs)
-from hw.target.udplink import HostBusArbiter, UdpHostLink
+from hw.target.udplink import HostBusArbiter, HostBusRegister, UdpHostLink
 from hw.rdma.requester import RespDemux, Requester
 from hw.rdma.responder import COUNTERS as RESP_COUNTERS
 from hw.rdma.responder import Responder
@@ -251,6 +251,7 @@ class KbtpTarget(wiring.Component):
         if self.udp_link:
             sm.udplink = udplink = UdpHostLink(w)
             sm.hostarb = hostarb = HostBusArbiter(2)
+            sm.hostreg = hostreg = HostBusRegister()
         windows = [
             [(Space.REG, REG_TOP, 0x1000)],
             [(Space.REG, REG_QP, QP_STRIDE * nq)],
@@ -387,7 +388,8 @@ class KbtpTarget(wiring.Component):
         if self.udp_link:
             wiring.connect(m, wiring.flipped(self.host), hostarb.masters[0])
             wiring.connect(m, udplink.bus, hostarb.masters[1])
-            wiring.connect(m, hostarb.target, dec.host)
+            wiring.connect(m, hostarb.target, hostreg.up)
+            wiring.connect(m, hostreg.down, dec.host)
         else:
             wiring.connect(m, wiring.flipped(self.host), dec.host)
         slaves = [top.bus, qpt.bus, mrt.bus, rcnt.bus, qcnt.bus, hmem.bus, hq.bus, rawq.bus]

@@ -92,7 +92,7 @@ from hw.net.ip import IP_PROTO_UDP
 from hw.target.hostlink import (SOF_REQUEST, HostLinkEngine, carries_data,
                                 response_words_max)
 
-__all__ = ["UdpHostLink", "UdpLinkRx", "UdpLinkTx", "HostBusArbiter", "HOSTLINK_UDP_PORT",
+__all__ = ["UdpHostLink", "UdpLinkRx", "UdpLinkTx", "HostBusArbiter", "HostBusRegister", "HOSTLINK_UDP_PORT",
            "MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "T_REQUEST", "T_RESPONSE", "T_SYNC",
            "T_SYNC_RESPONSE", "UDPLINK_ID", "UDPLINK_REGS", "UDPLINK_REG_DOC", "UDPLINK_COUNTER_BASE",
            "UDPLINK_COUNTERS", "REG_UDPLINK", "stored_layout"]
@@ -858,6 +858,46 @@ class UdpHostLink(wiring.Component):
 # --------------------------------------------------------------------------------------------
 # Two bus masters
 # --------------------------------------------------------------------------------------------
+
+class HostBusRegister(wiring.Component):
+    """One register stage in each direction of a :class:`~hw.target.hostlink.HostBusSignature`.
+
+    The host link's request signals (its buffer RAM drives ``wdata``) and the target's answer
+    (its address decoders drive ``rdata``/``ack``/``err``) each end in a flop here, so neither
+    side's logic adds up with the other's. An access costs two more cycles, which the UART
+    (thousands of cycles per octet) never notices. Behind :class:`HostBusArbiter` in the
+    target it does the same for the UDP host link (the arbiter's grant no longer runs into the
+    blocks' address decoders, nor their answers back into the masters' state machines).
+
+    Ports
+    -----
+    up : In(HostBusSignature)     towards the master (host link)
+    down : Out(HostBusSignature)  towards the target (core)
+    """
+
+    def __init__(self):
+        super().__init__({"up": In(HostBusSignature()), "down": Out(HostBusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        up, down = self.up, self.down
+        with m.FSM(name="hbr"):
+            with m.State("Idle"):
+                with m.If(up.re | up.we):
+                    m.d.sync += [down.addr.eq(up.addr), down.space.eq(up.space),
+                                 down.wdata.eq(up.wdata), down.re.eq(up.re), down.we.eq(up.we)]
+                    m.next = "Issued"
+            with m.State("Issued"):
+                with m.If(down.ack):
+                    m.d.sync += [down.re.eq(0), down.we.eq(0), up.ack.eq(1),
+                                 up.err.eq(down.err), up.rdata.eq(down.rdata)]
+                    m.next = "Answered"
+            with m.State("Answered"):
+                # up.ack is high during this cycle; the master drops its request in the next.
+                m.d.sync += [up.ack.eq(0), up.err.eq(0)]
+                m.next = "Idle"
+        return m
+
 
 class HostBusArbiter(wiring.Component):
     """``n`` host-bus masters onto one target, one access at a time.
