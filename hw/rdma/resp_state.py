@@ -22,6 +22,7 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import QP_INDEX_BITS, QpConfig, RecvRepost
+from hw.rdma.req_sq import lowest_set
 from hw.rdma.resp_common import CacheEntry, QpCtx, SeqCtx
 
 __all__ = ["QpContextStore", "ReplayCache", "CacheCtl"]
@@ -132,10 +133,17 @@ class QpContextStore(wiring.Component):
         m.d.comb += credits.eq(base_qi.data + rep_qi.data - con_qi.data)
 
         wp = mem.write_port()
+        # The reset to serve next (the lowest waiting QP) is picked a cycle ahead, into flops,
+        # from the waiting set as it will be: combinational, the n_qp priority chain ran
+        # through the ePSN read and the initial context into the write port (18 LUT levels in
+        # the ECPIX-5 netlist of 89ac31b).
+        reload_any = Signal()
         reload_i = Signal(range(nq))
-        for i in reversed(range(nq)):
-            with m.If(reload[i]):
-                m.d.comb += reload_i.eq(i)
+        reload_next = Signal(nq)
+        done_reload = Signal(nq)
+        m.d.comb += reload_next.eq((reload & ~done_reload) | load)
+        next_any, next_i = lowest_set(m, reload_next, "reload")
+        m.d.sync += [reload.eq(reload_next), reload_any.eq(next_any), reload_i.eq(next_i)]
         init_epsn = Signal(24)
         erp = epsn_mem.read_port(domain="comb")
         m.d.comb += [erp.addr.eq(reload_i), init_epsn.eq(erp.data)]
@@ -143,13 +151,11 @@ class QpContextStore(wiring.Component):
         # Icarus/Verilator).
         init_ctx = QpCtx.const({"seq": {"nak_armed": 1}}).as_value() | \
             (init_epsn << (QpCtx["seq"].offset + SeqCtx["epsn"].offset))
-        done_reload = Signal(nq)
         with m.If(self.commit):
             m.d.comb += [wp.en.eq(1), wp.addr.eq(qi), wp.data.eq(self.wdata)]
-        with m.Elif(reload != 0):
+        with m.Elif(reload_any):
             m.d.comb += [wp.en.eq(1), wp.addr.eq(reload_i), wp.data.eq(init_ctx),
                          done_reload.eq(1 << reload_i)]
-        m.d.sync += reload.eq((reload & ~done_reload) | load)
 
         rp = mem.read_port(domain="sync", transparent_for=(wp,))
         m.d.comb += [rp.addr.eq(self.rqi), self.ctx.eq(rp.data),
