@@ -36,9 +36,9 @@ acts and writes back (``commit``):
 - a response: select (take), READ, ACK_LOOP one cycle per message it completes and one more,
   ACT (k + 4 cycles for an ACK that completes k messages; it was k + 3 with the records in
   flip-flops), then the READ data path as before; like a candidate, a response is taken only
-  in the second idle cycle in a row (the intake's ``hit`` is registered). ACK_LOOP and READ_DONE see the record and
-  the head entry as written by their own previous cycle (transparent record port; entry
-  addresses from the write-back).
+  in the second idle cycle in a row (the intake's ``hit`` is registered). ACK_LOOP and
+  READ_DONE see the record and the head entry as written by their own previous cycle
+  (transparent record port; entry addresses from the write-back).
 
 The scheduler's candidate was taken in the idle cycle before the select, when this FSM changed
 nothing; what may have changed since, and before the act, is what a host load changes (and a
