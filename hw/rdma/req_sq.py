@@ -69,7 +69,7 @@ no step uses an entry of an empty queue.
 :class:`SendQueues` and the retry timers: the lowest QP whose timer expired, the lowest QP in
 error with entries left to flush, and the next QP round robin with a packet to send; it also
 keeps the turn between new work requests and packets (``prefer_wr``). Each choice is a tree of
-depth log2(n_qp) (:func:`lowest_set`), not a chain of n_qp priority multiplexers.
+depth log2(n_qp) (:func:`hw.lib.priority.lowest_set`), not a chain of n_qp priority multiplexers.
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -77,9 +77,10 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import ADDR_BITS, QP_INDEX_BITS, QpConfig, QpState, WcStatus, WorkRequest, WrOp
+from hw.lib.priority import lowest_set
 
 __all__ = ["SqEntry", "QSt", "qstate_layout", "record_layout", "qp_bits", "index_bits",
-           "sq_port", "sq_status", "SendQueues", "lowest_set", "pick_port", "SqScheduler"]
+           "sq_port", "sq_status", "SendQueues", "pick_port", "SqScheduler"]
 
 #: One send-queue entry: the work request (without its QP) plus its PSN range.
 SqEntry = data.StructLayout({
@@ -279,21 +280,6 @@ class SendQueues(wiring.Component):
                     m.d.sync += [st[i].eq(QSt.ERR), timer_on[i].eq(0), rnr_wait[i].eq(0),
                                  host_err[i].eq(1)]
         return m
-
-
-def lowest_set(m, vec, name):
-    """``(any, index)`` of the lowest set bit of ``vec`` (index 0 when none), by a tree of
-    depth log2(len(vec)): each node takes its lower half's index when that half has a bit."""
-    n = len(vec)
-    nodes = [(vec[i], Const(0, 0)) for i in range(n)]
-    while len(nodes) > 1:
-        if len(nodes) % 2:
-            nodes.append((Const(0, 1), Const(0, len(nodes[0][1]))))
-        nodes = [(lo_any | hi_any, Cat(Mux(lo_any, lo_idx, hi_idx), ~lo_any))
-                 for (lo_any, lo_idx), (hi_any, hi_idx) in zip(nodes[::2], nodes[1::2])]
-    found, idx = Signal(name=f"{name}_any"), Signal(max(1, len(nodes[0][1])), name=f"{name}_qp")
-    m.d.comb += [found.eq(nodes[0][0]), idx.eq(nodes[0][1])]
-    return found, idx
 
 
 def pick_port(n_qp):

@@ -22,7 +22,7 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import QP_INDEX_BITS, QpConfig, RecvRepost
-from hw.rdma.req_sq import lowest_set
+from hw.lib.priority import lowest_set
 from hw.rdma.resp_common import CacheEntry, QpCtx, SeqCtx
 
 __all__ = ["QpContextStore", "ReplayCache", "CacheCtl"]
