@@ -92,7 +92,8 @@ class MrError(enum.Enum, shape=2):
 
 class MrLookupSignature(wiring.Signature):
     """Lookup port, seen from the asker. Inputs are sampled every cycle; the answer to the
-    inputs of cycle t is on ``ok``/``laddr``/``error`` in cycle t + 1 (one register stage)."""
+    inputs of cycle t is on ``ok``/``laddr``/``error`` in cycle t + 2 (two register stages:
+    the key match, then the range and rights; :class:`MrTable`)."""
 
     def __init__(self):
         super().__init__({
@@ -230,6 +231,9 @@ class MrTable(wiring.Component):
     ``va + length <= region.va + region.length`` (``length`` 0 is inside whenever ``va`` is in
     ``[region.va, region.va + region.length]``), then the right for ``access``.
     ``laddr = region.laddr + (va - region.va)``. Error precedence: BAD_KEY, RANGE, RIGHTS.
+    Two register stages: the key match of cycle t sees ``valid``, ``rkey`` and ``qp_mask`` of
+    cycle t and registers the region it picks; cycle t + 1 reads that region's ``va``,
+    ``length``, ``laddr`` and rights as they are then and registers the answer (in t + 2).
 
     An ``inv_valid`` strobe clears ``valid`` of every region whose ``rkey`` is ``inv_rkey``
     (SEND with Invalidate); ``inv_found`` says (combinationally, whether or not ``inv_valid``
@@ -249,7 +253,7 @@ class MrTable(wiring.Component):
     is copied in, a row a cycle over 8 cycles, from a holding register that answers for that
     word of that region meanwhile, so a lookup sees the new mask from the cycle after the
     write as before. ``va``, ``length``, ``laddr`` and the rights sit in LUT RAM read
-    combinationally at the matched region. The host reads back every word from another LUT
+    combinationally at the region matched the cycle before. The host reads back every word from another LUT
     RAM, a copy of the register words as written (each cut to its field's width), except
     ``valid``, taken from its flip-flop. Memories keep their contents over a domain reset (the
     flip-flops clear, so every region is then invalid).
@@ -369,22 +373,28 @@ class MrTable(wiring.Component):
                         m.d.sync += qp_mask[32:].eq(bus.wdata)
                 mask_bits.append(qp_mask.bit_select(lk.qp, 1))
 
-        # Lookup: key match (combinational), then range/rights, registered once.
-        found = Signal()
+        # Lookup, stage 1: the key match, registered with the inputs stage 2 needs. (In one
+        # stage the R_Key compare, the priority pick, the LUT RAM read at the pick, the 65-bit
+        # subtraction and the range compare were the core clock's longest path in the ECPIX-5
+        # build of 045cda2: 22.25 ns over 47 cells.)
+        found, m_sel, m_found = Signal(), Signal(range(n)), Signal()
         for j in reversed(range(n)):
             key = _eq_cut(m, rkey[j], lk.rkey, f"key_eq{j}")
             with m.If(valid[j] & key & mask_bits[j]):
-                m.d.comb += [sel.eq(j), found.eq(1)]
-        # off = va - region.va, once; inside when it does not borrow, fits 32 bits and
-        # off + length <= region.length (33-bit sum: no wrap).
+                m.d.comb += [m_sel.eq(j), m_found.eq(1)]
+        va, length, access = Signal(64), Signal(32), Signal(MrAccess)
+        m.d.sync += [sel.eq(m_sel), found.eq(m_found), va.eq(lk.va), length.eq(lk.length),
+                     access.eq(lk.access)]
+        # Stage 2, at the region picked: off = va - region.va, once; inside when it does not
+        # borrow, fits 32 bits and off + length <= region.length (33-bit sum: no wrap).
         off = Signal(65)
         end = Signal(33)
-        m.d.comb += [off.eq(lk.va - Cat(lkd["va_lo"], lkd["va_hi"])),
-                     end.eq(off[:32] + lk.length)]
+        m.d.comb += [off.eq(va - Cat(lkd["va_lo"], lkd["va_hi"])),
+                     end.eq(off[:32] + length)]
         in_range = ~off[64] & (off[32:64] == 0) & (end <= lkd["length"])
         rights = lkd["rights"]
-        right = Mux(lk.access == MrAccess.READ, rights[0],
-                    Mux(lk.access == MrAccess.WRITE, rights[1], rights[2]))
+        right = Mux(access == MrAccess.READ, rights[0],
+                    Mux(access == MrAccess.WRITE, rights[1], rights[2]))
         err = Signal(MrError)
         with m.If(~found):
             m.d.comb += err.eq(MrError.BAD_KEY)

@@ -181,7 +181,8 @@ class RespSequencer(wiring.Component):
                     with m.Else():      # atomic
                         m.next = "MR_ASK"
 
-            # ---- MR lookup (one register stage in MrTable) -------------------------------
+            # ---- MR lookup (two register stages in MrTable; its inputs come from the header
+            # register, stable from LOOKUP on, so MR_ANSWER sees the answer to this packet's)
             with m.State("MR_ASK"):
                 m.next = "MR_ANSWER"
             with m.State("MR_ANSWER"):

@@ -186,13 +186,23 @@ def test_qp_registers_load_ports(n):
     simulate(bench_top, bench)
 
 
-def mr_reference(entries, rkey, va, length, qp, access):
-    """Brute force: (ok, laddr, error) for a lookup, straight from the MrTable rules."""
-    for e in entries:
+def mr_match(entries, rkey, va, length, qp, access):
+    """The lookup's first stage: the index of the first valid region with R_Key ``rkey`` and
+    QP ``qp``'s mask bit, or None."""
+    for j, e in enumerate(entries):
         if e["valid"] and e["rkey"] == rkey and e["qp_mask"] >> qp & 1:
-            break
-    else:
+            return j
+    return None
+
+
+def mr_reference(entries, rkey, va, length, qp, access, *, match_in=None):
+    """Brute force: (ok, laddr, error) for a lookup, straight from the MrTable rules. The key
+    match runs over ``match_in`` when given (MrTable's first stage sees the table a cycle
+    before its second reads the region's words), else over ``entries`` too."""
+    j = mr_match(entries if match_in is None else match_in, rkey, va, length, qp, access)
+    if j is None:
         return False, None, MrError.BAD_KEY
+    e = entries[j]
     if not (va >= e["va"] and va + length <= e["va"] + e["length"]):
         return False, None, MrError.RANGE
     right = {MrAccess.READ: e["read"], MrAccess.WRITE: e["write"],
@@ -240,7 +250,7 @@ def test_mr_lookup_brute_force():
             for sig, v in ((lk.rkey, rkey), (lk.va, va), (lk.length, length), (lk.qp, qp),
                            (lk.access, access)):
                 ctx.set(sig, v)
-            await ctx.tick()
+            await ctx.tick().repeat(2)
             ok, laddr, err = mr_reference(entries, rkey, va, length, qp, access)
             assert ctx.get(lk.error) == err, (hex(rkey), hex(va), length, qp, access)
             assert ctx.get(lk.ok) == ok
@@ -276,11 +286,11 @@ def mr_expected_words(n_qp, words):
 
 
 async def mr_lookup(ctx, lk, rkey, va, length, qp, access):
-    """One lookup: inputs in cycle t, (ok, laddr, error) read in cycle t + 1."""
+    """One lookup: inputs in cycles t and t + 1, (ok, laddr, error) read in cycle t + 2."""
     for sig, v in ((lk.rkey, rkey), (lk.va, va), (lk.length, length), (lk.qp, qp),
                    (lk.access, access)):
         ctx.set(sig, v)
-    await ctx.tick()
+    await ctx.tick().repeat(2)
     return ctx.get(lk.ok), ctx.get(lk.laddr), ctx.get(lk.error)
 
 
@@ -441,6 +451,7 @@ def test_mr_invalidate_with_host_write():
         # Invalidate K while region 0's control is written valid + read + write and region
         # 3 (invalid, R_Key K) is not touched.
         await cycle(ctx, K, 0, 0x00, 0b0111)
+        await ctx.tick()                            # the second stage (rights as written)
         assert ctx.get(lk.ok) and ctx.get(lk.laddr) == 0x8000
         assert await control(ctx, 0) == 0b0110     # rights written, valid cleared
         assert await control(ctx, 1) == 0b0010     # invalidated too
@@ -501,8 +512,9 @@ def test_mr_cycle_by_cycle(n_qp):
     """Lookups every cycle, host reads and writes back to back (often of the mask words, which
     the table may make wait) and invalidates, against a Python model of the table updated at
     each acknowledged write: each lookup's answer is the reference over the table of the cycle
-    its inputs were sampled in; inv_found and every read agree with the model in their own
-    cycle."""
+    its inputs were sampled in for the key match, and over the table of the next cycle for the
+    region's words (the second stage); inv_found and every read agree with the model in their
+    own cycle."""
     n = 3
     dut = MrTable(n, n_qp=n_qp)
     rng = random.Random(7 + n_qp)
@@ -547,6 +559,7 @@ def test_mr_cycle_by_cycle(n_qp):
         bus, lk = dut.bus, dut.lookup
         req = None                          # (j, off, wdata or None for a read, cycles waited)
         seen = {e: 0 for e in MrError}
+        prev = None                         # the previous cycle's lookup and its key match table
         for cycle in range(4000):
             # Inputs of this cycle.
             if req is None and rng.random() < 0.7:
@@ -574,7 +587,10 @@ def test_mr_cycle_by_cycle(n_qp):
             # Combinational answers of this cycle.
             hits = [x["valid"] and x["rkey"] == inv_key for x in table]
             assert ctx.get(dut.inv_found) == any(hits), cycle
-            want = mr_reference(table, *look)
+            # The previous cycle's lookup: its key match over that cycle's table, the region's
+            # words of this one.
+            want = prev and mr_reference(table, *prev[0], match_in=prev[1])
+            prev = (look, [dict(x) for x in table])
             acked = None
             if req is not None:
                 if ctx.get(bus.ack):
@@ -596,13 +612,14 @@ def test_mr_cycle_by_cycle(n_qp):
             if req is not None:                         # still waiting: hold the request
                 ctx.set(bus.we, req[2] is not None)
                 ctx.set(bus.re, req[2] is None)
-            # The lookup of this cycle, answered now.
-            ok, laddr, err = want
-            assert ctx.get(lk.error) == err, (cycle, look)
-            assert ctx.get(lk.ok) == ok
-            if ok:
-                assert ctx.get(lk.laddr) == laddr
-            seen[err] += 1
+            # The lookup of the previous cycle, answered now.
+            if want:
+                ok, laddr, err = want
+                assert ctx.get(lk.error) == err, (cycle, look)
+                assert ctx.get(lk.ok) == ok
+                if ok:
+                    assert ctx.get(lk.laddr) == laddr
+                seen[err] += 1
             # The table after the edge: the write, then the invalidate (of the old table).
             if acked:
                 write(*acked)
