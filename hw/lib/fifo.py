@@ -80,6 +80,9 @@ class PacketFifo(wiring.Component):
         of pointers as the registered full flag, no adder of its own).
     cnt_overflow : Out(32)
         Only with ``drop_oversize``: packets dropped because they did not fit.
+    w_lost : Out(1)
+        Only with ``drop_oversize``: the beat taken this cycle belongs to a packet being
+        dropped (for a writer that commits after the last beat: it must not commit that one).
     """
 
     def __init__(self, width, depth, *, registered_ready=False, side=None, max_packets=8,
@@ -105,6 +108,7 @@ class PacketFifo(wiring.Component):
         }
         if drop_oversize:
             ports["cnt_overflow"] = Out(32)
+            ports["w_lost"] = Out(1)
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -169,6 +173,7 @@ class PacketFifo(wiring.Component):
                 accept.eq(self.w.valid & self.w.ready),
                 lost.eq(accept & (stuck | dropping)),
                 write.eq(accept & ~full & ~dropping),
+                self.w_lost.eq(lost),
             ]
             with m.If(accept & self.w.payload.last):
                 m.d.sync += dropping.eq(0)

@@ -208,7 +208,8 @@ class IcrcCheck(wiring.Component):
     included: a correct packet leaves the register at the CRC's residue, so the ICRC never has
     to be located. Packets are buffered whole (:class:`~hw.lib.fifo.PacketFifo` with the
     metadata as per-packet side data; a packet larger than the buffer is dropped and counted in
-    ``cnt_overflow``) and released only when good.
+    ``cnt_overflow``) and released only when good. The verdict is registered: it is taken the
+    cycle after a packet's last beat, and the input waits that cycle (one cycle per packet).
     The output is the input unchanged (ICRC still present).
 
     A packet is good only if it also has exactly ``meta.udp_length − 8`` octets. EthIpRx
@@ -264,15 +265,33 @@ class IcrcCheck(wiring.Component):
                 for p in range(1, nl):
                     with m.Case(p):
                         m.d.comb += residue.eq(residue_padded(p))
-        crc_ok = crc.next == residue
-        good = crc_ok & length_ok
-        wiring.connect(m, wiring.flipped(self.i), pf.w)
-        m.d.comb += [pf.w_commit.eq(fire & self.i.p.last & good),
-                     pf.w_discard.eq(fire & self.i.p.last & ~good)]
-        with m.If(fire & self.i.p.last):
+
+        # The verdict comes a cycle after the last beat (``late``), from flip-flops: the CRC
+        # register (it holds the last beat's ``next`` then), the residue of that beat's pad,
+        # the length check, the metadata (the packet's side data) and whether the buffer
+        # dropped the packet. The input waits that cycle. (At the last beat the CRC's XOR
+        # tree, the 32-bit compare and the length adder ran into the buffer's commit pointer
+        # and side-data FIFO: 16 to 17 LUT levels, the most register groups at that depth in
+        # the core clock of the ECPIX-5 build of 045cda2.)
+        late = Signal()
+        v_res, v_len, v_lost = Signal(32), Signal(), Signal()
+        v_meta = Signal(RoceRxMeta)
+        ended = fire & self.i.p.last
+        m.d.sync += late.eq(ended)
+        with m.If(ended):
+            m.d.sync += [v_res.eq(residue), v_len.eq(length_ok), v_lost.eq(pf.w_lost),
+                         v_meta.eq(meta)]
+        m.d.comb += [pf.w.p.data.eq(self.i.p.data), pf.w.p.keep.eq(self.i.p.keep),
+                     pf.w.p.last.eq(self.i.p.last), pf.w.p.side.eq(v_meta),
+                     pf.w.valid.eq(self.i.valid & ~late), self.i.ready.eq(pf.w.ready & ~late)]
+        good = (crc.reg == v_res) & v_len
+        # A packet the buffer dropped (too large) is counted there; its discard is harmless.
+        m.d.comb += [pf.w_commit.eq(late & good & ~v_lost),
+                     pf.w_discard.eq(late & ~good)]
+        with m.If(late):
             with m.If(good):
                 m.d.sync += self.cnt_ok.eq(self.cnt_ok + 1)
-            with m.Elif(length_ok):
+            with m.Elif(v_len):
                 m.d.sync += self.cnt_bad.eq(self.cnt_bad + 1)
         return m
 

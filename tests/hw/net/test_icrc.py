@@ -129,11 +129,16 @@ def test_icrc_check_random_and_overflow(width):
         f = bytes(roce_frame(op, payload, ext=ext, ip_id=rng.getrandbits(16),
                              ttl=rng.randrange(1, 256), sport=rng.randrange(0xC000, 1 << 16)))
         assert zlib_icrc(f[14:-4]) == f[-4:]      # scapy and the page's recipe agree
-        items.append(roce_rx_beats(f, width))
+        meta = rx_meta_of(f)
+        items.append(roce_rx_beats(f, width, meta))
         if k != 5:
-            expect.append(f[42:])
+            expect.append((f[42:], meta))
     got, cnt = _check_run(width, items, 0.2, 0.2, depth=depth)
-    assert [p for p, _ in got] == expect
+    assert [p for p, _ in got] == [p for p, _ in expect]
+    # Each packet leaves with its own metadata (the side data is taken a cycle after its last
+    # beat, when the next packet's may already wait at the input).
+    for (_, first), (_, meta) in zip(got, expect):
+        assert {k: int(getattr(first.meta, k)) for k in meta} == meta
     assert cnt == {"ok": 12, "bad": 0, "overflow": 1}
 
 
