@@ -247,16 +247,16 @@ class MrTable(wiring.Component):
     the previous one is still being copied into the mask memories (see Storage).
 
     Storage: flip-flops hold what every region must show at once, for the key match and the
-    invalidate: ``valid`` and ``rkey``, and ``qp_mask`` up to :attr:`MASK_RAM_ABOVE` QPs.
-    Above, each region's ``qp_mask`` is a LUT RAM of 4-bit rows read at the asking QP (a row
-    of flip-flops per region would need a 64:1 multiplexer each); a host write of a mask word
-    is copied in, a row a cycle over 8 cycles, from a holding register that answers for that
-    word of that region meanwhile, so a lookup sees the new mask from the cycle after the
-    write as before. ``va``, ``length``, ``laddr`` and the rights sit in LUT RAM read
-    combinationally at the region matched the cycle before. The host reads back every word from another LUT
-    RAM, a copy of the register words as written (each cut to its field's width), except
-    ``valid``, taken from its flip-flop. Memories keep their contents over a domain reset (the
-    flip-flops clear, so every region is then invalid).
+    invalidate: ``valid`` and ``rkey``, and ``qp_mask`` up to :attr:`MASK_RAM_ABOVE` QPs. Above,
+    each region's ``qp_mask`` is a LUT RAM of 4-bit rows read at the asking QP (a row of
+    flip-flops per region would need a 64:1 multiplexer each); a host write of a mask word is
+    copied in, a row a cycle over 8 cycles, from a holding register that answers for that word
+    of that region meanwhile, so a lookup sees the new mask from the cycle after the write as
+    before. ``va``, ``length``, ``laddr`` and the rights sit in LUT RAM read combinationally at
+    the region matched the cycle before. The host reads back every word from another LUT RAM, a
+    copy of the register words as written (each cut to its field's width), except ``valid``,
+    taken from its flip-flop. Memories keep their contents over a domain reset (the flip-flops
+    clear, so every region is then invalid).
 
     Ports
     -----
