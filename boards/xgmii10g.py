@@ -104,7 +104,7 @@ def build_10g(*, board="ecpix5", build_root=None, seed=None):
     from .report import make_report
     spec = BOARDS[board]
     seed = spec.nextpnr_seed if seed is None else seed
-    tool_env()
+    env = tool_env()
     out = Path(build_root or BUILD_ROOT) / f"{board}-10g"
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("nextpnr-report.json", "top.bit", "top.tim"):
@@ -116,7 +116,7 @@ def build_10g(*, board="ecpix5", build_root=None, seed=None):
         "--report", "nextpnr-report.json", *spec.nextpnr_opts]))
     error = None
     try:
-        plan.execute_local(str(out))
+        plan.execute_local(str(out), env=env)
     except Exception as exc:        # the report says what was reached
         error = f"build failed: {exc}"
     report = make_report(out, board=board, core="kbtp-10g (XGMII, fmax only)",

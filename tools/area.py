@@ -28,7 +28,6 @@ out; it is not the target's logic.
 import argparse
 import concurrent.futures
 import json
-import os
 import re
 import subprocess
 import sys
@@ -92,8 +91,7 @@ def blocks_of(config, depth=1, only=None):
 
 def _yosys():
     from boards.build import tool_env
-    tool_env()
-    return os.environ["YOSYS"]
+    return tool_env()["YOSYS"]
 
 
 def synth_cells(rtlil_text, top="top", workdir=None):
