@@ -32,11 +32,10 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
            "DEFAULT_MAC", "SHIPPED_QPS", "default_core_name", "kbtp_mem_words"]
 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
-#: divided by 15: 41.67 MHz, three GMII cycles per core cycle. At width 64 that is 2.67 Gb/s of
-#: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05, then 31.25 MHz;
-#: the core met 31.25 MHz on seeds 3 and 2 once the memory arbiter's grant was a flop,
-#: hw/lib/membus.py, and 41.67 MHz once the MR table's lookup was two stages, hw/rdma/qp.py.)
-CORE_FREQ = 625e6 / 15
+#: divided by 20: 31.25 MHz, four GMII cycles per core cycle. At width 64 that is 2.0 Gb/s of
+#: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05; the core met
+#: 31.25 MHz on seeds 3 and 2 once the memory arbiter's grant was a flop, hw/lib/membus.py.)
+CORE_FREQ = 625e6 / 20
 
 #: QPs of the kbtp core with its memory in the board's DRAM: 64, as issue 22 item 3 asks (64
 #: rdma_cm connections at once; their per-QP state is in memories: docs/architecture.md "Where

@@ -59,7 +59,7 @@ from amaranth.lib.wiring import In
 from hw.iface import MEM_DATA_BITS, MemBusSignature
 
 __all__ = ["DramTiming", "DramCycles", "ECPIX5_DDR3", "DramModel", "dram_address",
-           "STORAGE_VERILOG", "READS_IN_FLIGHT"]
+           "STORAGE_VERILOG"]
 
 #: The data array of :class:`DramModel` with ``external_storage`` (module kbtp_dram_storage).
 STORAGE_VERILOG = Path(__file__).resolve().parent / "dram_storage.v"
@@ -69,13 +69,6 @@ STORAGE_VERILOG = Path(__file__).resolve().parent / "dram_storage.v"
 NATIVE_OCTETS = 16
 PAGE_OCTETS = 2048
 N_BANKS = 8
-
-#: Reads the memory bus may have in flight to the DRAM: the depth of the LiteDRAM bridge's
-#: clock-crossing FIFOs (boards/litedram_bridge.py) and the model's ``credits``. A master reads
-#: one word per cycle only with more reads in flight than the read hit lasts in core cycles
-#: (:meth:`DramTiming.cycles`): 14 at 31.25 MHz, 18 at 41.67 MHz; 16 held the 41.67 MHz core's
-#: 4 KiB LOAD at 664 cycles (tests/hw/lib/test_dram_stream.py), 32 streams it.
-READS_IN_FLIGHT = 32
 
 
 def dram_address(addr):
@@ -122,21 +115,15 @@ class DramTiming:
     size_bytes: int
 
     def cycles(self, core_hz):
-        """The figures in core cycles at ``core_hz``: the read hit up to the next core cycle
-        (the data waits for a core edge: at 41.67 MHz 16 controller cycles are 13.33 core
-        cycles, and LiteDRAM behind the bridge, tests/boards/test_litedram.py, answers in 4 +
-        14 = 18), a row miss and the refresh stall to the nearest cycle (a half up), the
-        refresh interval down. Nearest, not up: at 31.25 MHz a row miss's 5 controller cycles
-        are 3.125 core cycles, and LiteDRAM takes 3 more than a hit, as at 25 MHz it takes 3
-        for 2.5, and at 41.67 MHz 4 for 4.17."""
+        """The figures in core cycles at ``core_hz``: latencies and the refresh stall to the
+        nearest cycle (a half up), the refresh interval down. Nearest, not up: at 31.25 MHz a
+        row miss's 5 controller cycles are 3.125 core cycles, and LiteDRAM behind the bridge
+        (tests/boards/test_litedram.py) takes 3 more than a hit, as at 25 MHz it takes 3 for 2.5."""
         ratio = core_hz / self.ctrl_hz            # core cycles per controller cycle
 
         def near(n):
             return max(0, math.floor(n * ratio + 0.5 + 1e-9))
-
-        def up(n):
-            return math.ceil(n * ratio - 1e-9)
-        return DramCycles(hit=self.cdc_core + up(self.hit_ctrl), miss=near(self.miss_ctrl),
+        return DramCycles(hit=self.cdc_core + near(self.hit_ctrl), miss=near(self.miss_ctrl),
                           refi=int(self.refi_ctrl * ratio + 1e-9),
                           rfc=max(1, near(self.rfc_ctrl)))
 
@@ -165,8 +152,7 @@ class DramModel(wiring.Component):
     cycles : DramCycles
     credits : int
         Reads accepted and not yet handed out (the response queue's depth); at least ``hit``
-        for a master reading back to back to get one word per cycle. The default is the
-        bridge's (:data:`READS_IN_FLIGHT`).
+        for a master reading back to back to get one word per cycle.
     external_storage : bool
         The data array is ``boards/dram_storage.v`` (Verilator only) instead of a ``Memory``.
 
@@ -177,7 +163,7 @@ class DramModel(wiring.Component):
     Counters (for tests and benches): ``n_miss`` rows opened, ``n_refresh`` refreshes.
     """
 
-    def __init__(self, depth, cycles, *, credits=READS_IN_FLIGHT, external_storage=False):
+    def __init__(self, depth, cycles, *, credits=16, external_storage=False):
         if depth < 2 or depth & (depth - 1):
             raise ValueError(f"depth {depth} is not a power of two >= 2")
         self.depth, self.timing, self.credits = depth, cycles, credits

@@ -51,8 +51,6 @@ from amaranth.lib.wiring import In, Out
 
 from hw.iface import MEM_DATA_BITS, MemBusSignature, MemReq
 
-from .dram import READS_IN_FLIGHT
-
 __all__ = ["LiteDramInit", "LiteDramBridge", "LiteDramCore", "load_core", "NativePortSignature",
            "WishboneSignature", "ecp5_ddr3_pads", "LiteDramReadLevel", "level_choice",
            "native_port_mux"]
@@ -454,11 +452,10 @@ class LiteDramBridge(wiring.Component):
     addr_width : int
         native address bits (16-octet units); the bus's addresses above them are dropped.
     depth : int
-        entries of each clock-crossing FIFO; also the most reads in flight (the DRAM model's
-        ``credits``: boards/dram.py :data:`READS_IN_FLIGHT`).
+        entries of each clock-crossing FIFO; also the most reads in flight.
     """
 
-    def __init__(self, addr_width, *, core="sync", dram="dram", depth=READS_IN_FLIGHT):
+    def __init__(self, addr_width, *, core="sync", dram="dram", depth=16):
         self._aw, self._core, self._dram, self._depth = addr_width, core, dram, depth
         super().__init__({"bus": In(MemBusSignature()),
                           "port": Out(NativePortSignature(addr_width)), "enable": In(1)})
@@ -569,8 +566,7 @@ class LiteDramCore(wiring.Component):
                   "ddrphy_rdly_dq_bitslip_rst", "ddrphy_rdly_dq_bitslip",
                   "ddrphy_burstdet_clr", "ddrphy_burstdet_seen")
 
-    def __init__(self, directory, *, clk, rst=None, pads=None, wait_scale=1,
-                 fifo_depth=READS_IN_FLIGHT):
+    def __init__(self, directory, *, clk, rst=None, pads=None, wait_scale=1, fifo_depth=16):
         self.desc, self.program = load_core(directory)
         self._clk, self._rst, self._pads = clk, rst, pads or {}
         self._scale, self._depth = wait_scale, fifo_depth
