@@ -35,9 +35,9 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
 #: divided by 20: 31.25 MHz, four GMII cycles per core cycle. At width 64 that is 2.0 Gb/s of
 #: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05; the core met
 #: 31.25 MHz on seeds 3 and 2 once the memory arbiter's grant was a flop, hw/lib/membus.py.
-#: This netlist also meets 625 MHz / 15 = 41.67 MHz at seed 3, 45.62 MHz, but its place and
-#: route then takes 2,729 s of tool time instead of ~1,300, more than CI's 90 minutes can hold
-#: beside the suite: not shipped until the build or the suite is cheaper. Stop 49's note.)
+#: This netlist also meets 625 MHz / 15 = 41.67 MHz at seed 3, 45.62 MHz (31.25: 45.18), but
+#: its P&R then took 2,729 s of tool time (31.25: 2,354) and the suite 6,713 s on one machine,
+#: too near CI's 90 minutes: not shipped until the suite is cheaper. Stop 49's note.)
 CORE_FREQ = 625e6 / 20
 
 #: QPs of the kbtp core with its memory in the board's DRAM: 64, as issue 22 item 3 asks (64
