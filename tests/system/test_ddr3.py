@@ -5,13 +5,17 @@
 """The ECPIX-5 core with its 512 MB of DDR3 as target memory (the DDR3 timing model of
 boards/dram.py in place of the block RAM), simulated whole under Verilator.
 
-A table of 65,536 handles and a ring of 65,536 slots over a pool of 65,536 blocks of 1 KiB
-(64 MiB) in DDR3, set up by the host driver; then 4 initiators through loss, duplication and
+A table of N handles and a ring of N slots over a pool of N blocks of 1 KiB in DDR3, set up by
+the host driver (N = 16,384 in `make test`, a 16 MiB pool; 65,536 and 64 MiB, issue 22 item 4,
+in `make test-scale`: 18 minutes of one core, most of it the driver writing 2 MiB of table and
+ring over the host link and the final check reading them back); then 4 initiators through loss, duplication and
 corruption, every round matched to the golden model, and the final image (counters, table,
 rings, the blocks holding data and 64 others drawn at random) and counters compared. (1 KiB
 blocks: the golden model holds the whole image in host memory and copies it for every order of
 a round's requests it tries; 4 KiB blocks would make that 256 MiB a copy.)
 """
+
+import os
 
 import pytest
 
@@ -20,8 +24,9 @@ from sim.vltarget import SHIPPED, VlTarget, board_params
 
 pytestmark = pytest.mark.xdist_group("ddr3")
 
-#: Pool scale (issue 22 item 4): handles, ring slots and blocks.
-N = 65536
+#: Pool scale: handles, ring slots and blocks. Issue 22 item 4 asks for at least 65,536:
+#: KBTP_POOL_HANDLES=65536 (`make test-scale`).
+N = int(os.environ.get("KBTP_POOL_HANDLES", 16384))
 
 
 def test_ddr3_is_the_shipped_core_with_ddr3():
@@ -57,12 +62,14 @@ def test_ddr3_is_the_shipped_core_with_ddr3():
 
 
 def test_ddr3_pool_scale_system_bench():
-    """65,536 handles, ring slots and 1 KiB blocks in DDR3; the driver writes the table and
-    rings (not the 64 MiB pool: the simulated DRAM starts at zero) and the time it takes is
-    printed; then mixed rounds through 2 % loss, 1 % duplication, 0.5 % corruption."""
+    """N handles, ring slots and 1 KiB blocks in DDR3; the driver writes the table and rings
+    (not the pool: the simulated DRAM starts at zero) and the time it takes is printed; then
+    mixed rounds through 2 % loss, 1 % duplication, 0.5 % corruption."""
+    assert N >= 16384 and N % 16 == 0, \
+        f"KBTP_POOL_HANDLES={N}: at least 16,384 and a multiple of 16"
     from sim.vltarget import build
     build(SHIPPED)
-    # 16 ranges of 4,096 handles: the engine checks a handle against 16 range registers
+    # 16 ranges of N / 16 handles: the engine checks a handle against 16 range registers
     # (n_ranges); with more ranges the driver keeps every request on the host.
     cfg = model_config(block_size=1024, num_blocks=N, num_handles=N,
                        handles_per_initiator=N // 16)
