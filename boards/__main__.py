@@ -1,8 +1,9 @@
-# Ref: boards/build.py, boards/report.py (build / program / synth-check; exit status on timing).
-"""``python -m boards {build,synth-check,program,elaborate,list} ...``
+# Ref: boards/build.py, boards/report.py (build / program / synth-check; exit status on timing);
+#      boards/timing.py (timing records).
+"""``python -m boards {build,synth-check,timing,program,elaborate,list} ...``
 
-Exit status: 0 when every clock meets its constraint (build, synth-check), 1 when one misses
-or the tools fail, 2 on usage errors.
+Exit status: 0 when every clock meets its constraint (build, synth-check, timing: then its
+record is written), 1 when one misses or the tools fail, 2 on usage errors.
 """
 
 import argparse
@@ -33,6 +34,13 @@ def main(argv=None):
     p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
     p.add_argument("--build-root", default=None)
     p.add_argument("--flash", action="store_true", help="write the SPI flash instead of SRAM")
+    p = sub.add_parser("timing", help="build the board's default core at its default seed and, "
+                       "when timing is met, write its timing record (boards/timing.py)")
+    p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
+    p.add_argument("--build-root", default=None, help="default: <repo>/build")
+    p.add_argument("--from-build", metavar="DIR", default=None,
+                   help="record the finished build in DIR/<board> (its report.json and input "
+                   "files) instead of building")
     sub.add_parser("list", help="boards and cores")
     args = ap.parse_args(argv)
 
@@ -49,6 +57,8 @@ def main(argv=None):
         elaborate(args.board, args.core)
         print(f"elaborated {args.board} with core {args.core or default_core_name()}")
         return 0
+    if args.cmd == "timing":
+        return timing(args.board, args.build_root, args.from_build)
     if args.cmd == "program":
         return 1 if program(args.board, build_root=args.build_root, flash=args.flash) else 0
     report = build(args.board, args.core, build_root=args.build_root, seed=args.seed,
@@ -57,6 +67,35 @@ def main(argv=None):
     if args.pack_only:
         return 1 if report.get("error") else 0
     return 0 if report["timing_met"] and not report.get("error") else 1
+
+
+def timing(board, build_root=None, from_build=None):
+    import json
+    from pathlib import Path
+    from . import timing as rec
+    from .build import BUILD_ROOT, build_plan
+    spec, core = BOARDS[board], default_core_name()
+    if from_build is None:
+        report = build(board, core, build_root=build_root)
+        out = Path(build_root or BUILD_ROOT) / board
+    else:
+        out = Path(from_build) / board
+        report = json.loads((out / "report.json").read_text())
+    print_report(report)
+    if (report["core"], report["seed"]) != (core, spec.nextpnr_seed):
+        print(f"not recorded: core {report['core']} at seed {report['seed']}; the record is of "
+              f"core {core} at the board's seed {spec.nextpnr_seed}")
+        return 1
+    if report.get("error") or not report.get("timing_met"):
+        print("not recorded: timing not met")
+        return 1
+    names = report.get("inputs") or sorted(build_plan(board, core).files)
+    record = rec.make_record(report, rec.files_of(out, names))
+    path = rec.record_path(board)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"timing record: {path} (netlist digest {record['digest'][:16]})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from .cores import CORES, default_core_name
 from .report import format_report, make_report
 from .top import BoardTop
 
-__all__ = ["tool_env", "elaborate", "build", "program", "BUILD_ROOT", "router_diverged"]
+__all__ = ["tool_env", "elaborate", "build_plan", "build", "program", "BUILD_ROOT",
+           "router_diverged"]
 
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build"
 
@@ -138,11 +139,32 @@ def elaborate(board, core=None):
     return spec.platform().prepare(top, name="top")
 
 
+def _prepare(spec, platform, top, seed, pack_only):
+    return platform.prepare(top, name="top",
+                            # The board's router (BoardSpec.nextpnr_router): router2 on the
+                            # ECPIX-5, where router1 had 185k of 234k arcs left after 28 min
+                            # on the width-64 core (2 cores shared).
+                            nextpnr_opts=" ".join([
+                                "--timing-allow-fail", "--seed", str(seed),
+                                "--router", spec.nextpnr_router,
+                                "--report", "nextpnr-report.json", *spec.nextpnr_opts,
+                                *(["--pack-only"] if pack_only else [])]))
+
+
+def build_plan(board, core=None, *, seed=None):
+    """The BuildPlan :func:`build` executes (full build), without running any tool: its
+    ``files`` are the build's inputs (boards/timing.py digests them)."""
+    spec, core, top = _top(board, core)
+    return _prepare(spec, spec.platform(), top,
+                    spec.nextpnr_seed if seed is None else seed, False)
+
+
 def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     """Synthesise, place and route, pack; return the report dict (also in report.json).
 
     ``pack_only``: synthesise and let nextpnr pack only (``--pack-only``: utilisation, no
     placement, timing or bitstream), for a quick check that a design fits the device.
+    The report's ``inputs`` names the build's input files (the BuildPlan's).
     """
     spec, core, top = _top(board, core)
     if seed is None:
@@ -159,15 +181,7 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     # CPU time of the tools (children of this process): the wall time on an idle machine,
     # which the wall time of a build on a shared one is not.
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    plan = platform.prepare(top, name="top",
-                            # The board's router (BoardSpec.nextpnr_router): router2 on the
-                            # ECPIX-5, where router1 had 185k of 234k arcs left after 28 min
-                            # on the width-64 core (2 cores shared).
-                            nextpnr_opts=" ".join([
-                                "--timing-allow-fail", "--seed", str(seed),
-                                "--router", spec.nextpnr_router,
-                                "--report", "nextpnr-report.json", *spec.nextpnr_opts,
-                                *(["--pack-only"] if pack_only else [])]))
+    plan = _prepare(spec, platform, top, seed, pack_only)
     error = None
     stop, diverged = threading.Event(), []
     watch = threading.Thread(target=_watch_router, args=(out, stop, diverged), daemon=True)
@@ -194,6 +208,7 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     report["seed"] = seed
     report["stage"] = "pack" if pack_only else "full"
     report["tool_cpu_time_s"] = round(cpu, 1)
+    report["inputs"] = sorted(plan.files)
     # The core's own parameters where it reports them (KbtpCore: the KbtpTarget arguments).
     params = getattr(top.core, "target_kwargs", None)
     report["core_params"] = {k: v for k, v in (params or {}).items() if k != "init"} or None

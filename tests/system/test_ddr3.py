@@ -8,9 +8,10 @@ boards/dram.py in place of the block RAM), simulated whole under Verilator.
 A table of N handles and a ring of N slots over a pool of N blocks of 1 KiB in DDR3, set up by
 the host driver (N = 16,384 in `make test`, a 16 MiB pool; 65,536 and 64 MiB, issue 22 item 4,
 in `make test-scale`: 18 minutes of one core, most of it the driver writing 2 MiB of table and
-ring over the host link and the final check reading them back); then 4 initiators through loss, duplication and
-corruption, every round matched to the golden model, and the final image (counters, table,
-rings, the blocks holding data and 64 others drawn at random) and counters compared. (1 KiB
+ring over the host link and the final check reading them back); then 4 initiators through
+loss, duplication and corruption, every round matched to the golden model, and the final
+image (counters, table, rings, the blocks holding data and 64 others drawn at random) and
+counters compared. (1 KiB
 blocks: the golden model holds the whole image in host memory and copies it for every order of
 a round's requests it tries; 4 KiB blocks would make that 256 MiB a copy.)
 """
