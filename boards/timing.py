@@ -28,7 +28,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["RECORD_DIR", "TOOLS", "plan_digest", "record_path", "make_record", "read_record"]
+__all__ = ["RECORD_DIR", "TOOLS", "tool_versions", "plan_digest", "record_path", "make_record",
+           "read_record", "files_of"]
 
 RECORD_DIR = Path(__file__).resolve().parent / "timing_records"
 

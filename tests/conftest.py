@@ -19,8 +19,7 @@ FIRST = ("test_formal_ring.py::test_unit_bmc[1]",
 
 
 def pytest_collection_modifyitems(session, config, items):
-    first = sorted((it for it in items if it.nodeid.endswith(FIRST)),
-                   key=lambda it: [it.nodeid.endswith(f) for f in FIRST].index(True))
+    first = [it for f in FIRST for it in items if it.nodeid.endswith(f)]
     if first:
         rest = [it for it in items if it not in first]
         items[:] = first + rest

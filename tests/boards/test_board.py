@@ -454,17 +454,24 @@ def test_board_top_elaborates(board, core):
         assert words * 8 == BOARDS[board].memory.pool_bytes
 
 
-def test_ddr3_board_top_elaborates():
+@pytest.fixture(scope="module")
+def ecpix5_plan():
+    """The BuildPlan of the ECPIX-5's default build (boards.build.build_plan), elaborated once
+    for the tests that read its files."""
+    from boards.build import build_plan
+    from tests.boards.litedram_cores import litedram_cores
+    litedram_cores()
+    return build_plan("ecpix5")
+
+
+def test_ddr3_board_top_elaborates(ecpix5_plan):
     """The ECPIX-5's default core (issue 22): the target's memory is the board's DDR3 through
     the generated LiteDRAM core (``make litedram``): its Verilog goes into the build, its CRG runs
     from the oscillator, its pads are the ddr3 resource's raw pins (LiteDRAM's own I/O cells
     drive them: no Amaranth buffer on them), the init program and the read leveller sit in
     front of it, and no block-RAM pool is left."""
     from boards.litedram_bridge import BOARD_CORE
-    from tests.boards.litedram_cores import litedram_cores
-    litedram_cores()
-    plan = elaborate("ecpix5")
-    files = dict(plan.files)
+    files = dict(ecpix5_plan.files)
     assert files["litedram_core.v"] == (BOARD_CORE / "gateware/litedram_core.v").read_text()
     text = files["top.il"]
     text = text if isinstance(text, str) else text.decode()
@@ -612,24 +619,21 @@ def test_ecpix5_synthesis_meets_timing(tmp_path):
     assert log_util["TRELLIS_FF"][0] == report["resources"]["FF"]["used"]
 
 
-def test_timing_record_is_this_netlist():
+def test_timing_record_is_this_netlist(ecpix5_plan):
     """CI's check that what ships meets timing (issue 21: CI fails the build when a clock
     misses), without a place and route in the suite: boards/timing_records/ecpix5.json,
     written by `make timing`, holds the report of an ECPIX-5 build whose input files digest
     (boards/timing.py) to those this tree prepares for the default core at the board's seed,
     and every clock in it meets this tree's constraints."""
     from boards import timing
-    from boards.build import build_plan
     from boards.cores import default_core_name
-    from tests.boards.litedram_cores import litedram_cores
-    litedram_cores()
     rec = timing.read_record("ecpix5")
     core, seed = default_core_name(), BOARDS["ecpix5"].nextpnr_seed
     assert (rec["board"], rec["core"], rec["seed"]) == ("ecpix5", core, seed), \
         f"the record is of {rec['board']}/{rec['core']} at seed {rec['seed']}"
     assert rec["tools"] == timing.tool_versions(), \
         f"the record's tools {rec['tools']}, installed {timing.tool_versions()}: run make timing"
-    digest = timing.plan_digest(build_plan("ecpix5", core).files)
+    digest = timing.plan_digest(ecpix5_plan.files)
     assert digest == rec["digest"], (
         f"the ECPIX-5 build's inputs (digest {digest[:16]}) are not those "
         f"boards/timing_records/ecpix5.json was routed from ({rec['digest'][:16]}): run "
