@@ -120,10 +120,12 @@ Limits (v1)
 * Tickets taken on a partition Head are seen when the driver polls (:meth:`poll`,
   :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13).
 * A reply whose WorkCompletion fails is counted in ``stats[("REPLY_WC", status)]`` only.
-* The engine's USAGE is lowered by a read-modify-write after a FREE; an ALLOC_STORE of the same
-  QP completing in between could be lost from the count.
-* Requests of one connection that the engine handles are not ordered against those it forwards
-  here (a FREE followed by an ALLOC_STORE of the same handle may run in the other order).
+* The engine's USAGE is lowered by a read-modify-write after a FREE. No ALLOC_STORE of the same
+  QP runs in between: the engine takes none of a QP's messages while one of them is here,
+  until its receive buffer comes back (KbtpEngine ``host_done``; the repost in
+  :meth:`_handle` comes after the USAGE write and the completion). The same order keeps
+  "FREE h; ALLOC_STORE h" on one connection in that order (the hold per QP:
+  tests/hw/kbtp/test_engine_64.py).
 """
 
 from __future__ import annotations
