@@ -72,6 +72,10 @@ MemReq = data.StructLayout({
     "we": 1,                    # 1 = write, 0 = read
     "wdata": MEM_DATA_BITS,     # octet k of the word is wdata[8k:8k+8] (little-endian lanes)
     "wstrb": MEM_DATA_BITS // 8,
+    # 1 on a read: the arbiter keeps its grant with this master until the master's next request
+    # is accepted (the write of a read-modify-write). Only masters an arbiter lists in its
+    # ``locking`` may set it (hw/lib/membus.py MemArbiter); the others may leave it undriven.
+    "lock": 1,
 })
 
 MemRsp = data.StructLayout({
@@ -85,7 +89,9 @@ class MemBusSignature(wiring.Signature):
     ``req`` carries reads and writes; every read gets exactly one ``rsp`` beat, in order.
     Writes get no response: a write is visible to every later request of any master once the
     arbiter has accepted it (the arbiter keeps a single order), which is what the draft's
-    ordering rules (data before entry; Block Offset before Sequence) need.
+    ordering rules (data before entry; Block Offset before Sequence) need. A read with
+    ``lock`` set makes the master's next request follow it with no other master's in between
+    (a read-modify-write), where the arbiter lists the master in ``locking``.
     """
 
     def __init__(self):

@@ -185,7 +185,7 @@ class DmaWriter(wiring.Component):
                     m.next = "RUN"
             with m.State("RUN"):
                 emit = (total >= 8) | self.i.p.last
-                m.d.comb += [req.valid.eq(self.i.valid & emit), req.p.we.eq(1),
+                m.d.comb += [req.valid.eq(self.i.valid & emit), req.p.we.eq(1), req.p.lock.eq(0),
                              req.p.wdata.eq(comb_data[:64]), req.p.wstrb.eq(comb_strb[:8]),
                              self.i.ready.eq(~emit | req.ready)]
                 with m.If(self.i.valid & self.i.ready):
@@ -200,7 +200,8 @@ class DmaWriter(wiring.Component):
                         with m.Else():
                             m.next = "IDLE"
             with m.State("FLUSH"):
-                m.d.comb += [req.valid.eq(1), req.p.we.eq(1), req.p.wdata.eq(buf[:64]),
+                m.d.comb += [req.valid.eq(1), req.p.we.eq(1), req.p.lock.eq(0),
+                             req.p.wdata.eq(buf[:64]),
                              req.p.wstrb.eq(strb[:8])]
                 with m.If(req.ready):
                     m.next = "IDLE"

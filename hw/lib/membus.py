@@ -9,7 +9,7 @@ stream keep each master a small FSM and make the order of writes (which the draf
 depend on) the order in which the arbiter accepts them.
 """
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -168,17 +168,32 @@ class MemArbiter(wiring.Component):
         payloads, the requester placing READ responses): they must keep pace with the line, or
         the MAC's receive buffer fills behind them. Their demand is bounded by the line rate, so
         the others keep what the line leaves of the bus. Default none.
+    locking : tuple of int
+        Masters whose ``req.payload.lock`` counts (:data:`~hw.iface.MemReq`): a request of theirs
+        taken with ``lock`` = 1 keeps the grant with them until their next request is taken
+        (the write of a read-modify-write), so no other master reaches the bus in between: no
+        round robin, no ``hold`` limit, no urgent master. Meant for the responder's atomics and
+        the KBTP engine's ring allocator, which both read-modify-write a DIRECT_ALLOC
+        partition's Head: without the lock one's write could overwrite the other's, and an
+        update is lost. The ``lock`` bit of every other master is ignored (it may be left
+        undriven), and the arbiter's own ``bus.req.payload.lock`` is that of the granted master
+        if it is listed, else 0: an arbiter behind another passes a lock on when the outer one
+        lists its port here. Cost: another master, urgent or not, waits at most for the locked
+        master's next request (a read's latency and the master's turnaround). Default none.
     """
 
-    def __init__(self, n, outstanding=32, hold=16, urgent=()):
+    def __init__(self, n, outstanding=32, hold=16, urgent=(), locking=()):
         if hold < 1:
             raise ValueError(f"MemArbiter: hold {hold} < 1")
         if any(not 0 <= i < n for i in urgent):
             raise ValueError(f"MemArbiter: urgent masters {urgent} not all in 0..{n - 1}")
+        if any(not 0 <= i < n for i in locking):
+            raise ValueError(f"MemArbiter: locking masters {locking} not all in 0..{n - 1}")
         self.n = n
         self.outstanding = outstanding
         self.hold = hold
         self.urgent = tuple(urgent)
+        self.locking = tuple(locking)
         super().__init__({"masters": In(MemBusSignature()).array(n),
                           "bus": Out(MemBusSignature())})
 
@@ -200,6 +215,9 @@ class MemArbiter(wiring.Component):
             for i in range(n):
                 with m.Case(i):
                     m.d.comb += out.payload.eq(self.masters[i].req.payload)
+                    if i not in self.locking:
+                        # Its lock bit may be undriven (X in a Verilog simulator): not passed.
+                        m.d.comb += out.payload.lock.eq(0)
         is_read = ~out.payload.we
         # A read needs room to remember where its response goes.
         room = ~is_read | route.w_rdy
@@ -231,14 +249,24 @@ class MemArbiter(wiring.Component):
             with m.If(others[i] & ~earlier):
                 m.d.comb += [urg.eq(i), urg_any.eq(1)]
         granted_urgent = Cat(grant == i for i in self.urgent).any()
+        # Lock: set by a request taken with lock = 1 (only a `locking` master's, see the
+        # payload copy above), cleared by the next request taken; `stay`: locked after this
+        # cycle, when the grant may not move.
+        stay = Const(0)
+        if self.locking:
+            stay, locked = Signal(), Signal()
+            m.d.comb += stay.eq(Mux(take, out.payload.lock, locked))
+            m.d.sync += locked.eq(stay)
         keep = Signal()             # the granted master keeps the grant after this cycle
-        with m.If(take):
+        with m.If(stay):
+            m.d.comb += keep.eq(1)
+        with m.Elif(take):
             m.d.comb += keep.eq((run + 1 < self.hold) | granted_urgent)
         with m.Else():
             m.d.comb += keep.eq(asks.bit_select(grant, 1))      # stalled: keeps it
         with m.If(take & (run < self.hold)):
             m.d.sync += run.eq(run + 1)
-        with m.If(urg_any):
+        with m.If(urg_any & ~stay):
             m.d.sync += [grant.eq(urg), run.eq(0)]
         with m.Elif(~keep & rr_any):
             m.d.sync += [grant.eq(rr), run.eq(0)]

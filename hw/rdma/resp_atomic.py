@@ -4,8 +4,10 @@
 
 :class:`AtomicUnit` owns the read-modify-write of one aligned 64-bit word of target memory for
 a Compare & Swap or a Fetch & Add, and the original value it read (returned in the ATOMIC
-ACKNOWLEDGE). The read and the write are two separate bus requests: another master of the same
-:class:`~hw.lib.membus.MemArbiter` may access the word in between (no bus lock exists).
+ACKNOWLEDGE). The read and the write are two bus requests; the read sets ``lock``
+(:data:`~hw.iface.MemReq`), so no other master of a :class:`~hw.lib.membus.MemArbiter` that
+lists the unit in ``locking`` (and of every arbiter between it and the unit) can access the
+word in between.
 """
 
 from amaranth import Module, Mux, Signal
@@ -55,7 +57,8 @@ class AtomicUnit(wiring.Component):
                     m.d.sync += addr.eq(ctl.addr)
                     m.next = "READ"
             with m.State("READ"):
-                m.d.comb += [req.valid.eq(1), req.p.addr.eq(addr), req.p.we.eq(0)]
+                m.d.comb += [req.valid.eq(1), req.p.addr.eq(addr), req.p.we.eq(0),
+                             req.p.lock.eq(1)]
                 with m.If(req.ready):
                     m.next = "WAIT"
             with m.State("WAIT"):
@@ -68,7 +71,7 @@ class AtomicUnit(wiring.Component):
                 new = Mux(self.fetch_add, fadd.new,
                           Mux(orig == self.compare, self.swap_add, orig))
                 m.d.comb += [req.valid.eq(1), req.p.addr.eq(addr), req.p.we.eq(1),
-                             req.p.wdata.eq(new), req.p.wstrb.eq(0xFF)]
+                             req.p.wdata.eq(new), req.p.wstrb.eq(0xFF), req.p.lock.eq(0)]
                 with m.If(req.ready):
                     m.d.comb += ctl.done.eq(1)
                     m.next = "IDLE"

@@ -46,8 +46,10 @@ Rules (rxe behaviour as roce-layouts.md §6 describes it):
 Memory: payload octets are packed into aligned 8-octet words with byte strobes at one word per
 cycle; a RecvNotify or a READ response record is only issued after every write of the
 preceding packets has been accepted by the bus (so the consumer/TX path read what was written).
-The atomic read and write are two separate bus requests: another master of the same
-:class:`~hw.lib.membus.MemArbiter` may access the word in between (no bus lock exists).
+The atomic read and write are two separate bus requests; the read locks the bus
+(``MemReq.lock``), so no other master of a :class:`~hw.lib.membus.MemArbiter` that lists the
+responder in ``locking`` reaches memory between them (the target's does: the KBTP engine
+FetchAdds a DIRECT_ALLOC partition's Head that the initiator FetchAdds too).
 
 Blocks (each owns what its docstring says; this module wires them):
 

@@ -237,8 +237,13 @@ class KbtpTarget(wiring.Component):
         sm.qpt = qpt = QpTable(nq)
         sm.mrt = mrt = MrTable(self.n_mr, n_qp=nq)
         # The responder (0) and the requester (1, READ responses) place what the wire brings:
-        # first, so that they keep pace with the line (MemArbiter ``urgent``).
-        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=(0, 1))
+        # first, so that they keep pace with the line (MemArbiter ``urgent``). The responder (0,
+        # its AtomicUnit through the responder's own mux, which copies the whole request) and
+        # the engine (4, its ring allocator through the engine's MemArbiter) lock the bus for a
+        # read-modify-write of a word (MemArbiter ``locking``); the other masters leave ``lock``
+        # undriven, and it is ignored.
+        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=(0, 1),
+                                  locking=(0, 4) if self.engine else (0,))
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)
         sm.rcnt = rcnt = CounterBank(len(RESP_COUNTERS), base=REG_TRANSPORT)
