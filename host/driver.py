@@ -52,8 +52,8 @@ API
     Bitmap of the QPs the transport holds in error (retry exhaustion, a fatal NAK); the CM
     disconnects them (host/cm.py ``reap_errors``).
 ``await tick(now_ms)``
-    Ticket-timeout reclamation (the Partition/Ring/Head MRs are invalidated first) and
-    retention expiry.
+    Ticket-timeout reclamation (the engine's own partition tickets dropped first; the
+    Partition/Ring/Head MRs are invalidated before reclaiming) and retention expiry.
 ``await counters()``
     Engine counters per (op, status), HOSTQ_COUNT, STALL_CYCLES, ring occupancy, quota use per
     QP, :attr:`host_actions` (slow-path messages handled), and ``transport``: the responder's
@@ -106,19 +106,33 @@ forgets the connection and turns its engine session off. After GOODBYE the calle
 
 Limits (v1)
 -----------
-* Slow-path LOAD / STORE / ALLOC_STORE (fast path off; and the ALLOC_STOREs of a session
-  owning a DIRECT_ALLOC partition, QP_SESSION bit 3, whose LOADs and STOREs the engine runs)
-  are executed here with RDMA work requests, one at a time. ADDR_LE sessions run in
-  the engine (CTRL bit 2 = ``cfg.addr_le`` for the structures, QP_SESSION bit 2 for the
-  session's requests). The shared ring's counters are touched by the host only while the fast
-  path is off (with it on, frees go through the engine's free queue, and no session the driver
-  serves allocates from the shared ring). A partition session's
-  ALLOC_STORE takes its Head ticket by a host read-modify-write, which is not atomic against the
-  same initiator's own RDMA FetchAdd on that Head.
-* Shared-ring frees go through the engine's free queue (FREE_PUSH, 32 deep): a FREE burst's
-  pushes travel with its other writes, and the driver waits only while the queue is full.
+* Slow-path LOAD / STORE / ALLOC_STORE (fast path off) are executed here with RDMA work
+  requests, one at a time. ADDR_LE sessions run in the engine (CTRL bit 2 = ``cfg.addr_le``
+  for the structures, QP_SESSION bit 2 for the session's requests). The shared ring's
+  counters are touched by the host only while the fast path is off (with it on, frees go
+  through the engine's free queue, and no session the driver serves allocates from the shared
+  ring).
+* DIRECT_ALLOC partitions (:attr:`KbtpDriver.engine_parts`: the fast path on and at most
+  :data:`~hw.kbtp.regmap.ENGINE_PARTS` partitions): the engine serves partition p as its ring
+  p + 1 (PART<p>_RING / _HEAD / _TAIL, PART_ORDER), and runs a partition session's
+  ALLOC_STOREs too (QP_SESSION bits 5..4 = p + 1), taking the Head ticket by a locked FetchAdd,
+  atomic against the initiator's own RDMA FetchAdds on that Head; the ring is the quota (no
+  QUOTA check, USAGE stays the driver's count). The host keeps HELLO, FREE, BIND, GOODBYE and
+  the Ticket Timeouts; every free into a partition ring (FREE, reclamation) goes through the
+  engine's free queue with the ring in bits 63..62. Otherwise (more partitions than the engine
+  serves) a partition session's ALLOC_STOREs come here (QP_SESSION bit 3), whose Head ticket
+  is taken by a host read-modify-write, not atomic against the initiator's own FetchAdd, and
+  the host frees into the partition rings itself.
+* Frees through the engine's free queue (FREE_PUSH, 32 deep) name their ring in bits 63..62
+  (0 shared, p + 1 partition p): a FREE burst's pushes travel with its other writes, and the
+  driver waits only while the queue is full. Block Offsets must be below 2**62 for the fast
+  path (:attr:`KbtpDriver.fast_off_reasons`).
 * Tickets taken on a partition Head are seen when the driver polls (:meth:`poll`,
-  :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13).
+  :meth:`tick`); the Ticket Timeout runs from that first sight (the model's reading 13). With
+  :attr:`~KbtpDriver.engine_parts` the engine's own ALLOC_STORE tickets are seen there too:
+  :meth:`tick` (and an abandonment) first reads the slots of the outstanding tickets and
+  drops those already consumed (:func:`host.policy.slot_consumed`; counted in
+  ``stats[("ENGINE_TICKET", "OK")]``), which no initiator's unbound ticket can be.
 * A reply whose WorkCompletion fails is counted in ``stats[("REPLY_WC", status)]`` only.
 * The engine's USAGE is lowered by a read-modify-write after a FREE. No ALLOC_STORE of the same
   QP runs in between: the engine takes none of a QP's messages while one of them is here,
@@ -143,6 +157,8 @@ from hw.iface import (QP_INDEX_BITS, QPN_BASE, QPN_BITS, REG_KBTP, REG_MR, QpCon
                       RecvNotify, WcStatus, qp_index_of,
                       WorkCompletion, WrOp)
 from hw.kbtp.engine import FAST_OPS, SCRATCH_SLOTS, SLOT_SIZE, ranges_for, reg as ENG
+from hw.kbtp.engine_regs import RING_SHIFT
+from hw.kbtp.regmap import ENGINE_PARTS
 from hw.rdma.qp import MR_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_WC
 
@@ -369,16 +385,24 @@ class KbtpDriver:
         hpi = cfg.handles_per_initiator
         # what the engine can run (hw/kbtp/engine.py "Assumptions (v1)")
         aligned = all(lay[k] % 8 == 0 for k in ("table", "ring", "pool", "head", "tail"))
+        last = cfg.block_offset(cfg.num_blocks - 1)
         why = [w for w, bad in [
             ("the fast path is off (fast_path=False)", not fast_path),
             (f"handles_per_initiator {hpi} is not a power of two", hpi & (hpi - 1) != 0),
             (f"{cfg.num_ranges} handle ranges, the engine checks {n_ranges}",
              cfg.num_ranges > n_ranges),
             (f"block_size {cfg.block_size} is not a multiple of 8", cfg.block_size % 8 != 0),
-            ("a structure is not 8-octet aligned", not aligned)] if bad]
+            ("a structure is not 8-octet aligned", not aligned),
+            (f"the last Block Offset {last:#x} is not below 2**62 (a free names its ring in "
+             f"bits 63..62)", last >= 1 << RING_SHIFT)] if bad]
         self.fast_ok = not why
         #: Why every request stays on the host (empty when the engine runs them).
         self.fast_off_reasons = why
+        #: The engine serves the DIRECT_ALLOC partitions (partition p = its ring p + 1): their
+        #: ALLOC_STOREs and every free into their rings. False: the host allocates from them
+        #: (QP_SESSION bit 3) and frees into them itself.
+        self.engine_parts = (self.fast_ok and cfg.direct_partitions <= ENGINE_PARTS
+                             and all(d["ring"] % 8 == 0 for d in lay["direct"]))
 
     # ---------------------------------------------------------------- small helpers
     def _now(self, now_ms):
@@ -522,9 +546,6 @@ class KbtpDriver:
                 del ring.pending[o]
             await self._write_slot_free(ring, o, u, block)
 
-    async def _host_free(self, ring, block):
-        await self._host_free_many([(ring, block)])
-
     async def _host_free_many(self, frees):
         """Frees ``[(ring, block), ...]`` into host-managed rings, in order. Each takes a Tail
         ticket u and writes its slot only when the slot is consumed and its Sequence is u - N
@@ -560,13 +581,24 @@ class KbtpDriver:
             await self._write_slot_free(ring, o, u, block)
             slot[id(ring), o] = (u, block)
 
-    async def _engine_free_many(self, blocks, space=None):
-        """Shared-ring frees through the engine's free queue (FREE_PUSH): the engine runs each
-        as a FREE_BLOCK (Tail FetchAdd, slot write, deferred while the slot is unconsumed), in
-        push order, so the pushes need no answer and travel together; the driver waits only
-        while the queue is full. ``space``: the queue's free entries as just read (None: read
-        them first)."""
-        for block in blocks:
+    async def _engine_free_many(self, frees, space=None):
+        """Frees ``[(block, ring), ...]`` through the engine's free queue (FREE_PUSH; ``ring``
+        0 the shared ring, p + 1 partition p, pushed in bits 63..62 above the Block Offset):
+        the engine runs each as a FREE_BLOCK on that ring (Tail FetchAdd, slot write, deferred
+        while the slot is unconsumed), in push order, so the pushes need no answer and travel
+        together; the driver waits only while the queue is full. ``space``: the queue's free
+        entries as just read (None: read them first). DriverError, before any push, for a
+        Block Offset the ring bits would overwrite and for a ring the engine does not serve."""
+        values = []
+        for block, ring in frees:
+            if not 0 <= block < 1 << RING_SHIFT:
+                raise DriverError(f"Block Offset {block:#x} is not below 2**{RING_SHIFT}: the "
+                                  f"engine's free queue names the ring in bits 63..62")
+            if ring and not (self.engine_parts and ring <= len(self.parts)):
+                raise DriverError(f"free of Block Offset {block:#x} into ring {ring} "
+                                  f"(partition {ring - 1}): the engine does not serve it")
+            values.append(block | ring << RING_SHIFT)
+        for value in values:
             for _ in range(self.wc_polls):
                 if space:
                     break
@@ -574,28 +606,41 @@ class KbtpDriver:
             else:
                 raise DriverError("engine free queue stayed full (a deferred free never wrote "
                                   "its slot)")
-            await self.port.wreg64(REG_KBTP + ENG["FREE_PUSH_LO"], block)
+            await self.port.wreg64(REG_KBTP + ENG["FREE_PUSH_LO"], value)
             space -= 1
+
+    async def _give_back(self, blocks, space=None):
+        """Give each block of ``[(home, block), ...]`` back to its ring (``home``: None the
+        shared ring, else the partition's index): the host-managed rings' in one burst
+        (:meth:`_host_free_many`), then the engine's free queue (:meth:`_engine_free_many`;
+        ``space``: its free entries as just read). The engine takes the shared ring's frees
+        when the fast path is on, a partition's when it serves the partitions
+        (:attr:`engine_parts`)."""
+        host, engine = [], []
+        for home, boff in blocks:
+            if home is None:
+                if self.fast_ok:
+                    engine.append((boff, 0))
+                else:
+                    host.append((self.shared, boff))
+            elif self.engine_parts:
+                engine.append((boff, home + 1))
+            else:
+                host.append((self.parts[home].ring, boff))
+        await self._host_free_many(host)
+        await self._engine_free_many(engine, space)
 
     async def _return_blocks(self, blocks, space=None):
         """Clear if needed, then give each block of ``[(domain, block), ...]`` back to its ring
-        (after the entry updates): the host-managed rings' in one burst
-        (:meth:`_host_free_many`), then the engine's free queue (:meth:`_engine_free_many`;
-        ``space``: its free entries as just read)."""
+        (after the entry updates; :meth:`_give_back`)."""
         cfg = self.cfg
-        host, engine = [], []
+        home = []
         for domain, boff in blocks:
-            home = policy.block_home(cfg, boff)
-            if policy.clear_on_return(cfg, domain, home):
+            h = policy.block_home(cfg, boff)
+            if policy.clear_on_return(cfg, domain, h):
                 await self.port.mem_write(self.block_addr(boff), bytes(cfg.block_size))
-            if home is not None:
-                host.append((self.parts[home].ring, boff))
-            elif self.fast_ok:
-                engine.append(boff)
-            else:
-                host.append((self.shared, boff))
-        await self._host_free_many(host)
-        await self._engine_free_many(engine, space)
+            home.append((h, boff))
+        await self._give_back(home, space)
 
     # ---------------------------------------------------------------- init / QPs
     @_batched
@@ -628,6 +673,12 @@ class KbtpDriver:
             await self._ereg(ENG[name], v)
         await port.wreg64(REG_KBTP + ENG["TABLE_BASE_HANDLE_LO"], cfg.table_base_handle)
         await port.wreg64(REG_KBTP + ENG["POOL_TO_BASE_LO"], cfg.pool_to_base)
+        if self.engine_parts:
+            # the partitions the engine serves: partition p is its ring p + 1
+            for p, d in enumerate(lay["direct"]):
+                for name in ("RING", "HEAD", "TAIL"):
+                    await self._ereg(ENG[f"PART{p}_{name}"], d[name.lower()])
+            await self._ereg(ENG["PART_ORDER"], cfg.direct_ring_order)
         for i in range(self.n_ranges):
             await self._ereg(ENG["RANGE"] + 4 * i, 0)
         for q in range(self.n_qp):
@@ -894,6 +945,7 @@ class KbtpDriver:
         now = self._now(now_ms)
         acts = []
         await self._observe(now)
+        await self._drop_engine_tickets(self.parts)
         for p in self.parts:
             if p.timed_out(now, self.cfg.ticket_timeout_ms):
                 await self._abandon_all(p, "ticket timeout", acts)
@@ -1001,10 +1053,14 @@ class KbtpDriver:
         return int(fast) | int(self.cfg.masked) << 1 | int(self.cfg.addr_le) << 2
 
     async def _engine_session(self, qp, s):
-        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine. A session owning a
-        DIRECT_ALLOC partition keeps its ALLOC_STOREs here (QP_SESSION bit 3): the engine
-        allocates from the shared ring only, and the partition's Head is also FetchAdded by
-        the initiator's own atomics. Its USAGE is then the driver's count, not the engine's."""
+        """Hand the session's LOAD/STORE/ALLOC_STORE to the engine. QP_SESSION bits 5..4 name
+        the ring its ALLOC_STOREs take blocks from: 0 the shared ring (QUOTA checked, USAGE
+        counted by the engine), p + 1 for a session owning DIRECT_ALLOC partition p when the
+        engine serves the partitions (:attr:`engine_parts`: a locked FetchAdd on the Head,
+        atomic against the initiator's own; the ring is the quota). A partition session the
+        engine cannot serve keeps its ALLOC_STOREs here (bit 3, "host allocates"). A partition
+        session's USAGE is the driver's count either way, not the engine's
+        (:func:`_engine_usage`)."""
         s.engine = bool(self.fast_ok)
         if not s.engine:
             await self._ereg(self._qreg(qp, "QP_SESSION"), 0)
@@ -1017,9 +1073,10 @@ class KbtpDriver:
         await self._ereg(self._qreg(qp, "QP_SCRATCH"),
                          self.plan["engine_scratch"] + ENGINE_SCRATCH * qp)
         rec = bool(s.features & Features.RECORD_COMPLETION.value)
-        host_alloc = s.partition is not None
+        host_alloc = s.partition is not None and not self.engine_parts
+        ring = s.partition + 1 if s.partition is not None and self.engine_parts else 0
         await self._ereg(self._qreg(qp, "QP_SESSION"),
-                         1 | rec << 1 | int(s.addr_le) << 2 | host_alloc << 3
+                         1 | rec << 1 | int(s.addr_le) << 2 | host_alloc << 3 | ring << 4
                          | (s.domain & 0xFF) << 8)
 
     async def _entries(self, s):
@@ -1182,7 +1239,28 @@ class KbtpDriver:
             p.observe(int.from_bytes(got[i], "little") >> 32, now)
         return got
 
+    async def _drop_engine_tickets(self, parts):
+        """With :attr:`engine_parts`, forget the outstanding tickets of ``parts`` that the
+        engine took for its own ALLOC_STOREs: :meth:`_observe` stamps every new Head ticket as
+        an initiator's, but a slot that shows its ticket consumed (:func:`host.policy.
+        slot_consumed`) was the engine's (an initiator's unbound ticket is consumed only by
+        BIND or reclamation, which remove it first). The slots are read in one go."""
+        if not self.engine_parts:
+            return
+        rs = self.port.reads()
+        at = [(p, t, rs.mem(p.ring.base + p.ring.slot_of(t), SLOT))
+              for p in parts for t in p.outstanding]
+        if not at:
+            return
+        got = await rs.run()
+        for p, t, i in at:
+            if policy.slot_consumed(t, *self._slot_value(got[i])):
+                del p.outstanding[t]
+                self.stats[("ENGINE_TICKET", "OK")] = \
+                    self.stats.get(("ENGINE_TICKET", "OK"), 0) + 1
+
     async def _abandon_all(self, part, reason, acts):
+        await self._drop_engine_tickets([part])      # the engine's are no initiator's
         s = self._sessions.get(part.owner)
         if s is not None and s.partition_exposed:
             # invalidate the partition region first: no RDMA Write may land after reclamation
@@ -1200,9 +1278,17 @@ class KbtpDriver:
             seq, bo = await self._read_slot(part.ring, o)
             if policy.slot_holds(t, seq, bo):
                 await self._consume(part.ring, o)
-                await self._host_free(part.ring, bo)
+                await self._give_back([(part.index, bo)])
                 part.to_reclaim.remove(t)
                 self.stats[("RECLAIM", "OK")] = self.stats.get(("RECLAIM", "OK"), 0) + 1
+                moved = True
+            elif self.engine_parts and policy.slot_consumed(t, seq, bo):
+                # an engine ALLOC_STORE's ticket, abandoned while its slot was still to fill:
+                # the engine consumed it since (:meth:`_drop_engine_tickets`)
+                part.to_reclaim.remove(t)
+                part.abandoned.discard(t)
+                self.stats[("ENGINE_TICKET", "OK")] = \
+                    self.stats.get(("ENGINE_TICKET", "OK"), 0) + 1
                 moved = True
         return moved
 
@@ -1292,10 +1378,7 @@ class KbtpDriver:
         await self._consume(ring, o)
         n = await self._obtain(c, msg, boff, acts)
         if n is None:
-            if part is None and self.fast_ok:
-                await self._engine_free_many([boff])
-            else:
-                await self._host_free(ring, boff)
+            await self._give_back([(None if part is None else part.index, boff)])
             return await self._complete(c, op, msg, Status.INTERNAL, acts, g)
         g = next_generation(e["generation"])
         await self._write(policy.bind_writes(self.cfg, self.lay, h, policy.alloc_flags(msg), g,

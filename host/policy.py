@@ -58,7 +58,8 @@ What is left on each side is what it really does differently:
   (set at HELLO, cleared when the session is released), the QP session registers (handle range,
   quota, usage, RECORD_COMPLETION, domain; off when the connection goes), the lowering of the
   engine's USAGE after a FREE (and its counters report an engine session's quota use from that
-  register), and shared-ring frees through the engine's FREE_BLOCK command.
+  register), the DIRECT_ALLOC partition rings the engine serves (PART registers; QP session
+  bits 5..4), and frees through the engine's free queue, each naming its ring.
 * **Direct STags.** The model keeps one ``Region`` per STag with the set of connections that may
   use it and checks the initiator's one-sided accesses itself; the driver programs MR slots with
   a QP bit mask. What each STag exposes (:func:`partition_windows`,
@@ -70,6 +71,9 @@ What is left on each side is what it really does differently:
 * **Ticket observation.** The model sees initiators' Head FetchAdds as they happen
   (``remote_fetch_add``) and also looks on every receive and tick; the driver looks at the
   partition Heads when it polls or ticks (the Ticket Timeout runs from that first sight).
+  When the engine runs a partition session's ALLOC_STOREs, the driver sees their Head tickets
+  like an initiator's and drops them on a tick once their slot shows them consumed
+  (:func:`slot_consumed`); the model (playing the engine) never counts them.
 * **Ring images.** The model's rings are :class:`model.ring.RingImage` objects (frees deferred
   inside the ring); the driver keeps its own deferred frees per slot and writes the same slots
   and counters. The model builds its initial memory structure by structure; the driver writes
@@ -103,7 +107,8 @@ __all__ = [
     "negotiate_features", "free_range", "session_quota", "plan_hello", "new_stags",
     "direct_load_windows", "partition_windows", "hello_ack_fields",
     "is_hello", "screen", "authorize", "check_entry", "check_quota", "check_ring",
-    "check_ticket", "check_slot", "slot_holds", "quota_use", "next_generation", "stale",
+    "check_ticket", "check_slot", "slot_holds", "slot_consumed", "quota_use", "next_generation",
+    "stale",
     "alloc_flags", "goodbye_releases",
     "op_name", "invalidate_stag", "record_descriptor", "completion_record",
     "completion_payload", "raw_completion",
@@ -585,6 +590,21 @@ def check_ticket(s, part, ticket):
 def slot_holds(ticket, sequence, block_offset):
     """A ring slot reading ``(sequence, block_offset)`` holds the block of ``ticket``."""
     return sequence == ticket & M32 and block_offset != SLOT_EMPTY
+
+
+def slot_consumed(ticket, sequence, block_offset):
+    """Has the ring slot of ``ticket``, reading ``(sequence, block_offset)``, been consumed for
+    it? With ``d = (sequence - ticket) mod 2**32``: yes when ``d < 2**31`` and either the slot
+    was consumed on this lap (``d == 0`` and the Block Offset all ones) or it already moved on
+    (``d != 0``: refilled for a later lap, ``ticket + N``, which needs the consumption first).
+    No while it holds the ticket's block unconsumed (``d == 0``, a Block Offset) or still waits
+    for the free of this lap (``sequence == ticket - N``: ``d`` is "negative").
+
+    The host driver uses it to tell the engine's own ALLOC_STORE tickets on a partition Head
+    from an initiator's: an initiator's unbound ticket is consumed only by BIND or by
+    reclamation, which forget the ticket first (host/driver.py ``_drop_engine_tickets``)."""
+    d = (sequence - ticket) & M32
+    return d < 1 << 31 and (d != 0 or block_offset == SLOT_EMPTY)
 
 
 def check_slot(ticket, sequence, block_offset, bind_offset):

@@ -783,11 +783,13 @@ async def mixed(b, *, rounds=None, ops=None, direct=False, log=None, progress=No
                 stats["free"] += 1
             else:
                 batch.append((q, b.make_request(q, stats)))
-            # (the DIRECT_ALLOC session's LOADs and STOREs run in the engine, its ALLOC_STOREs
-            # and BINDs at the host: QP_SESSION bit 3)
+            # (the DIRECT_ALLOC session's LOADs and STOREs run in the engine, its BINDs at the
+            # host, its ALLOC_STOREs in the engine when it serves the partition (QP_SESSION
+            # bits 5..4, driver engine_parts), else at the host (QP_SESSION bit 3))
             op = batch[-1][1][1]
-            if op == Opcode.FREE.value or (direct and q == 0 and op not in (
-                    Opcode.LOAD.value, Opcode.STORE.value)):
+            fast = (Opcode.LOAD.value, Opcode.STORE.value) + \
+                ((Opcode.ALLOC_STORE.value,) if b.driver.engine_parts else ())
+            if op == Opcode.FREE.value or (direct and q == 0 and op not in fast):
                 b.slow_sent += 1
         if not batch:
             continue
@@ -818,12 +820,13 @@ async def mixed_checks(b, stats, *, direct=False):
     fast = {o.name for o in FAST_OPS}
     want = {k: v for k, v in b.model.counters.items() if k[0] in fast}
     both = dict(got)
-    for k, v in b.driver.stats.items():            # the direct session's, run by the host
+    for k, v in b.driver.stats.items():            # any run by the host (none with engine_parts)
         if k[0] in fast:
             both[k] = both.get(k, 0) + v
     assert both == want, f"engine + driver counters {both} vs model {want}"
     # The host handled exactly the slow-path messages: HELLOs, FREEs, and (direct) the
-    # DIRECT_ALLOC session's ALLOC_STOREs and BINDs; no LOAD or STORE.
+    # DIRECT_ALLOC session's BINDs (and its ALLOC_STOREs, unless the engine serves the
+    # partitions: driver.engine_parts); no LOAD or STORE.
     assert len(b.handled) == b.slow_sent, (len(b.handled), b.slow_sent,
                                            [h.op for h in b.handled])
     assert {h.op for h in b.handled if not (direct and h.qp == 0)} <= {"HELLO", "FREE"}, \

@@ -49,6 +49,7 @@ from amaranth.lib.wiring import In, Out
 from hw.iface import ADDR_BITS, QP_INDEX_BITS
 from hw.kbtp.decode import REQUEST, RESULT
 from hw.kbtp.movers import CTX_BITS
+from hw.kbtp.regmap import RING_BITS
 
 __all__ = ["Ctx", "CTX", "CTX_DEPTH", "READ_BYTES_BITS", "ContextQueue"]
 
@@ -72,6 +73,7 @@ CTX = data.StructLayout({
     "entry_addr": ADDR_BITS, "flags": 16, "gen": 16, "next_gen": 16, "boff": 64,
     "granted": 1,                   # the session was granted RECORD_COMPLETION
     "scratch": ADDR_BITS,           # the session's SCRATCH area
+    "ring": RING_BITS,              # the ring an ALLOC_STORE's block came from (its RETURN's)
 })
 
 

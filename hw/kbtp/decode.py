@@ -165,8 +165,8 @@ class RequestDecoder(wiring.Component):
         # What to do with the message, first answer first (the model's order).
         d, D, S = self.d_result, Dispatch, Status
         raw = [d.raw.eq(1)]
-        # (ALLOC_STORE of a session with a DIRECT_ALLOC partition: the host allocates from the
-        # partition's ring, which the initiator's own atomics FetchAdd too)
+        # (ALLOC_STORE of a session with a DIRECT_ALLOC partition the engine does not serve:
+        # the host allocates from the partition's ring; QP_SESSION bit 3)
         _first(m, [(~(is_load | is_store | is_alloc) | (is_alloc & sess.host_alloc),
                     [self.dispatch.eq(D.HOSTQ)]),
                    (mal, raw + [d.status.eq(S.MALFORMED.value)]),
@@ -208,7 +208,10 @@ class RequestDecoder(wiring.Component):
                        (is_store & e_sealed, complete(Status.SEALED)),
                        (is_store, [self.entry_next.eq(N.OBTAIN)]),
                        (e_valid, complete(Status.ALREADY_BOUND)),
-                       (self.session.usage >= self.session.quota, complete(Status.NO_SPACE))],
+                       # (a DIRECT_ALLOC partition's ring is its quota: no USAGE check; an
+                       # empty ring answers NO_SPACE, model/target.py's order)
+                       ((self.session.ring == 0) & (self.session.usage >= self.session.quota),
+                        complete(Status.NO_SPACE))],
                    [self.entry_next.eq(N.RING_ALLOC)], [self.entry_next.eq(N.COMPLETE)])
 
 

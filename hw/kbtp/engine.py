@@ -69,7 +69,14 @@ big-endian (codec Readings).
 
 Assumptions: receive buffers, scratch buffers, table, ring and pool blocks are 8-octet
 aligned; Block Size is a multiple of 8; Head/Tail counters little-endian (the model's counter
-order); one shared ring (no DIRECT_ALLOC partitions on the fast path).
+order); Block Offsets below 2**62 (a free names its ring in bits 63..62).
+
+Rings (issue 20 item 3): the shared ring and up to three DIRECT_ALLOC partition rings. A
+session's QP_SESSION bits 5..4 name the ring its ALLOC_STOREs take blocks from (0 the shared
+ring, with the QUOTA check and USAGE; p + 1 partition p, whose ring is the quota). The request
+context keeps the ring, so a failed READ's block goes back to the ring it came from; a host
+free names its ring in its argument. The partition Head is FetchAdded by its initiator's RDMA
+atomics as well: the ring allocator locks its read of it up to its write (hw/kbtp/ring_alloc.py).
 
 What the host keeps doing (and must do as the golden model does): messages shorter than the
 24-octet header (the model answers MALFORMED, echoing what arrived); RANGE[i] must say "owned"
@@ -106,7 +113,7 @@ from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecode
 from hw.kbtp.engine_regs import EngineRegs
 from hw.kbtp.movers import (WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy, LoadLocks,
                             WordReader, WorkIssuer)
-from hw.kbtp.regmap import ENGINE_ID, SCRATCH_SLOTS, SLOT_SIZE, reg
+from hw.kbtp.regmap import ENGINE_ID, ENGINE_PARTS, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE",
@@ -299,7 +306,8 @@ class KbtpEngine(wiring.Component):
                         m.next = "PUSH"
                     with m.Else():
                         m.d.sync += u.boff.eq(ring.block)
-                        m.d.comb += regs.usage_inc.eq(1)
+                        # (a partition's allocations are not USAGE: its ring is the quota)
+                        m.d.comb += regs.usage_inc.eq(sess.ring == 0)
                         m.next = "OBTAIN"
             with m.State("RING_RETRY"):
                 with m.If(~q.alloc_pending):
@@ -378,7 +386,7 @@ class KbtpEngine(wiring.Component):
             with m.State("RING_RETURN_WAIT"):
                 m.d.comb += u.b_grant.eq(1)
                 with m.If(ring.done & u.ring_back):
-                    m.d.comb += regs.usage_dec.eq(1)
+                    m.d.comb += regs.usage_dec.eq(h.ring == 0)
                     m.d.sync += bst.finish(Status.INTERNAL, h.gen, res=bres)
                     m.next = "COMPLETE"
 
@@ -416,8 +424,9 @@ class KbtpEngine(wiring.Component):
         # RETURN (back) and the host commands, on a memory-bus master of its own.
         sm.ring = ring = self.ring_cls()
         sm.q = q = ContextQueue(CTX_DEPTH)
-        # Three masters: the front's units, the back's units, the ring allocator.
-        sm.arb = arb = MemArbiter(3)
+        # Three masters: the front's units, the back's units, the ring allocator (which locks
+        # its read of a partition Head up to its write: the arbiter passes the lock on).
+        sm.arb = arb = MemArbiter(3, locking=(2,))
         wiring.connect(m, wiring.flipped(self.mem), arb.bus)
         wiring.connect(m, ring.mem, arb.masters[2])
         wiring.connect(m, wiring.flipped(self.bus), regs.bus)
@@ -460,6 +469,7 @@ class KbtpEngine(wiring.Component):
                      pc.entry_addr.eq(u.eaddr), pc.flags.eq(ent.flags),
                      pc.gen.eq(ent.gen), pc.next_gen.eq(ent.next_gen), pc.boff.eq(u.boff),
                      pc.granted.eq(sess.record), pc.scratch.eq(sess.scratch),
+                     pc.ring.eq(sess.ring),
                      q.probe.eq(u.eaddr), q.probe_qp.eq(qp),
                      q.pass_any.eq(req.is_load | req.is_alloc),
                      q.pass_same_qp.eq(req.is_store & ~req.inline & (req.dd_len != 0)),
@@ -495,6 +505,7 @@ class KbtpEngine(wiring.Component):
         m.d.comb += [u.ring_sel_back.eq(u.b_ring_start),
                      ring.start.eq(u.f_ring_start | u.b_ring_start),
                      ring.op.eq(Mux(u.b_ring_start, RingOp.RETURN, RingOp.ALLOC)),
+                     ring.ring.eq(Mux(u.b_ring_start, h.ring, sess.ring)),
                      ring.block_in.eq(Mux(u.b_ring_start, h.boff, u.boff)),
                      ring.grant.eq(u.f_grant | u.b_grant)]
         with m.If(ring.ack):
@@ -503,7 +514,10 @@ class KbtpEngine(wiring.Component):
         m.d.comb += [ring.ring_base.eq(cfg.ring_base), ring.ring_order.eq(cfg.ring_order),
                      ring.head_addr.eq(cfg.head_addr), ring.tail_addr.eq(cfg.tail_addr),
                      ring.masked.eq(cfg.ctrl[1]), ring.le.eq(cfg.ctrl[2]),
-                     ring.cmd_valid.eq(regs.cmd_valid),
+                     ring.part_order.eq(cfg.part_order),
+                     *(ring.parts[p][k].eq(cfg[f"part{p}_{k}"])
+                       for p in range(ENGINE_PARTS) for k in ("ring", "head", "tail")),
+                     ring.cmd_valid.eq(regs.cmd_valid), ring.cmd_ring.eq(regs.cmd_ring),
                      ring.cmd_kind.eq(regs.cmd_kind), ring.cmd_arg.eq(regs.cmd_arg),
                      regs.cmd_ack.eq(ring.cmd_ack),
                      regs.deferred.eq(ring.deferred), regs.cmd_result.eq(ring.cmd_result),

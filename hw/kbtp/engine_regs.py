@@ -46,22 +46,28 @@ from amaranth.lib.wiring import In, Out
 
 from hw.iface import ADDR_BITS, HostBusSignature, QP_INDEX_BITS, Space
 from hw.kbtp import regmap
-from hw.kbtp.regmap import CONFIG, ENGINE_ID, FREE_DEPTH, REGS, WINDOW
+from hw.kbtp.regmap import CONFIG, ENGINE_ID, FREE_DEPTH, REGS, RING_BITS, WINDOW
 from hw.kbtp.ring_alloc import Cmd
 
-__all__ = ["EngineRegs", "SESSION"]
+__all__ = ["EngineRegs", "SESSION", "RING_SHIFT"]
+
+#: A free's argument (CMD_ARG, a FREE_PUSH entry) names its ring in its top RING_BITS bits
+#: (0 the shared ring, p + 1 partition p): the block goes back to the ring it came from, named
+#: by the host, which knows it, rather than looked up from six Block Offset bounds here (which
+#: cost 384 CCU2C and 384 flip-flops, and left the ECPIX-5 netlist unroutable).
+RING_SHIFT = 64 - RING_BITS
 
 #: The session of the request's QP, as the register bank shows it.
 SESSION = data.StructLayout({"valid": 1, "record": 1, "addr_le": 1, "host_alloc": 1,
-                             "domain": 8,
+                             "ring": RING_BITS, "domain": 8,
                              "handle_base": 64,
                              "handle_count": 32, "quota": 32, "usage": 32,
                              "scratch": ADDR_BITS})
 
 _QP = next(r for r in REGS if r.name == "QP")
 #: A row of the sessions memory: each session register of the map but USAGE, as
-#: ``name: (first bit, bits)``, each in whole 32-bit words (SESSION's implemented bits 3..0 and
-#: 15..8 in the low 12 bits of its word), written a word at a time (``_LANE``). USAGE, which the
+#: ``name: (first bit, bits)``, each in whole 32-bit words (SESSION's implemented bits 5..0 and
+#: 15..8 in the low 14 bits of its word), written a word at a time (``_LANE``). USAGE, which the
 #: engine reads, changes and writes back in one cycle, has a memory of its own.
 _LANE = 32
 _FIELD, _ROW_BITS = {}, 0
@@ -101,9 +107,11 @@ class EngineRegs(wiring.Component):
                                         access to a session in that cycle is answered the
                                         cycle after, so a host write of that USAGE wins)
     range_idx : In, range : Out(9)      RANGE[range_idx], combinational (a LUT RAM read)
-    cmd_valid : Out(1), cmd_kind : Out(2), cmd_arg : Out(64), cmd_ack : In(1)
+    cmd_valid : Out(1), cmd_kind : Out(2), cmd_arg : Out(RING_SHIFT), cmd_ring : Out(RING_BITS),
+    cmd_ack : In(1)
         a host command (:class:`~hw.kbtp.ring_alloc.Cmd`) for the ring allocator, held until
-        ``cmd_ack``: a CMD write (argument CMD_ARG) or the free queue's head (a FREE_BLOCK)
+        ``cmd_ack``: a CMD write (argument CMD_ARG) or the free queue's head (a FREE_BLOCK);
+        the argument's Block Offset bits and, apart, the ring its top bits name
     deferred : In(1), cmd_result : In(64), occupancy : In(32)
         the ring allocator's state, shown in CMD, CMD_RESULT and RING_OCCUPANCY
     stall : In(1)                       one count of STALL_CYCLES
@@ -127,7 +135,8 @@ class EngineRegs(wiring.Component):
             "qp": In(QP_INDEX_BITS), "qp_next": In(QP_INDEX_BITS), "session": Out(SESSION),
             "usage_inc": In(1), "usage_dec": In(1), "dec_qp": In(QP_INDEX_BITS),
             "range_idx": In(max(1, (n_ranges - 1).bit_length())), "range": Out(9),
-            "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_arg": Out(64), "cmd_ack": In(1),
+            "cmd_valid": Out(1), "cmd_kind": Out(2), "cmd_arg": Out(RING_SHIFT),
+            "cmd_ring": Out(RING_BITS), "cmd_ack": In(1),
             "deferred": In(1), "cmd_result": In(64), "occupancy": In(32),
             "stall": In(1),
             "started": In(1), "wr_fire": In(1), "to_host": In(1), "finished": In(1),
@@ -294,7 +303,8 @@ class EngineRegs(wiring.Component):
         m.d.comb += [rp.addr.eq(qn), hp.addr.eq(sq), urp.addr.eq(qn), uhp.addr.eq(sq),
                      sess.valid.eq(live_r & row["SESSION"][0]), sess.record.eq(row["SESSION"][1]),
                      sess.addr_le.eq(row["SESSION"][2]), sess.host_alloc.eq(row["SESSION"][3]),
-                     sess.domain.eq(row["SESSION"][4:12]), sess.usage.eq(urp.data),
+                     sess.ring.eq(row["SESSION"][4:6]),
+                     sess.domain.eq(row["SESSION"][6:14]), sess.usage.eq(urp.data),
                      sess.handle_base.eq(row["HANDLE_BASE"]),
                      sess.handle_count.eq(row["HANDLE_COUNT"]), sess.quota.eq(row["QUOTA"]),
                      sess.scratch.eq(row["SCRATCH"])]
@@ -335,7 +345,7 @@ class EngineRegs(wiring.Component):
                 v = hp.data[pos:pos + 32]
                 wd = bus.wdata
                 if name == "SESSION":
-                    v, wd = Cat(v[:4], Const(0, 4), v[4:12]), Cat(bus.wdata[:4], bus.wdata[8:16])
+                    v, wd = Cat(v[:6], Const(0, 2), v[6:14]), Cat(bus.wdata[:6], bus.wdata[8:16])
                 with m.If(bus.re & ~hwait):
                     m.d.comb += bus.ack.eq(0)           # the row is read: answer next cycle
                     m.d.sync += hwait.eq(1)
@@ -384,8 +394,10 @@ class EngineRegs(wiring.Component):
         push_lo = Signal(32)        # FREE_PUSH_LO, until the high word's write
         refused = Signal(32)
         busy = Signal()
+        arg = Signal(64)
         m.d.comb += [busy.eq(pending | self.deferred | (q.level != 0)),
-                     self.cmd_arg.eq(Mux(queued, q.r_data, self.cfg.cmd_arg))]
+                     arg.eq(Mux(queued, q.r_data, self.cfg.cmd_arg)),
+                     self.cmd_arg.eq(arg[:RING_SHIFT]), self.cmd_ring.eq(arg[RING_SHIFT:])]
         with m.If(self.cmd_ack):
             m.d.sync += pending.eq(0)
             m.d.comb += q.r_en.eq(queued)

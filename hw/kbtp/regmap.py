@@ -23,7 +23,7 @@ from typing import NamedTuple
 from amaranth.lib import data
 
 __all__ = ["Reg", "REGS", "reg", "CONFIG", "ENGINE_ID", "WINDOW", "FREE_DEPTH",
-           "SCRATCH_SLOTS", "SLOT_SIZE", "layout", "check",
+           "SCRATCH_SLOTS", "SLOT_SIZE", "ENGINE_PARTS", "RING_BITS", "layout", "check",
            "markdown"]
 
 ENGINE_ID = 0x4B425445      # "KBTE"
@@ -33,6 +33,11 @@ FREE_DEPTH = 32             # Block Offsets the free queue holds (EngineRegs' de
 #: taken when the completion's WorkRequest is issued and freed by its WorkCompletion, so this
 #: many completions of one QP can be on the wire at once (hw/kbtp/engine.py _in_flight).
 SCRATCH_SLOTS = 8
+#: DIRECT_ALLOC partitions whose rings the engine serves (rings 1..3; ring 0 is the shared
+#: ring), and the bits that name a ring: QP_SESSION bits 5..4, and bits 63..62 of a free's
+#: argument (CMD_ARG, FREE_PUSH), so Block Offsets of the fast path are below 2**62.
+ENGINE_PARTS = 3
+RING_BITS = 2
 SLOT_SIZE = 64
 
 
@@ -72,12 +77,25 @@ REGS = (
     Reg("MAX_INLINE", 0x038, "RW", "Max Inline: largest inline STORE / ALLOC_STORE payload"),
     Reg("RANGE_LOG2", 0x03C, "RW", "log2 of the handles per initiator range (LOAD "
         "authorization)", width=6),
+    # DIRECT_ALLOC partitions (issue 20 item 3): partition p is ring p + 1.
+    *(Reg(f"PART{p}_{name}", 0x040 + 12 * p + 4 * k, "RW", f"partition {p} (ring {p + 1}): "
+          + what)
+      for p in range(ENGINE_PARTS)
+      for k, (name, what) in enumerate((
+          ("RING", "address of its ring's slot 0"),
+          ("HEAD", "address of its Head counter (little-endian; the initiator FetchAdds it "
+                   "too: the engine's read and write of it are one locked access)"),
+          ("TAIL", "address of its Tail counter (little-endian)")))),
+    Reg("PART_ORDER", 0x040 + 12 * ENGINE_PARTS, "RW", "ring order of every partition ring "
+        "(N = 2**n slots each)", width=5),
     Reg("CMD", 0x080, "W", "write 1: TAIL_FETCHADD (result in CMD_RESULT), 2: FREE_BLOCK (Block "
-        "Offset in CMD_ARG), ignored while busy; read: bit 0 busy (command pending, free "
+        "Offset in CMD_ARG), on the ring CMD_ARG names, ignored while busy; read: bit 0 busy (command pending, free "
         "deferred or frees queued in FREE_PUSH), bit 1 free deferred", width=2),
-    Reg("CMD_ARG", 0x084, "RW", "command argument (the Block Offset of FREE_BLOCK)", width=64),
+    Reg("CMD_ARG", 0x084, "RW", "command argument: bits 63..62 the ring (0 shared, p + 1 "
+        "partition p), bits 61..0 the Block Offset of FREE_BLOCK", width=64),
     Reg("CMD_RESULT", 0x08C, "R", "counter value before the last Tail FetchAdd", width=64),
-    Reg("FREE_PUSH", 0x094, "W", "free queue: write a Block Offset, low word then high word; "
+    Reg("FREE_PUSH", 0x094, "W", "free queue: write a Block Offset (bits 61..0) and its ring "
+        "(bits 63..62, as in CMD_ARG), low word then high word; "
         "the high word's write queues it (refused with err and counted in FREE_REFUSED while "
         "the queue is full); queued frees run in order as FREE_BLOCK commands; reads 0",
         width=64),
@@ -99,8 +117,10 @@ REGS = (
     Reg("QP", 0x200, "RW", "session of QP q", count="n_qp", stride=0x20, fields=(
         Reg("SESSION", 0x00, "RW", "bit 0 valid, bit 1 RECORD_COMPLETION granted, bit 2 "
             "ADDR_LE granted (Block Handle and descriptors little-endian), bit 3 host "
-            "allocates (the session owns a DIRECT_ALLOC partition: its ALLOC_STOREs go to the "
-            "host, its LOADs and STOREs run here), bits 15..8 trust domain", width=16),
+            "allocates (the session owns a DIRECT_ALLOC partition the engine does not serve: its "
+            "ALLOC_STOREs go to the host, its LOADs and STOREs run here), bits 5..4 the ring "
+            "its ALLOC_STOREs take blocks from (0 shared, with the QUOTA check; p + 1 "
+            "partition p, whose ring is the quota), bits 15..8 trust domain", width=16),
         Reg("HANDLE_BASE", 0x04, "RW", "first handle the session owns", width=64,
             reset=None),
         Reg("HANDLE_COUNT", 0x0C, "RW", "handles the session owns", reset=None),

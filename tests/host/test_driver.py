@@ -19,11 +19,13 @@ from hw.headers import Features, GoodbyeFlags, Opcode, ReqFlags, Status
 from hw.iface import (QP_INDEX_BITS, QPN_BASE, REG_KBTP, REG_MR, REG_QP, RecvNotify, Space,
                      WcStatus, WorkCompletion, WorkRequest, WrOp)
 from hw.kbtp.engine import Cmd, reg as ENG
+from hw.kbtp.engine_regs import RING_SHIFT
 from hw.kbtp.regmap import FREE_DEPTH
 from hw.rdma.qp import MR_STRIDE, QP_STRIDE
 from hw.target.regbank import Q_NOTIFY, Q_REPOST, Q_WC, Q_WR, record_words
 from host import codec
 from host.driver import DriverError, KbtpDriver, memory_plan
+from host.policy import slot_consumed
 from host.port import HostError, TargetPort, pack_record, unpack_record
 from model.target import (AccessError, Disconnect, InitiatorMemory, InvalidateStag, MemWrite,
                        RdmaRead, RdmaWrite, SendMsg, TargetConfig, TargetModel, WriteImm)
@@ -43,8 +45,10 @@ class FakeTarget:
 
     The engine's CMD register and free queue (FREE_PUSH, FREE_QUEUE) are played with
     model/ring.py's RingImage on the same memory (Tail FetchAdd, slot write or deferral,
-    busy/deferred bits; queued frees run in order, each as soon as no free is deferred). Pushed WorkRequests run at once
-    against one InitiatorMemory per QP; each gets a WorkCompletion.
+    busy/deferred bits; queued frees run in order, each as soon as no free is deferred). A
+    free's bits 63..62 name its ring: 0 the shared ring, p + 1 partition p, found where the
+    driver's PART<p>_RING / _HEAD / _TAIL and PART_ORDER registers say. Pushed WorkRequests run
+    at once against one InitiatorMemory per QP; each gets a WorkCompletion.
     """
 
     def __init__(self, cfg, mem_size, n_qp=2):
@@ -60,8 +64,9 @@ class FakeTarget:
         self.imem = {q: InitiatorMemory() for q in range(n_qp)}
         self.ring = RingImage(self.mem, self.lay["ring"], cfg.ring_order, self.lay["head"],
                               self.lay["tail"], addr_le=cfg.addr_le, masked=cfg.masked)
-        self.deferred = None            # (ticket, slot, block) of a deferred FREE_BLOCK
-        self.free_queue = deque()       # pushed Block Offsets not yet started
+        self.deferred = None            # (ring, ticket, slot, block) of a deferred FREE_BLOCK
+        self.free_queue = deque()       # pushed frees (ring << 62 | Block Offset) not started
+        self.pushed = []                # every free pushed or commanded, as written
         self.free_depth = FREE_DEPTH
         self.max_queued = 0
         self.on_busy = None             # called on CMD reads while busy (the engine moving on)
@@ -90,6 +95,7 @@ class FakeTarget:
                 return 0, 1
             self.free_cmds += 1
             self.free_queue.append(self.rd(REG_KBTP + ENG["FREE_PUSH_LO"]) | wdata << 32)
+            self.pushed.append(self.free_queue[-1])
             self.max_queued = max(self.max_queued, len(self.free_queue))
             self._run_queue()
             return 0, 0
@@ -107,8 +113,9 @@ class FakeTarget:
                 assert not busy, "driver issued a command while the engine was busy"
                 assert wdata == Cmd.FREE_BLOCK
                 self.free_cmds += 1
-                self._free_block(self.rd(REG_KBTP + ENG["CMD_ARG_LO"])
-                                 | self.rd(REG_KBTP + ENG["CMD_ARG_HI"]) << 32)
+                self.pushed.append(self.rd(REG_KBTP + ENG["CMD_ARG_LO"])
+                                   | self.rd(REG_KBTP + ENG["CMD_ARG_HI"]) << 32)
+                self._free_block(self.pushed[-1])
                 return 0, 0
             if busy and self.on_busy:
                 self.on_busy()
@@ -122,13 +129,25 @@ class FakeTarget:
             return 0, 0
         return self.regs.get(addr, 0), 0
 
-    def _free_block(self, block):
-        u, o = self.ring.fetch_add_counter("tail")
-        if self.ring.slot_free_for(u, o):
-            self.ring.write_block_offset(o, block)
-            self.ring.write_sequence(o, u)
+    def ring_of(self, k):
+        """The engine's ring ``k`` (0 shared, p + 1 partition p, as its registers say)."""
+        if k == 0:
+            return self.ring
+        e = lambda name: self.rd(REG_KBTP + ENG[name])       # noqa: E731
+        p = k - 1
+        assert e(f"PART{p}_RING"), f"free into partition {p}, whose ring was never configured"
+        return RingImage(self.mem, e(f"PART{p}_RING"), e("PART_ORDER"), e(f"PART{p}_HEAD"),
+                         e(f"PART{p}_TAIL"), addr_le=self.cfg.addr_le, masked=self.cfg.masked)
+
+    def _free_block(self, arg):
+        ring = self.ring_of(arg >> RING_SHIFT)
+        block = arg & ((1 << RING_SHIFT) - 1)
+        u, o = ring.fetch_add_counter("tail")
+        if ring.slot_free_for(u, o):
+            ring.write_block_offset(o, block)
+            ring.write_sequence(o, u)
         else:
-            self.deferred = (u, o, block)
+            self.deferred = (ring, u, o, block)
 
     def _run_queue(self):
         """Retry the deferred free; then start queued frees while none is deferred."""
@@ -139,12 +158,12 @@ class FakeTarget:
     def _retry_deferred(self):
         if self.deferred is None:
             return
-        u, o, block = self.deferred
-        if self.ring.read_slot(o) == (u, block):
+        ring, u, o, block = self.deferred
+        if ring.read_slot(o) == (u, block):
             self.deferred = None        # the model, playing the engine, wrote it
-        elif self.ring.slot_free_for(u, o):
-            self.ring.write_block_offset(o, block)
-            self.ring.write_sequence(o, u)
+        elif ring.slot_free_for(u, o):
+            ring.write_block_offset(o, block)
+            ring.write_sequence(o, u)
             self.deferred = None
 
     def _queue(self, q, we, wdata):
@@ -312,7 +331,8 @@ class World:
 
     def engine(self, q, raw):
         """A fast-path request: the model plays the engine (its memory writes land in the fake
-        memory, its RDMA writes in the fake initiator memory, USAGE follows)."""
+        memory, its RDMA writes in the fake initiator memory, USAGE follows for a session
+        allocating from the shared ring: the engine does not count a partition's)."""
         m = self.model.receive(q, raw, self.now)
         for a in m:
             if isinstance(a, MemWrite):
@@ -320,7 +340,8 @@ class World:
             elif isinstance(a, (RdmaWrite, WriteImm)) and a.error is None:
                 self.fake.imem[q].write(a.stag, a.to, a.data)
         sends = [a for a in m if isinstance(a, SendMsg)]
-        if raw[1] == Opcode.ALLOC_STORE.value and sends:
+        shared = not self.session_reg(q) & 0b111000         # QP_SESSION ring 0, bit 3 clear
+        if raw[1] == Opcode.ALLOC_STORE.value and sends and shared:
             if codec.decode(sends[0].payload).status == Status.OK.value:
                 a = REG_KBTP + ENG["QP"] + ENG["QP_STRIDE"] * q + ENG["QP_USAGE"]
                 self.fake.regs[a] = self.fake.rd(a) + 1
@@ -478,9 +499,10 @@ def test_hello_features_and_direct_descriptors(features):
         assert part["length"] == 3 * 256
         assert w.fake.mr(ack.ring.stag)["laddr"] == w.lay["direct"][0]["ring"]
         assert w.fake.mr(ack.head.stag)["laddr"] == w.lay["direct"][0]["head"]
-        # a partition session's LOADs and STOREs run in the engine, its ALLOC_STOREs at the
-        # host (QP_SESSION bit 3: the host allocates from the partition's ring)
-        assert w.session_reg(0) & 0b1001 == 0b1001
+        # a partition session's LOADs, STOREs and ALLOC_STOREs run in the engine: QP_SESSION
+        # bits 5..4 = partition 0's ring (1), bit 3 ("host allocates") clear
+        assert w.session_reg(0) & 0b111001 == 1 | 1 << 4
+        assert w.drv.engine_parts
 
 
 def test_open_qp_refuses_a_qpn_of_another_index():
@@ -685,7 +707,8 @@ def test_bind_after_direct_allocation():
         Status.MALFORMED.value
     assert compl_of(w.slow(0, bind(5, ack.handle_base + 1, t1, slot_block(w, ack, t1),
                                    999))[0]).status == Status.TOO_LARGE.value
-    # FREE returns a partition block to the partition ring (host-managed), then BIND again
+    # FREE returns a partition block to the partition ring (the engine's free queue, ring 1),
+    # then BIND again
     m, _ = w.slow(0, free(6, ack.handle_base))
     assert compl_of(m).status == 0
     m, _ = w.slow(0, bind(7, ack.handle_base + 1, t1, slot_block(w, ack, t1), 3))
@@ -707,6 +730,116 @@ def test_ticket_timeout_reclaims_and_invalidates():
     assert w.model.counters.get(("RECLAIM", "OK")) == w.drv.stats.get(("RECLAIM", "OK")) == 1
     m, _ = w.slow(0, bind(2, ack.handle_base + 1, t1, b1, 0), now=62)
     assert compl_of(m).status == Status.TICKET_ABANDONED.value
+
+
+# --------------------------------------------------------------------------------------------
+# DIRECT_ALLOC partitions served by the engine (engine_parts): rings 1..3, tagged frees
+# --------------------------------------------------------------------------------------------
+
+def test_engine_programs_partition_rings():
+    w, _ = direct_world()
+    e = lambda name: w.fake.rd(REG_KBTP + ENG[name])       # noqa: E731
+    for p, d in enumerate(w.lay["direct"]):
+        assert (e(f"PART{p}_RING"), e(f"PART{p}_HEAD"), e(f"PART{p}_TAIL")) == \
+            (d["ring"], d["head"], d["tail"])
+    assert e("PART_ORDER") == w.cfg.direct_ring_order
+
+
+def test_engine_free_refuses_what_the_ring_bits_would_hide():
+    w = World()
+    with pytest.raises(DriverError, match="Block Offset 0x4000000000000000 is not below 2"):
+        run(w.drv._engine_free_many([(1 << 62, 0)]))
+    assert w.fake.free_cmds == 0
+    # a pool whose last Block Offset reaches bit 62 keeps every request on the host
+    cfg = TargetConfig(pool_to_base=(1 << 62) - 15 * 4096)
+    drv = KbtpDriver(TargetPort(None), cfg)
+    assert not drv.fast_ok and not drv.engine_parts
+    assert drv.fast_off_reasons == ["the last Block Offset 0x4000000000000000 is not below "
+                                    "2**62 (a free names its ring in bits 63..62)"]
+    assert KbtpDriver(TargetPort(None), TargetConfig(pool_to_base=(1 << 62) - 16 * 4096)).fast_ok
+
+
+def test_partition_free_goes_through_the_engine_queue():
+    """A partition session's ALLOC_STORE runs in the engine (the model plays it); its FREE
+    gives the block back through the engine's free queue, tagged with ring 1 (partition 0),
+    and the fake engine writes it into partition 0's ring as the model does."""
+    w, ack = direct_world()
+    assert w.session_reg(0) & 0b111000 == 1 << 4
+    c = compl_of(w.engine(0, alloc_inline(1, ack.handle_base, b"abc")))
+    assert c.status == 0 and w.usage_reg(0) == 0
+    first = w.cfg.block_offset(w.lay["direct"][0]["first_block"])
+    assert first <= c.block_offset < first + 3 * 256
+    mark = w.fake.free_cmds
+    m, _ = w.slow(0, free(2, ack.handle_base), now=1)        # checks the image vs the model
+    assert compl_of(m).status == 0 and w.fake.free_cmds == mark + 1
+    assert w.fake.pushed[-1] == c.block_offset | 1 << RING_SHIFT
+    tail = int.from_bytes(w.fake.mem[w.lay["direct"][0]["tail"]:][:8], "little") >> 32
+    assert tail == 4                                         # 3 at init, 1 freed
+
+
+def test_partitions_beyond_the_engine_stay_on_the_host():
+    """More partitions than the engine serves: a partition session's ALLOC_STOREs come to the
+    host (QP_SESSION bit 3, ring bits 0), which frees into the partition rings itself; the
+    engine's free queue refuses a partition ring."""
+    w, ack = direct_world(num_blocks=10, direct_partitions=4, direct_quota=2)
+    assert w.drv.fast_ok and not w.drv.engine_parts
+    assert w.session_reg(0) & 0b111001 == 0b1001
+    m, _ = w.slow(0, alloc_inline(1, ack.handle_base, b"host"), now=1)
+    c = compl_of(m)
+    assert c.status == 0
+    mark = w.fake.free_cmds
+    assert compl_of(w.slow(0, free(2, ack.handle_base), now=2)[0]).status == 0
+    assert w.fake.free_cmds == mark                          # the host wrote the ring
+    with pytest.raises(DriverError, match="into ring 1 .partition 0.: the engine does not"):
+        run(w.drv._engine_free_many([(c.block_offset, 1)]))
+
+
+def test_slot_consumed():
+    N, t = 8, 5
+    assert not slot_consumed(t, t, 0x1200)                   # filled, not consumed yet
+    assert slot_consumed(t, t, (1 << 64) - 1)                # consumed on this lap
+    assert slot_consumed(t, t + N, 0x1300)                   # refilled for the next lap
+    assert slot_consumed(t, t + N, (1 << 64) - 1)            # ... and consumed again
+    assert not slot_consumed(t, t - N, (1 << 64) - 1)        # waiting for this lap's free
+    assert not slot_consumed(t, t - N, 0x1200)               # last lap's block not yet taken
+    w = 0xFFFFFFFE                                           # across the 32-bit wrap
+    assert slot_consumed(w, (w + N) & 0xFFFFFFFF, 0x1200)
+    assert not slot_consumed(w, w - N, (1 << 64) - 1)
+    assert not slot_consumed(2, (2 - N) & 0xFFFFFFFF, (1 << 64) - 1)
+
+
+def test_tick_drops_engine_tickets_and_times_out_initiators():
+    """The engine's ALLOC_STORE takes a ticket on the partition Head; the driver sees it as an
+    initiator's (first sight at its poll), but the tick finds its slot consumed and drops it
+    instead of abandoning the partition. An initiator's own idle ticket still times out."""
+    w, ack = direct_world()                                  # Ticket Timeout 50 ms
+    assert compl_of(w.engine(0, alloc_inline(1, ack.handle_base, b"e"))).status == 0
+    assert run(w.drv.poll(1)) is None                        # the driver sees ticket 0
+    part = w.drv.parts[0]
+    assert list(part.outstanding) == [0]
+    w.now = 30
+    t1 = w.fetch_add(0, ack.head.stag) >> 32                 # the initiator's, at 30
+    assert t1 == 1
+    assert run(w.drv.poll(30)) is None
+    m = w.tick(61)                                           # ticket 0 seen at 1: not reclaimed
+    assert not other_of_model(m) and list(part.outstanding) == [1]
+    assert w.drv.stats[("ENGINE_TICKET", "OK")] == 1
+    m = w.tick(81)                                           # ticket 1 seen at 30: timed out
+    assert [type(a) for a in m if not isinstance(a, MemWrite)] == [InvalidateStag] * 3
+    assert w.model.counters.get(("RECLAIM", "OK")) == w.drv.stats.get(("RECLAIM", "OK")) == 1
+
+
+def test_release_does_not_reclaim_engine_tickets():
+    """GOODBYE RELEASE abandons the partition's outstanding tickets: the engine's, seen but not
+    yet dropped by a tick, is dropped (before the abandonment, or by the reclamation finding
+    its slot consumed), not left waiting for a reclamation that cannot come."""
+    w, ack = direct_world()
+    w.engine(0, alloc_inline(1, ack.handle_base, b"e"))
+    assert run(w.drv.poll(1)) is None
+    w.slow(0, codec.encode(codec.Goodbye(flags=GoodbyeFlags.RELEASE.value)), now=2)
+    part = w.drv.parts[0]
+    assert not part.outstanding and not part.to_reclaim and not part.abandoned
+    assert w.drv.stats[("ENGINE_TICKET", "OK")] == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -902,10 +1035,16 @@ def test_random_sessions_against_model(seed):
         base = s.handle_base
         h = base + rng.randrange(5) if rng.random() < 0.9 else 0x4000 + rng.randrange(256)
         fast = w.session_reg(q) & 1
-        host_alloc = w.session_reg(q) & 8           # a partition session's ALLOC_STORE
+        host_alloc = w.session_reg(q) & 8           # (engine_parts: never; see below)
         if kind == "alloc":
             raw = alloc_inline(k, h, bytes([k & 0xFF]) * rng.randrange(1, 60))
             w.engine(q, raw) if fast and not host_alloc else w.slow(q, raw)
+            if fast and w.session_reg(q) & 0b110000:
+                # a partition ALLOC_STORE in the engine took a Head ticket, which the driver
+                # takes for an initiator's until a tick finds its slot consumed; the serving
+                # driver ticks whenever it is idle (a BIND naming that ticket before would
+                # get NO_SPACE from the driver, MALFORMED from the model)
+                w.tick(now)
         elif kind == "load":
             w.buffer(q, 0x500 + k, 128)
             raw = codec.encode(codec.Load(flags=ReqFlags.ALLOW_UNSEALED.value, request_id=k,
@@ -944,12 +1083,13 @@ def test_random_sessions_against_model(seed):
             assert w.image_ok()
         elif kind == "tick":
             w.tick(now)
-        # the engine's USAGE of every session the engine allocates for equals the model's
-        # quota use (a partition session's, QP_SESSION bit 3, is the driver's count)
+        # the engine's USAGE of every session the engine allocates for from the shared ring
+        # equals the model's quota use (a partition session's, QP_SESSION bits 5..4 or bit 3,
+        # is the driver's count)
         for qq in range(3):
             ss = w.model.session_of(qq)
             if (open_[qq] and ss is not None and ss.conn == qq
-                    and w.session_reg(qq) & 0b1001 == 1):
+                    and w.session_reg(qq) & 0b111001 == 1):
                 assert w.usage_reg(qq) == w.model.usage(ss.initiator_id), (k, qq)
     # operations only the driver runs: its counts equal the model's
     only = ("HELLO", "FREE", "BIND", "GOODBYE", "RECLAIM", "RETENTION_EXPIRY")

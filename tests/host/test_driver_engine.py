@@ -322,10 +322,14 @@ def test_addr_le_sessions_in_the_engine():
 
 def test_direct_alloc_session_in_the_engine():
     """A session granted DIRECT_ALLOC (a partition of its own) on QP 0 beside a plain one on
-    QP 1: QP 0's LOAD and STORE run in the engine (the engine's Send, no driver action), its
-    ALLOC_STORE goes to the driver, which allocates from the partition's ring (QP_SESSION bit 3);
-    QP 1's ALLOC_STORE runs in the engine from the shared ring. Every answer and the image of
-    the structures equal the golden model's (issue 20, item 3)."""
+    QP 1: every LOAD, STORE and ALLOC_STORE of both runs in the engine (the engine's Send, no
+    driver action). QP 0's ALLOC_STOREs take blocks from its partition's ring (QP_SESSION bits
+    5..4, the Head's FetchAdd locked), QP 1's from the shared ring. Then QP 0's partition ring
+    is drained: an ALLOC_STORE whose RDMA READ fails (STag 0x99, nobody's) answers INTERNAL and
+    puts its block back into the partition's ring (the ring it came from), the next one takes
+    it again, and the one after finds the ring empty (NO_SPACE). Every answer and the image of
+    the structures (ring slots, counters, table) equal the golden model's after every step
+    (issue 20, item 3)."""
     b = Bench(direct_partitions=1, direct_quota=2)
     da = Features.DIRECT_ALLOC.value
     out = {}
@@ -334,31 +338,38 @@ def test_direct_alloc_session_in_the_engine():
         b.ctx = ctx
         drv = b.drv
         await b.two_sessions(da)
+        assert drv.engine_parts
         for q in range(N_QP):
             h = 0x4000 + 32 * q
             steps = [
-                (codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
-                                  data=codec.DataDesc(0, 0, 20), inline=b"allocated by %d ....." % q),
-                 "host" if q == 0 else "engine"),
-                (codec.Store(flags=ReqFlags.INLINE.value | ReqFlags.SEAL.value, request_id=2,
-                             handle=h, data=codec.DataDesc(0, 0, 12),
-                             inline=b"sealed now!%d" % q), "engine"),
-                (codec.Load(request_id=3, handle=h,
-                            data=codec.DataDesc(0x70 + q, 0x1_0000_0000, 256)), "engine"),
+                codec.AllocStore(flags=ReqFlags.INLINE.value, request_id=1, handle=h,
+                                 data=codec.DataDesc(0, 0, 20), inline=b"allocated by %d ....." % q),
+                codec.Store(flags=ReqFlags.INLINE.value | ReqFlags.SEAL.value, request_id=2,
+                            handle=h, data=codec.DataDesc(0, 0, 12), inline=b"sealed now!%d" % q),
+                codec.Load(request_id=3, handle=h,
+                           data=codec.DataDesc(0x70 + q, 0x1_0000_0000, 256)),
             ]
-            for msg, where in steps:
+            for msg in steps:
                 before = drv.host_actions
                 want, res, src = await b.deliver(q, codec.encode(msg))
                 c = codec.decode(want[0])
                 assert c.status == 0, (q, msg, c)
-                if where == "engine":
-                    assert src == [0] and res is None and drv.host_actions == before, \
-                        (q, msg, src, res)
-                else:
-                    assert src == [1] and drv.host_actions == before + 1, (q, msg, src, res)
+                assert src == [0] and res is None and drv.host_actions == before, \
+                    (q, msg, src, res)
             assert b.imem[q].contents(0x70 + q)[:12] == b"sealed now!%d" % q
-        # QP 0's block is the partition's first (the model's answer said where; the shared
-        # ring's first free block would be another)
+        # QP 0's partition ring (2 blocks, one taken above): a failed READ gives its block back
+        for k, (msg, status) in enumerate([
+                (codec.AllocStore(request_id=4, handle=0x4001,
+                                  data=codec.DataDesc(0x99, 0x1_0000_0000, 64)), Status.INTERNAL),
+                (codec.AllocStore(request_id=5, handle=0x4002,
+                                  data=codec.DataDesc(0x70, 0x1_0000_0000, 64)), Status.OK),
+                (alloc_inline(6, 0x4003, b"no room left"), Status.NO_SPACE)]):
+            before = drv.host_actions
+            raw = msg if isinstance(msg, bytes) else codec.encode(msg)
+            want, res, src = await b.deliver(0, raw)
+            c = codec.decode(want[0])
+            assert c.status == status.value, (k, msg, c)
+            assert src == [0] and res is None and drv.host_actions == before, (k, src, res)
         out["counters"] = await drv.counters(transport=False)
         out["done"] = True
 
@@ -366,8 +377,10 @@ def test_direct_alloc_session_in_the_engine():
     assert out.get("done")
     c = out["counters"]["engine"]
     assert c[("LOAD", "OK")] == N_QP and c[("STORE", "OK")] == N_QP, c
-    assert c[("ALLOC_STORE", "OK")] == 1, c          # QP 1's; QP 0's went to the driver
-    assert out["counters"]["slow_path"].get(("ALLOC_STORE", "OK")) == 1, out["counters"]
+    # QP 1's, QP 0's first and the one after the failed READ; the failed one; the empty ring
+    assert c[("ALLOC_STORE", "OK")] == 3 and c[("ALLOC_STORE", "INTERNAL")] == 1, c
+    assert c[("ALLOC_STORE", "NO_SPACE")] == 1, c
+    assert not out["counters"]["slow_path"].get(("ALLOC_STORE", "OK")), out["counters"]
 
 
 def test_driver_says_why_the_engine_is_not_used():

@@ -34,7 +34,11 @@ OFFSETS = dict(
     FREE_REFUSED=0x0B4, STALL_CYCLES=0x0A0, LAST_LATENCY=0x0A4, LAST_CYCLES=0x0A8,
     RING_OCCUPANCY=0x0AC, HOSTQ_COUNT=0x0B0, COUNT=0x100, QP=0x200, QP_STRIDE=0x20,
     QP_SESSION=0x00, QP_HANDLE_BASE_LO=0x04, QP_HANDLE_BASE_HI=0x08,
-    QP_HANDLE_COUNT=0x0C, QP_QUOTA=0x10, QP_USAGE=0x14, QP_SCRATCH=0x18)
+    QP_HANDLE_COUNT=0x0C, QP_QUOTA=0x10, QP_USAGE=0x14, QP_SCRATCH=0x18,
+    # DIRECT_ALLOC partition rings (issue 20 item 3), in the free words below CMD
+    PART0_RING=0x040, PART0_HEAD=0x044, PART0_TAIL=0x048, PART1_RING=0x04C,
+    PART1_HEAD=0x050, PART1_TAIL=0x054, PART2_RING=0x058, PART2_HEAD=0x05C,
+    PART2_TAIL=0x060, PART_ORDER=0x064)
 
 
 def _gen():
@@ -145,8 +149,8 @@ def test_decode_follows_the_table(N_QP):
             value = 0xA5C3_5A3C ^ off
             await access(ctx, off, value)
             bits = min(32, r.width - 32 * k)
-            # (QP_SESSION implements bits 0..3 and the domain byte 15..8)
-            mask = 0xFF0F if name == "QP_SESSION" else (1 << bits) - 1
+            # (QP_SESSION implements bits 5..0 and the domain byte 15..8)
+            mask = 0xFF3F if name == "QP_SESSION" else (1 << bits) - 1
             got = (await access(ctx, off))[1]
             written.append(name)
             if got != value & mask:
