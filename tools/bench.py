@@ -2,8 +2,11 @@
 #      §Completion, §Target Execution Model; roce-layouts.md §1 (framing: preamble, FCS, IFG,
 #      ICRC), §2-§3 (BTH, extended headers per opcode); hw/headers.py (every header size);
 #      sim/vltarget.py (the Verilated target, cycle-exact GMII); hw/kbtp/engine.py (register
-#      map: LAST_LATENCY); boards/ (build/<board>/report.json).
-"""``make bench``: cycle-exact goodput, operation rate, latency and resources of the target.
+#      map: LAST_LATENCY); boards/ (build/<board>/report.json); issue 20 "Must show" (ADDR_LE
+#      and DIRECT_ALLOC sessions run in the engine: the sessions section); model/target.py
+#      (the golden model the sessions section replays).
+"""``make bench``: cycle-exact goodput, operation rate, latency, sessions and resources of the
+target.
 
 Everything is counted in simulated clock cycles of the Verilated target
 (:class:`sim.vltarget.VlTarget`), never in wall time. Configurations (``--configs``):
@@ -79,6 +82,24 @@ latency
     four QPs sending at once. Split into stages by the ARP turnaround (MAC + IP layers), the
     transport ACK of the request (adds ICRC check, parser, responder, TX builder and ICRC
     insertion) and the engine's LAST_LATENCY register (RecvNotify to WorkRequest).
+sessions
+    Issue 20's "Must show": the same operations from a plain, an ADDR_LE and a DIRECT_ALLOC
+    session run in the engine (:func:`run_sessions`; JSON ``sessions``,
+    ``bench_sessions.csv``). Each kind on a fresh target configured for it (ADDR_LE: the
+    target's structures ADDR_LE, CTRL bit 2, and the session's feature, which a target with
+    big-endian structures never grants; DIRECT_ALLOC, asked for with DIRECT_LOAD: one
+    partition holding every block of the mix), one session, then :data:`SESSION_OPS` each of
+    ALLOC_STORE inline, STORE inline, LOAD and ALLOC_STORE by READ of :data:`SESSION_SIZE`
+    octets, the driver not polled (as in every series). Per kind: the engine's OK counts per
+    operation and the driver's ``host_actions`` over the mix (after HELLO; whatever reached the
+    host is handled, and counted, after it), ``engine_parts``, the ring the ALLOC_STOREs took
+    their blocks from (their COMPLETIONs' Block Offsets), the cycles of the four groups (first
+    request queued to the last COMPLETION's first octet), in core cycles and us at the
+    configuration's clocks. The requests are replayed in the golden model
+    (:class:`model.target.TargetModel`): HELLO_ACK and every COMPLETION octet for octet, the
+    LOAD data, the KBTP structures and the stored blocks must be its own. The section raises
+    :class:`SessionsError` rather than print a row whose host count is not 0, whose engine
+    counts are not the operations sent, or whose answers are not the model's.
 resources
     ``build/<board>/report.json`` of ``python -m boards build`` if present ("not built"
     otherwise); this module never runs place and route.
@@ -92,9 +113,10 @@ wire back to back (the gaps between the frames of one peer burst are reported, t
 12-octet IFG), and it keeps ``depth`` requests outstanding, so the target always has the
 next request in its receive buffers (``min_outstanding`` >= 1 is checked for every series).
 
-CLI: ``python -m tools.bench [--configs ecpix5,8,64] [--quick] [--out build/bench]`` writes
-``bench.json``, ``bench.csv``, ``bench_multi.csv`` and ``goodput_<config>.png`` and prints
-the tables.
+CLI: ``python -m tools.bench [--configs ecpix5,8,64] [--quick] [--sections
+goodput,multi,latency,sessions] [--out build/bench]`` writes ``bench.json``, ``bench.csv``,
+``bench_multi.csv``, ``bench_sessions.csv`` and ``goodput_<config>.png`` (configurations with
+goodput rows) and prints the tables.
 """
 
 from __future__ import annotations
@@ -108,14 +130,17 @@ import time
 from pathlib import Path
 
 from hw.headers import (AETH, BTH, RETH, EthernetHeader, IPv4Header, UDPHeader, BthOpcode,
-                        CommonHeader, DataDescriptor, CompletionBody, ReqFlags, Status)
+                        CommonHeader, DataDescriptor, CompletionBody, Features, ReqFlags,
+                        Status)
 from sim.system import run_sync
 
 __all__ = [
     "PREAMBLE_SFD", "FCS", "IFG", "ICRC", "MIN_FRAME", "ROCE_HEADERS", "PACKET_OVERHEAD",
     "CLOCK_HZ", "DEPTH", "SIZING_CREDITS", "MAX_CREDITS", "MULTI_QPS", "FAIRNESS_GOAL",
     "frame_wire", "theory_goodput", "op_plan", "OPS", "Bench", "run_bench", "run_multi",
-    "resources", "write_results", "plot", "format_table", "main",
+    "resources", "write_results", "plot", "format_table", "main", "SECTIONS", "SESSION_OPS",
+    "SESSION_SIZE", "SESSION_MIX", "SESSION_KINDS", "SessionsError", "session_mix",
+    "run_sessions",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -262,10 +287,14 @@ class Bench:
         Initiators (QPs, sessions).
     max_inline : int
         Max Inline of the configuration.
+    cfg_overrides : dict, optional
+        :class:`~host.config.TargetConfig` fields set besides the bench's own (``addr_le``,
+        ``direct_partitions``, ``direct_quota``: :func:`run_sessions`). The partitions' blocks
+        come out of the ``max_blocks``; at least one shared block must be left.
     """
 
     def __init__(self, vt, block_size, *, mtus=(1024, 4096), n_init=4, max_inline=16384,
-                 n_qp=None, max_blocks=96, seed=1, depth=None):
+                 n_qp=None, max_blocks=96, seed=1, depth=None, cfg_overrides=None):
         from host.driver import memory_plan
         from host.port import TargetPort
         from model.target import TargetConfig
@@ -299,6 +328,11 @@ class Bench:
                               f"{mem // 1024} KiB")
         self.max_inline = max_inline
         nb = max(1, min(max_blocks, spare // block_size))
+        over = dict(cfg_overrides or {})
+        direct = over.get("direct_partitions", 0) * over.get("direct_quota", 0)
+        if nb <= direct:
+            raise MemoryError(f"{direct} DIRECT_ALLOC blocks of {block_size} octets and a "
+                              f"shared one do not fit the target's {mem // 1024} KiB")
         # Request credits = receive buffers per QP: the most up to MAX_CREDITS that fit beside
         # that pool and Max Inline (SIZING_CREDITS always do). The unit-test target's 4 MiB
         # holds 16 everywhere (Max Inline 16384: 32 KiB buffers, 4 QPs x 16 x 32 KiB = 2 MiB
@@ -310,7 +344,8 @@ class Bench:
         for credits in range(MAX_CREDITS, SIZING_CREDITS - 1, -1):
             # every initiator may use the whole pool (the bench frees between series)
             self.cfg = TargetConfig(num_blocks=nb, quota_per_initiator=nb,
-                                    overcommit_quotas=True, request_credits=credits, **base)
+                                    overcommit_quotas=True, request_credits=credits,
+                                    **{**base, **over})
             if memory_plan(self.cfg, n_qp)["end"] <= mem:
                 break
         self.num_blocks = nb
@@ -328,6 +363,15 @@ class Bench:
         self.turnaround = 0     # largest (cycle the peer reacted - last octet of the frame)
         self._frame = None
         self.qps, self.bufs, self.sess = [], [], {}
+        #: per initiator: ADDR_LE granted (its requests' Block Handle and Data Descriptor
+        #: little-endian, host.codec), the HELLO sent and the HELLO_ACK received (raw)
+        self.addr_le = [False] * n_init
+        self.hello = {}
+        #: when a list: (initiator, raw request, buffer offset, what the request left in its
+        #: buffer slot or None) of every request, in order (the golden model replays them)
+        self.journal = None
+        #: (first request queued, first octet of the last COMPLETION) of the last series
+        self.last_span = None
         for q in range(n_init):
             self.qps.append(self.ep.create_qp(
                 qpn=P_QPN0 + q, dest_qpn=T_QPN0 + q, remote_ip=T_IP, remote_mac=T_MAC,
@@ -392,7 +436,9 @@ class Bench:
         return self.vt.cycle
 
     # ---- bring-up -------------------------------------------------------------------------
-    def bring_up(self):
+    def bring_up(self, features=0):
+        """ARP, the driver's set-up, every QP and one session per initiator (HELLO asking for
+        ``features``; :attr:`addr_le` follows what the HELLO_ACK grants)."""
         from host import codec
         run_sync(self.port.set_own(T_MAC, T_IP))
         run_sync(self.driver.init())
@@ -402,12 +448,16 @@ class Bench:
                 udp_sport=0xC100 + q, pmtu=PMTU_CODE[self.mtus[q]], rq_psn=0x100 * q + 7,
                 sq_psn=0x1000 + q, timeout=20, retry_cnt=7, rnr_retry=7))
         for q in range(self.n_init):
-            self.qps[q].send(codec.encode(codec.Hello(completion_credits=16,
-                                                      initiator_id=0x1000 + q)))
+            hello = codec.encode(codec.Hello(requested_features=features, completion_credits=16,
+                                             initiator_id=0x1000 + q))
+            self.qps[q].send(hello)
             self.slow_until(lambda: self.events[q], f"HELLO_ACK {q}")
-            ack = codec.decode(self.events[q].pop()[1])
+            raw = self.events[q].pop()[1]
+            ack = codec.decode(raw)
             assert ack.status == Status.OK.value, ack
             self.sess[q] = ack
+            self.hello[q] = (hello, raw)
+            self.addr_le[q] = bool(ack.features & Features.ADDR_LE.value)
 
     def slow_until(self, cond, what):
         """Pump the network and let the driver serve the slow path until ``cond()``."""
@@ -434,19 +484,28 @@ class Bench:
         kind, by_read = OPS[op]
         self.rid += 1
         off = slot * self.block_size
+        le = self.addr_le[q]
+        slot_data = None
         if kind == "LOAD":
-            self.bufs[q][off:off + length] = bytes(length)
-            return codec.encode(codec.Load(
+            self.bufs[q][off:off + length] = slot_data = bytes(length)
+            raw = codec.encode(codec.Load(
                 request_id=self.rid, handle=handle, flags=ReqFlags.ALLOW_UNSEALED.value,
-                data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)))
-        cls = codec.Store if kind == "STORE" else codec.AllocStore
-        if by_read:
-            self.bufs[q][off:off + length] = data
-            return codec.encode(cls(request_id=self.rid, handle=handle,
-                                    data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)))
-        return codec.encode(cls(request_id=self.rid, handle=handle,
-                                flags=ReqFlags.INLINE.value,
-                                data=codec.DataDesc(0, 0, length), inline=data))
+                data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)), addr_le=le)
+        else:
+            cls = codec.Store if kind == "STORE" else codec.AllocStore
+            if by_read:
+                self.bufs[q][off:off + length] = slot_data = bytes(data)
+                raw = codec.encode(cls(request_id=self.rid, handle=handle,
+                                       data=codec.DataDesc(0x5000 + q, PEER_VA + off, length)),
+                                   addr_le=le)
+            else:
+                raw = codec.encode(cls(request_id=self.rid, handle=handle,
+                                       flags=ReqFlags.INLINE.value,
+                                       data=codec.DataDesc(0, 0, length), inline=data),
+                                   addr_le=le)
+        if self.journal is not None:
+            self.journal.append((q, raw, off, slot_data))
+        return raw
 
     def completion(self, q, k):
         from host import codec
@@ -458,7 +517,7 @@ class Bench:
         """(Data Length, target memory address of the block) of a bound handle."""
         from host import codec
         raw = self.vt.mem_read(self.driver.entry_addr(handle), 16)
-        e = codec.decode_entry(raw)
+        e = codec.decode_entry(raw, addr_le=self.cfg.addr_le)
         assert e.flags & 1, f"handle {handle:#x} not bound: {e}"
         return e.data_length, self.driver.block_addr(e.block_offset)
 
@@ -470,7 +529,8 @@ class Bench:
             n0 = len(self.events[q])
             for h in batch:
                 self.rid += 1
-                self.qps[q].send(codec.encode(codec.Free(request_id=self.rid, handle=h)))
+                self.qps[q].send(codec.encode(codec.Free(request_id=self.rid, handle=h),
+                                              addr_le=self.addr_le[q]))
             self.slow_until(lambda: len(self.events[q]) >= n0 + len(batch), "FREE")
             for k in range(n0, n0 + len(batch)):
                 self.completion(q, k)
@@ -507,6 +567,7 @@ class Bench:
         assert self.vt.cycle - start > 0
         comps = [self.completion(q, ev0 + i) for i in range(n_ops)]
         times = [self.events[q][ev0 + i][0] for i in range(n_ops)]
+        self.last_span = (start, times[-1])
         lo, hi = (D, n_ops - 1 - D) if n_ops >= 2 * D + 2 else (0, n_ops - 1)
         per_op = (times[hi] - times[lo]) / (hi - lo)
         # Bytes moved: data payload octets on the wire in the window, and content checks.
@@ -1097,6 +1158,241 @@ def latency_slopes(b, lengths=(64, 1024)):
     return out
 
 
+# ---- sessions: the same operations from each kind of session --------------------------------
+
+#: Operations of each group of the sessions mix, and their block size (one packet at MTU 1024).
+SESSION_OPS = 8
+SESSION_SIZE = 1024
+#: The mix, in order (:data:`OPS` keys), ``n`` operations each. Handles from the session's
+#: Handle Base: the inline ALLOC_STOREs bind 0..n-1, the STOREs and LOADs use 0, the
+#: ALLOC_STOREs by RDMA READ bind n..2n-1: every operation of the mix is one the engine must
+#: run itself.
+SESSION_MIX = ("ALLOC_STORE_INLINE", "STORE_INLINE", "LOAD", "ALLOC_STORE_READ")
+#: Session kinds: the features the HELLO asks for and the target configuration besides the
+#: bench's. A session is granted ADDR_LE only by a target whose structures are ADDR_LE
+#: (host/config.py ``offered``: CTRL bit 2), so the ADDR_LE session runs on such a target;
+#: DIRECT_ALLOC needs a partition (``direct_quota`` set by :func:`run_sessions` to hold every
+#: block of the mix) and is asked for with DIRECT_LOAD, as an initiator of the one trusted
+#: domain would.
+SESSION_KINDS = {
+    "plain": {"features": 0, "cfg": {}},
+    "ADDR_LE": {"features": Features.ADDR_LE.value, "cfg": {"addr_le": True}},
+    "DIRECT_ALLOC": {"features": Features.DIRECT_ALLOC.value | Features.DIRECT_LOAD.value,
+                     "cfg": {"direct_partitions": 1}},
+}
+SESSION_ENGINE_OPS = ("ALLOC_STORE", "STORE", "LOAD")
+
+
+class SessionsError(RuntimeError):
+    """A row of the sessions table would be wrong: the host driver handled an operation of the
+    mix, the engine's counters did not move by the operations sent, or the target's answers
+    differ from the golden model's."""
+
+
+def _feature_names(bits):
+    return "+".join(f.name for f in Features if bits & f.value) or "-"
+
+
+def _drain_host(b, polls=400):
+    """Let the driver serve whatever reached the host (after a stalled mix): the operation
+    names it handled."""
+    names, idle = [], 0
+    while idle < 40 and polls > 0:
+        polls -= 1
+        b._deliver(b.vt.run(256, until_tx=True))
+        got = run_sync(b.driver.poll_all(b.vt.cycle * 1e3 / b.unit_hz))
+        names += [h.op for h in got]
+        idle = 0 if got else idle + 1
+    return names
+
+
+def _counter_delta(c0, c1):
+    return {f"{k[0]}.{k[1]}": c1.get(k, 0) - c0.get(k, 0)
+            for k in sorted(set(c0) | set(c1)) if c1.get(k, 0) != c0.get(k, 0)}
+
+
+def _model_check(b, model, conn, journal, ev0, handles):
+    """Replay the mix's requests (``journal``, see :attr:`Bench.journal`) in the golden model
+    (:class:`model.target.TargetModel`) and compare: every COMPLETION octet for octet (by
+    Request ID), the initiator's buffer (LOAD data), the KBTP structures (table, rings,
+    counters: ``[0, pool)``) and the blocks of ``handles``. Returns a list of differences."""
+    from host import codec
+    from model.target import SendMsg
+    imem = model.initiator_memory(conn)
+    want = {}
+    for q, raw, off, slot in journal:
+        if slot is not None:
+            imem.write(0x5000 + q, PEER_VA + off, slot)
+        for a in model.receive(conn, raw, now_ms=b.vt.cycle * 1e3 / b.unit_hz):
+            if isinstance(a, SendMsg):
+                want[codec.decode(a.payload).request_id] = a.payload
+    got = {}
+    for _, payload in b.events[0][ev0:]:
+        got[codec.decode(payload).request_id] = payload
+    bad = []
+    for rid in sorted(set(want) | set(got)):
+        if want.get(rid) != got.get(rid):
+            w, g = want.get(rid), got.get(rid)
+            bad.append(f"request {rid}: target {g and codec.decode(g)} model "
+                       f"{w and codec.decode(w)}")
+    if bytes(imem.contents(0x5000)) != bytes(b.bufs[0]):
+        bad.append("LOAD data in the initiator's buffer differ from the model's")
+    pool = model.lay["pool"]
+    t, m = b.vt.mem_read(0, pool), bytes(model.mem[:pool])
+    if t != m:
+        k = next(i for i in range(pool) if t[i] != m[i])
+        bad.append(f"KBTP structures differ from the model at {k:#x} "
+                   f"({sum(x != y for x, y in zip(t, m))} octets): target {t[k:k + 16].hex()} "
+                   f"model {m[k:k + 16].hex()}")
+    for h in handles:
+        e = model.read_entry(h)
+        a = model.block_addr(e["block_offset"])
+        if b.vt.mem_read(a, e["data_length"]) != bytes(model.mem[a:a + e["data_length"]]):
+            bad.append(f"block of handle {h:#x} differs from the model's")
+    return bad
+
+
+def session_mix(b, kind, features, *, n=SESSION_OPS, size=SESSION_SIZE, width="?"):
+    """One session of ``kind`` asking for ``features`` on Bench ``b`` (fresh, one initiator):
+    the mix of :data:`SESSION_MIX`, ``n`` operations of ``size`` octets each, measured as the
+    other series are (:meth:`Bench.series`, the driver not polled). Returns the row; raises
+    :class:`SessionsError` when the host handled any operation of the mix, the engine's OK
+    counts differ from the operations sent, or the answers differ from the golden model's."""
+    from model.target import SendMsg, TargetModel
+    t0 = time.monotonic()
+    who = f"{label(width)} {kind}"
+    b.bring_up(features=features)
+    drv, s = b.driver, b.sess[0]
+    granted = s.features
+    need = features & ~Features.DIRECT_LOAD.value     # DIRECT_LOAD: granted where it can be
+    if granted & need != need:
+        raise SessionsError(f"{who}: HELLO asked for {_feature_names(features)}, granted "
+                            f"{_feature_names(granted)}")
+    model, conn = TargetModel(b.cfg), "s"
+    model.connect(conn)
+    model.initiator_memory(conn).register(0x5000, len(b.bufs[0]), base_to=PEER_VA,
+                                          access="rw")
+    hello, ack = b.hello[0]
+    m_ack = [a.payload for a in model.receive(conn, hello, now_ms=0.0) if isinstance(a, SendMsg)]
+    if m_ack != [ack]:
+        raise SessionsError(f"{who}: HELLO_ACK differs from the model's: target {ack.hex()} "
+                            f"model {[x.hex() for x in m_ack]}")
+    # the session is up (HELLO handled by the driver): the counts from here on
+    c0 = run_sync(drv.counters())
+    ev0 = len(b.events[0])
+    b.journal = []
+    hb = s.handle_base
+    groups, spans = [], []
+    try:
+        for op in SESSION_MIX:
+            b.current_op = op
+            hs = ([hb + k for k in range(n)] if op == "ALLOC_STORE_INLINE" else
+                  [hb + n + k for k in range(n)] if op == "ALLOC_STORE_READ" else [hb])
+            r = b.series(0, op, size, n, hs)
+            span = b.last_span[1] - b.last_span[0]
+            groups.append({"op": op, "n": n, "cycles": span, "cycles_per_op": r["cycles_per_op"],
+                           "bytes_moved": r["bytes_moved"]})
+            spans.append(span)
+    except TimeoutError as e:
+        h0 = drv.host_actions
+        names = _drain_host(b)
+        c1 = run_sync(drv.counters())
+        raise SessionsError(
+            f"{who}: {b.current_op} did not complete without the host driver ({e}); the "
+            f"driver then handled {len(names)} message(s) {names}, host_actions "
+            f"{c0['host_actions']} -> {drv.host_actions} (+{drv.host_actions - h0} in the "
+            f"drain); engine counters moved {_counter_delta(c0['engine'], c1['engine'])}; "
+            f"engine_parts {drv.engine_parts}") from e
+    journal, b.journal = b.journal, None
+    b.settle(2000)
+    # anything that reached the host during the mix is handled (and counted) now
+    stray = [h.op for h in run_sync(drv.poll_all(b.vt.cycle * 1e3 / b.unit_hz))]
+    c1 = run_sync(drv.counters())
+    host = c1["host_actions"] - c0["host_actions"]
+    eng = _counter_delta(c0["engine"], c1["engine"])
+    sent = {"ALLOC_STORE": 2 * n, "STORE": n, "LOAD": n}
+    ok = {op: eng.get(f"{op}.OK", 0) for op in SESSION_ENGINE_OPS}
+    other = {k: v for k, v in eng.items() if not k.endswith(".OK")}
+    slow = _counter_delta(c0["slow_path"], c1["slow_path"])
+    # where the ALLOC_STOREs took their blocks: the Block Offsets of their COMPLETIONs
+    from host import codec
+    from hw.headers import Opcode
+    parts = [(b.cfg.block_offset(d["first_block"]),
+              b.cfg.block_offset(d["first_block"]) + b.cfg.direct_quota * b.cfg.block_size)
+             for d in b.cfg.layout()["direct"]]
+    comp = {m.request_id: m for m in (codec.decode(p) for _, p in b.events[0][ev0:])}
+    reqs = [codec.decode(raw, addr_le=b.addr_le[0]) for _, raw, _, _ in journal]
+    allocs = [comp[m.request_id].block_offset for m in reqs
+              if m.OPCODE is Opcode.ALLOC_STORE and m.request_id in comp]
+    where = {("partition %d" % k if k is not None else "shared ring")
+             for k in (next((i for i, (lo, hi) in enumerate(parts) if lo <= x < hi), None)
+                       for x in allocs)}
+    blocks_from = ", ".join(sorted(where))
+    clocks = clocks_of(width)
+    cycles = sum(spans)
+    row = {
+        "config": label(width), "width": width, "kind": kind,
+        "requested_features": _feature_names(features), "granted_features": _feature_names(granted),
+        "addr_le_session": b.addr_le[0], "addr_le_structures": b.cfg.addr_le,
+        "direct_partitions": b.cfg.direct_partitions, "direct_quota": b.cfg.direct_quota,
+        "engine_parts": drv.engine_parts, "fast_path": drv.fast_ok,
+        "size": size, "mtu": b.mtus[0], "n_per_group": n, "depth": b.depth, "sent": sent,
+        "engine_ok": ok, "engine_other": other, "host_actions": host, "host_handled": stray,
+        "slow_path": slow, "blocks_from": blocks_from,
+        "free_blocks_delta": {k: c1["free_blocks"][k] - c0["free_blocks"].get(k, 0)
+                              for k in c1["free_blocks"]},
+        "groups": groups, "cycles": cycles,
+        "core_cycles": round(cycles * clocks["core_hz"] / clocks["gmii_hz"]),
+        "us": round(cycles / clocks["gmii_hz"] * 1e6, 3),
+        "note": ("ADDR_LE structures (CTRL bit 2) and the session's ADDR_LE feature"
+                 if b.addr_le[0] else ""),
+    }
+    why = []
+    if host:
+        why.append(f"the host driver handled {host} message(s) of the mix {stray}")
+    if ok != sent:
+        why.append(f"engine OK counts {ok}, operations sent {sent}")
+    if other:
+        why.append(f"engine counted other statuses {other}")
+    want_from = "partition 0" if kind == "DIRECT_ALLOC" else "shared ring"
+    if blocks_from != want_from:
+        why.append(f"ALLOC_STOREs took blocks from {blocks_from}, not the {want_from}")
+    if kind == "DIRECT_ALLOC" and not (drv.engine_parts and granted & Features.DIRECT_ALLOC.value):
+        why.append(f"engine_parts {drv.engine_parts}, granted {_feature_names(granted)}")
+    bad = _model_check(b, model, conn, journal, ev0, [hb + k for k in range(2 * n)])
+    row["model"] = "same" if not bad else "; ".join(bad)
+    why += [f"golden model: {x}" for x in bad]
+    row["wall_s"] = round(time.monotonic() - t0, 1)
+    if why:
+        raise SessionsError(f"{who}: " + "; ".join(why) + f" (row {row})")
+    return row
+
+
+def run_sessions(width, *, log=print, n=SESSION_OPS, size=SESSION_SIZE, kinds=None):
+    """The sessions table of one configuration: for each kind of :data:`SESSION_KINDS` a fresh
+    target configured for it and one session, running :func:`session_mix`. Returns
+    ``{"sessions": [row per kind]}``."""
+    width = str(width)
+    out = {"sessions": []}
+    for kind in (kinds or SESSION_KINDS):
+        spec = SESSION_KINDS[kind]
+        over = dict(spec["cfg"])
+        if over.get("direct_partitions"):
+            over["direct_quota"] = 2 * n + 2            # every block the mix binds, and two
+        shared = 2 * n + 2
+        with _vt(width, log) as vt:
+            b = Bench(vt, size, mtus=(1024,), n_init=1, cfg_overrides=over,
+                      max_blocks=shared + over.get("direct_partitions", 0)
+                      * over.get("direct_quota", 0))
+            if size > b.max_inline:
+                raise SessionsError(f"{label(width)} {kind}: inline data of {size} octets "
+                                    f"exceed Max Inline {b.max_inline}")
+            row = session_mix(b, kind, spec["features"], n=n, size=size, width=width)
+        out["sessions"].append(row)
+        log(_session_row(row))
+    return out
+
+
 def _top_counter(b, blk, port):
     from hw.iface import Space
     from hw.iface import REG_TOP
@@ -1199,17 +1495,21 @@ def resources(root=None):
     return out or "not built"
 
 
+#: The sections of a bench run (``--sections``), in the order they run.
+SECTIONS = ("goodput", "multi", "latency", "sessions")
+
+
 def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096), depth=None,
-              multi_depth=None):
-    """Every figure of one configuration (:data:`CONFIGS`). An MTU whose series failed at
-    some size is not run at the larger sizes, nor is any size past one the memory cannot hold
-    (recorded in ``skipped``)."""
+              multi_depth=None, sections=SECTIONS):
+    """Every figure of one configuration (:data:`CONFIGS`), or those of ``sections`` (names of
+    :data:`SECTIONS`). An MTU whose series failed at some size is not run at the larger sizes,
+    nor is any size past one the memory cannot hold (recorded in ``skipped``)."""
     t0 = time.monotonic()
     w = str(w)
     wr = {"label": label(w), "clocks": clocks_of(w), "series": [], "failed": [],
           "skipped": [], "retransmits": []}
     dead = {}
-    for size in sizes:
+    for size in (sizes if "goodput" in sections else ()):
         live = [m for m in mtus if m not in dead]
         wr["skipped"] += [{"size": size, "mtu": m, "why": dead[m]} for m in mtus if m in dead]
         if not live:
@@ -1226,7 +1526,7 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096), depth=None,
             dead.setdefault(f["mtu"], f"failed at size {size}")
         wr["retransmits"] += [dict(x, size=size) for x in r["retransmits"]]
     wr["multi"], wr["multi_failed"], wr["multi_skipped"] = [], [], []
-    msizes = [z for z in MULTI_SIZES if z in sizes]
+    msizes = [z for z in MULTI_SIZES if z in sizes] if "multi" in sections else []
     if msizes:
         log(MULTI_HEADER)
     for size in msizes:
@@ -1238,35 +1538,46 @@ def run_width(w, sizes, quick=False, log=print, mtus=(1024, 4096), depth=None,
         wr["multi_failed"] += r["failed"]
         wr["multi_skipped"] += r["skipped"]
         wr["retransmits"] += [dict(x, size=f"{size} x{x['n_qp']} QPs") for x in r["retransmits"]]
-    lat = run_latency(w, log)
-    wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
-    wr["latency_samples"] = lat["latency"]
-    wr["arp_turnaround"] = lat["arp_turnaround"]
-    wr["latency_slopes"] = lat["slopes"]
-    wr["retransmits"].append(dict(lat["retransmits"], size="latency"))
+    if "latency" in sections:
+        lat = run_latency(w, log)
+        wr["latency"] = _latency_summary(lat["latency"], wr["clocks"])
+        wr["latency_samples"] = lat["latency"]
+        wr["arp_turnaround"] = lat["arp_turnaround"]
+        wr["latency_slopes"] = lat["slopes"]
+        wr["retransmits"].append(dict(lat["retransmits"], size="latency"))
+    if "sessions" in sections:
+        log(SESSION_HEADER)
+        wr["sessions"] = run_sessions(w, log=log)["sessions"]
     wr["wall_s"] = round(time.monotonic() - t0, 1)
     return wr
 
 
 def run_bench(widths=CONFIGS, quick=False, log=print, sizes=None, mtus=(1024, 4096), jobs=1,
-              depth=DEPTH, multi_depth=MULTI_DEPTH):
+              depth=DEPTH, multi_depth=MULTI_DEPTH, sections=SECTIONS):
     """All figures of every configuration (``widths``: names of :data:`CONFIGS`; ``jobs`` at
-    once, in separate processes); returns the results dict (see :func:`write_results`)."""
+    once, in separate processes), or those of ``sections`` (:data:`SECTIONS`); returns the
+    results dict (see :func:`write_results`)."""
+    sections = tuple(sections)
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}: {', '.join(SECTIONS)}")
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     widths = [str(w) for w in widths]
     res = {"clock_hz": CLOCK_HZ, "packet_overhead": PACKET_OVERHEAD, "depth": depth,
            "multi_depth": multi_depth,
-           "quick": quick, "widths": {}, "resources": resources()}
+           "quick": quick, "sections": list(sections), "widths": {},
+           "resources": resources()}
     if jobs > 1 and len(widths) > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(min(jobs, len(widths))) as ex:
-            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus, depth, multi_depth)
-                    for w in widths}
+            futs = {w: ex.submit(run_width, w, sizes, quick, print, mtus, depth, multi_depth,
+                                 sections) for w in widths}
             for w in widths:
                 res["widths"][str(w)] = futs[w].result()
     else:
         for w in widths:
-            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus, depth, multi_depth)
+            res["widths"][str(w)] = run_width(w, sizes, quick, log, mtus, depth, multi_depth,
+                                              sections)
     return res
 
 
@@ -1346,6 +1657,42 @@ def _multi_row(r):
             f"{r['latency_p99']!s:>8}")
 
 
+SESSION_CSV_FIELDS = ["config", "kind", "requested_features", "granted_features",
+                      "addr_le_structures", "engine_parts", "size", "mtu", "n_per_group",
+                      "sent_alloc_store", "engine_ok_alloc_store", "sent_store",
+                      "engine_ok_store", "sent_load", "engine_ok_load", "host_actions",
+                      "blocks_from", "cycles", "core_cycles", "us",
+                      "cycles_alloc_store_inline", "cycles_store_inline", "cycles_load",
+                      "cycles_alloc_store_read", "model", "note"]
+
+SESSION_HEADER = (f"{'config':<11} {'session':<13} {'features':<24} {'structs':<7} "
+                  f"{'eparts':<6} {'ALLOC_STORE':>11} {'STORE':>6} {'LOAD':>6} {'host':>4} "
+                  f"{'blocks from':<12} {'cycles':>8} {'core cyc':>8} {'us':>8} model"
+                  f"   (engine OK counts / sent)")
+
+
+def _session_row(r):
+    ok, sent = r["engine_ok"], r["sent"]
+    return (f"{r['config']:<11} {r['kind']:<13} {r['granted_features']:<24} "
+            f"{'LE' if r['addr_le_structures'] else 'BE':<7} "
+            f"{'yes' if r['engine_parts'] else 'no':<6} "
+            f"{str(ok['ALLOC_STORE']) + '/' + str(sent['ALLOC_STORE']):>11} "
+            f"{str(ok['STORE']) + '/' + str(sent['STORE']):>6} "
+            f"{str(ok['LOAD']) + '/' + str(sent['LOAD']):>6} "
+            f"{r['host_actions']:>4} {r['blocks_from']:<12} {r['cycles']:>8} "
+            f"{r['core_cycles']:>8} {r['us']:>8.2f} {r['model']}")
+
+
+def _session_csv(r):
+    out = dict(r)
+    for op in SESSION_ENGINE_OPS:
+        out[f"sent_{op.lower()}"] = r["sent"][op]
+        out[f"engine_ok_{op.lower()}"] = r["engine_ok"][op]
+    for g in r["groups"]:
+        out[f"cycles_{g['op'].lower()}"] = g["cycles"]
+    return out
+
+
 def _fair_line(r):
     """Per QP: operations per cycle / the mean, latency mean and p99 (cycles)."""
     qps = "; ".join(f"QP{x['qp']} {x['completed']} ops {x['ratio_to_mean']:.3f} "
@@ -1357,10 +1704,12 @@ def _fair_line(r):
 
 
 def format_table(res):
-    """The figures as text (goodput rows, latency, resources)."""
-    lines = [HEADER]
+    """The figures as text (goodput rows, multi-QP rows, latency, sessions, resources)."""
+    goodput = "goodput" in res.get("sections", SECTIONS)
+    lines = [HEADER] if goodput or any(wr.get("series") for wr in res["widths"].values()) \
+        else []
     for w, wr in res["widths"].items():
-        for r in wr["series"]:
+        for r in wr.get("series", []):
             lines.append(_row(dict(r, width=w)))
     if any(wr.get("multi") or wr.get("multi_failed") or wr.get("multi_skipped")
            for wr in res["widths"].values()):
@@ -1418,6 +1767,18 @@ def format_table(res):
                          + ", ".join(f"{p['length']} octets {p['from_last']} cycles"
                                      for p in d["points"])
                          + f" ({d['cycles_per_octet']} cycles/octet)")
+    if any(wr.get("sessions") for wr in res["widths"].values()):
+        lines.append(f"sessions: the same mix from a plain, an ADDR_LE and a DIRECT_ALLOC "
+                     f"session, each on a fresh target configured for it ({SESSION_OPS} "
+                     f"ALLOC_STORE inline, {SESSION_OPS} STORE inline, {SESSION_OPS} LOAD, "
+                     f"{SESSION_OPS} ALLOC_STORE by READ, {SESSION_SIZE} octets, MTU 1024); "
+                     f"engine OK counts / operations sent, messages the host driver handled "
+                     f"during the mix, cycles of the four groups (core cycles, us at the "
+                     f"configuration's clocks); answers against the golden model:")
+        lines.append(SESSION_HEADER)
+    for w, wr in res["widths"].items():
+        for r in wr.get("sessions", []):
+            lines.append(_session_row(r))
     rs = res.get("resources")
     if isinstance(rs, dict):
         for board, r in rs.items():
@@ -1436,8 +1797,9 @@ def format_table(res):
 
 
 def write_results(res, out):
-    """``bench.json`` (everything), ``bench.csv`` (one row per goodput series) and
-    ``bench_multi.csv`` (one row per multi-QP series); returns the first two paths."""
+    """``bench.json`` (everything), ``bench.csv`` (one row per goodput series),
+    ``bench_multi.csv`` (one row per multi-QP series) and ``bench_sessions.csv`` (one row per
+    session kind and configuration); returns the first two paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
@@ -1445,7 +1807,7 @@ def write_results(res, out):
         wtr = csv.DictWriter(fh, CSV_FIELDS, extrasaction="ignore")
         wtr.writeheader()
         for w, wr in res["widths"].items():
-            for r in wr["series"]:
+            for r in wr.get("series", []):
                 wtr.writerow(dict(r, config=label(w)))
     with open(out / "bench_multi.csv", "w", newline="") as fh:
         wtr = csv.DictWriter(fh, MULTI_CSV_FIELDS, extrasaction="ignore")
@@ -1454,6 +1816,12 @@ def write_results(res, out):
             for r in wr.get("multi", []):
                 wtr.writerow(dict(r, config=label(w), qp_ratio_to_mean=";".join(
                     str(x["ratio_to_mean"]) for x in r["per_qp"])))
+    with open(out / "bench_sessions.csv", "w", newline="") as fh:
+        wtr = csv.DictWriter(fh, SESSION_CSV_FIELDS, extrasaction="ignore")
+        wtr.writeheader()
+        for w, wr in res["widths"].items():
+            for r in wr.get("sessions", []):
+                wtr.writerow(_session_csv(r))
     return out / "bench.json", out / "bench.csv"
 
 
@@ -1464,6 +1832,8 @@ def plot(res, out):
     import matplotlib.pyplot as plt
     paths = []
     for w, wr in res["widths"].items():
+        if not wr.get("series"):
+            continue
         fig, ax = plt.subplots(figsize=(8, 5))
         keys = sorted({(r["op"], r["mtu"]) for r in wr["series"]})
         for op, mtu in keys:
@@ -1502,19 +1872,28 @@ def main(argv=None):
                     help="requests one initiator keeps outstanding (within its credits)")
     ap.add_argument("--multi-depth", type=int, default=MULTI_DEPTH,
                     help="requests each initiator of the multi-QP series keeps outstanding")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     a = ap.parse_args(argv)
+    sections = [x for x in a.sections.split(",") if x]
+    bad = set(sections) - set(SECTIONS)
+    if bad:
+        ap.error(f"unknown sections {', '.join(sorted(bad))} (of {', '.join(SECTIONS)})")
     widths = [x for x in a.widths.split(",") if x]
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
-    print(HEADER, flush=True)
+    if "goodput" in sections:
+        print(HEADER, flush=True)
     mtus = [int(x) for x in a.mtus.split(",") if x]
     res = run_bench(widths, a.quick, log=lambda s: print(s, flush=True), sizes=sizes,
-                    mtus=mtus, jobs=a.jobs, depth=a.depth, multi_depth=a.multi_depth)
+                    mtus=mtus, jobs=a.jobs, depth=a.depth, multi_depth=a.multi_depth,
+                    sections=sections)
     j, c = write_results(res, a.out)
     pngs = plot(res, a.out)
     print()
     print(format_table(res))
     print(f"\nwritten {j}, {c}, {c.with_name('bench_multi.csv')}, "
-          + ", ".join(map(str, pngs)))
+          f"{c.with_name('bench_sessions.csv')}"
+          + "".join(f", {p}" for p in pngs))
     return 0
 
 

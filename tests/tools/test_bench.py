@@ -307,3 +307,67 @@ def test_quick_10g_is_possible(quick10g):
     assert {op for op, _ in seen} == {"LOAD", "STORE_READ", "STORE_INLINE",
                                       "ALLOC_STORE_INLINE", "ALLOC_STORE_READ"}
     assert {m for _, m in seen} == {1024, 4096}
+
+
+@pytest.fixture(scope="module")
+def sessions8():
+    """The sessions section at the smallest configuration (the unit-test target, width 8)."""
+    return bench.run_sessions("8", log=lambda s: None)["sessions"]
+
+
+def test_sessions_run_in_the_engine(sessions8, tmp_path):
+    """Issue 20, "Must show": the same operations from a plain, an ADDR_LE and a DIRECT_ALLOC
+    session run in the engine: its ALLOC_STORE / STORE / LOAD OK counts move by the operations
+    sent, the driver handles none of them (host_actions after HELLO), the ALLOC_STOREs of the
+    DIRECT_ALLOC session take their blocks from its partition, and every answer, the LOAD
+    data, the KBTP structures and the stored blocks are the golden model's. The table, the
+    CSV and the JSON carry the three rows."""
+    n = bench.SESSION_OPS
+    assert [r["kind"] for r in sessions8] == ["plain", "ADDR_LE", "DIRECT_ALLOC"]
+    for r in sessions8:
+        assert r["sent"] == {"ALLOC_STORE": 2 * n, "STORE": n, "LOAD": n}, r
+        assert r["engine_ok"] == r["sent"], r
+        assert r["engine_other"] == {} and r["host_actions"] == 0, r
+        assert r["host_handled"] == [] and r["slow_path"] == {}, r
+        assert r["engine_parts"] and r["fast_path"], r
+        assert r["model"] == "same", r
+        assert [g["op"] for g in r["groups"]] == list(bench.SESSION_MIX)
+        assert r["cycles"] == sum(g["cycles"] for g in r["groups"]) > 0
+        for g in r["groups"]:
+            assert g["bytes_moved"] == n * bench.SESSION_SIZE, g
+    plain, le, da = sessions8
+    assert plain["granted_features"] == "-" and not plain["addr_le_structures"]
+    assert le["granted_features"] == "ADDR_LE" and le["addr_le_session"]
+    assert le["addr_le_structures"]
+    assert "DIRECT_ALLOC" in da["granted_features"] and da["direct_partitions"] == 1
+    assert da["blocks_from"] == "partition 0"
+    assert da["free_blocks_delta"] == {"shared": 0, "partition0": -2 * n}
+    assert plain["blocks_from"] == le["blocks_from"] == "shared ring"
+    res = {"widths": {"8": {"sessions": sessions8}}, "resources": "not built"}
+    text = bench.format_table(res)
+    assert bench.SESSION_HEADER in text
+    for r in sessions8:
+        assert bench._session_row(r) in text
+    bench.write_results(res, tmp_path)
+    import csv
+    with open(tmp_path / "bench_sessions.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [x["kind"] for x in rows] == ["plain", "ADDR_LE", "DIRECT_ALLOC"]
+    for x in rows:
+        assert x["engine_ok_alloc_store"] == x["sent_alloc_store"] == str(2 * n)
+        assert x["host_actions"] == "0"
+
+
+def test_sessions_fail_when_the_host_runs_them():
+    """A row cannot claim what did not happen: a driver that keeps the DIRECT_ALLOC session's
+    ALLOC_STOREs (as before the engine served the partitions: QP_SESSION bit 3) makes the
+    section raise, naming the messages the host handled."""
+    spec = bench.SESSION_KINDS["DIRECT_ALLOC"]
+    n = 2
+    with bench._vt("8", lambda s: None) as vt:
+        b = bench.Bench(vt, 64, mtus=(1024,), n_init=1, max_blocks=4 * n + 4,
+                        cfg_overrides=dict(spec["cfg"], direct_quota=2 * n + 2))
+        b.driver.engine_parts = False
+        with pytest.raises(bench.SessionsError, match="ALLOC_STORE"):
+            bench.session_mix(b, "DIRECT_ALLOC", spec["features"], n=n, size=64, width="8")
+        assert b.driver.host_actions > 1          # HELLO and the ALLOC_STOREs
