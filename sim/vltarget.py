@@ -53,7 +53,7 @@ HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scal
 DRAMS = {"ddr3": "ECPIX5_DDR3"}
 
 #: The configuration the ECPIX-5 bitstream holds (`make bitstream`, core ``kbtp``): GMII MAC at
-#: 125 MHz behind MacCdc, the target at width 64 in its own 25 MHz clock, the host bus behind
+#: 125 MHz behind MacCdc, the target at width 64 in its own 31.25 MHz clock, the host bus behind
 #: HostBusRegister, its memory the 512 MB of DDR3 (LiteDRAM at 50 MHz on the board, its timing
 #: model here). tests/system/test_ddr3.py checks that this is the board's own default.
 SHIPPED = {"board": "ecpix5", "dram": "ddr3"}
