@@ -5,17 +5,23 @@
 
 ::
 
-    GMII (mac, 125 MHz) -> GmiiMac(8).rx -> slice -> StreamUpsizer(8, w) -> slice -> AsyncFIFO
-                                                                              -> rx (core)
-    GMII <- GmiiMac(8).tx <- slice <- StreamDownsizer(w, 8) <- slice <- AsyncFIFO <- tx (core)
+    GMII (mac, 125 MHz) -> GmiiMac(w).rx -> slice -> AsyncFIFO -> rx (core)
+    GMII <- GmiiMac(w).tx <- slice <- AsyncFIFO <- tx (core)
     (slice: RegisterSlice, a skid buffer that cuts the valid/data and ready paths)
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
     rx_backlog (the MAC's receive buffer half full): a level, through an FFSynchronizer.
 
 The MAC keeps its own frame buffers (bad frames are dropped there, and transmission starts
 only once a whole frame is buffered), so the asynchronous FIFOs only have to absorb the clock
-ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles, which a
-core clock above 125/8 MHz drains.
+ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles at line
+rate, which a core clock above 125/8 MHz drains.
+
+Both frame buffers are ``w`` bits wide (:class:`~hw.net.mac.GmiiMac` at ``w``: the receiver
+packs octets into words before its buffer, the transmitter's downsizer comes after its
+buffer). Earlier the MAC here was 8 bits wide with the sizers outside it, so each buffer
+passed one octet per 125 MHz cycle: a received frame left its buffer at 1 octet / 8 ns after
+its last octet, and a frame to send filled its buffer at that rate before its first octet went
+out, a frame's length in cycles twice over (issue 21: the store-and-forward stages).
 """
 
 from amaranth import DomainRenamer, Module, Signal
@@ -24,7 +30,6 @@ from amaranth.lib.wiring import In, Out
 
 from hw.net.mac import GmiiMac
 from hw.lib.stream import PacketStream, RegisterSlice
-from hw.lib.width import StreamDownsizer, StreamUpsizer
 
 __all__ = ["MacCdc", "MAC_COUNTER_NAMES"]
 
@@ -34,7 +39,7 @@ MAC_COUNTER_NAMES = ("rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors", "
 
 
 class MacCdc(wiring.Component):
-    """:class:`~hw.net.mac.GmiiMac` (8 bits) in ``mac_domain``, user side in ``core_domain``.
+    """:class:`~hw.net.mac.GmiiMac` (``width`` bits) in ``mac_domain``, user side in ``core_domain``.
 
     Parameters
     ----------
@@ -79,10 +84,8 @@ class MacCdc(wiring.Component):
         m = Module()
         w, md, cd = self._w, self._md, self._cd
         rename = DomainRenamer({"sync": md})
-        m.submodules.mac = mac = rename(GmiiMac(8, rx_depth=self._rx_depth,
+        m.submodules.mac = mac = rename(GmiiMac(w, rx_depth=self._rx_depth,
                                                 tx_depth=self._tx_depth))
-        m.submodules.up = up = rename(StreamUpsizer(8, w))
-        m.submodules.down = down = rename(StreamDownsizer(w, 8))
         bits = data.Layout.cast(self.rx.payload.shape()).size
         m.submodules.rx_fifo = rxf = fifo.AsyncFIFO(width=bits, depth=self._fifo_depth,
                                                     w_domain=md, r_domain=cd)
@@ -92,32 +95,26 @@ class MacCdc(wiring.Component):
         m.d.comb += [mac.rxd.eq(self.rxd), mac.rx_dv.eq(self.rx_dv), mac.rx_er.eq(self.rx_er),
                      self.txd.eq(mac.txd), self.tx_en.eq(mac.tx_en), self.tx_er.eq(mac.tx_er)]
 
-        # Register slices (skid buffers) on each side of the sizers, in the MAC domain: without
-        # them the receive path starts the upsizer from the MAC buffer's block-RAM read data
-        # (7.2 ns on the Versa's 45F), and the transmit path chains the MAC FIFO's full check,
-        # the downsizer's ready, the async FIFO's read enable, pointer and storage read into
-        # one 125 MHz path (9 levels, 9.0 ns placed on ECPIX-5, board core ``mac-cdc``).
-        m.submodules.rx_slice8 = rx_slice8 = rename(RegisterSlice(8))
+        # Register slices (skid buffers) between the MAC and the asynchronous FIFOs, in the MAC
+        # domain: the receive side starts from the MAC buffer's block-RAM read data, and on the
+        # transmit side the MAC FIFO's ready would chain into the async FIFO's read enable,
+        # pointer and storage read (9 levels, 9.0 ns placed on ECPIX-5 with the sizers that
+        # sat here before, board core ``mac-cdc``).
         m.submodules.rx_slice = rx_slice = rename(RegisterSlice(w))
         m.submodules.tx_slice = tx_slice = rename(RegisterSlice(w))
-        m.submodules.tx_slice8 = tx_slice8 = rename(RegisterSlice(8))
 
-        # Receive: MAC -> slice -> upsizer -> slice -> async FIFO -> rx.
-        wiring.connect(m, mac.rx, rx_slice8.i)
-        wiring.connect(m, rx_slice8.o, up.i)
-        wiring.connect(m, up.o, rx_slice.i)
+        # Receive: MAC -> slice -> async FIFO -> rx.
+        wiring.connect(m, mac.rx, rx_slice.i)
         m.d.comb += [rxf.w_data.eq(rx_slice.o.payload.as_value()), rxf.w_en.eq(rx_slice.o.valid),
                      rx_slice.o.ready.eq(rxf.w_rdy),
                      self.rx.payload.eq(rxf.r_data), self.rx.valid.eq(rxf.r_rdy),
                      rxf.r_en.eq(self.rx.ready)]
-        # Transmit: tx -> async FIFO -> slice -> downsizer -> slice -> MAC.
+        # Transmit: tx -> async FIFO -> slice -> MAC.
         m.d.comb += [txf.w_data.eq(self.tx.payload.as_value()), txf.w_en.eq(self.tx.valid),
                      self.tx.ready.eq(txf.w_rdy),
                      tx_slice.i.payload.eq(txf.r_data), tx_slice.i.valid.eq(txf.r_rdy),
                      txf.r_en.eq(tx_slice.i.ready)]
-        wiring.connect(m, tx_slice.o, down.i)
-        wiring.connect(m, down.o, tx_slice8.i)
-        wiring.connect(m, tx_slice8.o, mac.tx)
+        wiring.connect(m, tx_slice.o, mac.tx)
 
         m.submodules.backlog_sync = cdc.FFSynchronizer(mac.rx_backlog, self.rx_backlog,
                                                        o_domain=cd)
