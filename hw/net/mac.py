@@ -6,7 +6,8 @@
 Everything runs in one clock domain, ``sync`` = the GMII 125 MHz clock (RX and TX clocks are
 assumed to be the same, as on a GMII/RGMII PHY whose RX clock is taken as the design clock or
 re-timed before the MAC). The GMII side moves one octet per cycle; a ``PacketStream(64)`` side
-therefore runs at 1/8 duty (one beat every 8 cycles at most on line rate).
+therefore carries at most one beat per 8 cycles on average at line rate (a received frame
+leaves the receive buffer in a burst of one beat a cycle once its FCS is checked).
 
 Bad frames on receive
 ---------------------
@@ -354,7 +355,8 @@ class GmiiMac(wiring.Component):
     transmitter never underruns whatever idles the user side has.
 
     One clock domain (``sync``, the 125 MHz GMII clock). At ``width=64`` the user streams carry
-    at most one beat per 8 cycles at line rate (1/8 duty).
+    at most one beat per 8 cycles at line rate on average (1/8 duty), a received frame in a
+    burst of one beat a cycle.
 
     Parameters
     ----------
@@ -399,7 +401,7 @@ class GmiiMac(wiring.Component):
         m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth, width=w)
         m.submodules.gmii_tx = tx = GmiiTx()
         # ``registered_ready``: the FIFO's full flag from a flop. Combinational, the read pointer's
-        # compare ran through ``w.ready``, the register slice in front (MacCdc ``tx_slice8``)
+        # compare ran through ``w.ready``, the register slice in front (then MacCdc's 8-bit ``tx_slice8``)
         # and back into the write pointer's adder: the GMII clock's critical path on ECPIX-5
         # (113.95 MHz at 125, trial ck3, seed 3).
         m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8),
