@@ -188,10 +188,12 @@ def test_quick_multi_qp(quick):
         assert 0 < r["frac_op_bound"] <= plan["bound"] / (plan["bound"] - ack), r
         assert r["cycles_per_op"] >= 4096 + 82 * 4, r
         rates = [x["ops_per_cycle"] for x in r["per_qp"]]
-        # per-QP rates (whole groups of DEPTH completions) add up to the aggregate rate; in the
-        # quick run a QP has only a few such groups inside the common window (STORE_INLINE of
-        # 4 KiB on the DDR3 core: 5.2 % apart), so within 10 %
-        assert 1 / sum(rates) == pytest.approx(r["cycles_per_op"], rel=0.10)
+        # the aggregate is the sum of the per-QP rates (whole groups of DEPTH completions); the
+        # distance between successive COMPLETIONs of any QP in the window agrees with it, but
+        # in the quick run a QP has only a few groups inside the window (STORE_INLINE of 4 KiB
+        # on the DDR3 core: 5.2 % apart; LOAD, wire-bound: 2.9 %), so within 10 %
+        assert 1 / sum(rates) == pytest.approx(r["cycles_per_op"], rel=1e-3)
+        assert r["cycles_per_op_merged"] == pytest.approx(r["cycles_per_op"], rel=0.10)
         mean = sum(rates) / 4
         assert r["fairness_max_dev"] == pytest.approx(
             max(abs(x / mean - 1) for x in rates), abs=1e-3)
