@@ -3,8 +3,6 @@
 #      PHY, openFPGALoader -b ecpix5); Lattice DS: LFE5UM5G-85F has 208 EBR.
 """LambdaConcept ECPIX-5, 85F variant: the default board."""
 
-from dataclasses import replace
-
 from amaranth_boards.ecpix5 import ECPIX585Platform
 
 from .dram import ECPIX5_DDR3
@@ -34,15 +32,7 @@ ECPIX5 = BoardSpec(
     # 4 KiB) halves the pool's banks and their 64-bit buses. (`--placer-heap-beta` does not
     # spread the placement in nextpnr 0.11.1's ECP5 flow: 0.6 and 0.75 gave the same HeAP
     # placement, iteration for iteration, on the same netlist, 2026-11-30.)
-    memory=replace(BoardMemoryConfig.for_ebr(208, max_pool_bytes=128 * 1024),
-                   # A 64 KiB MAC receive buffer (2 x 16 more DP16KD than 32 KiB): its READ
-                   # window (hw/kbtp/engine.py read_window_for) holds 57,431 octets of RDMA READ
-                   # response data, three READs of 16 KiB, where 26,760 held one; with one, each
-                   # READ-store of 16 KiB waited for the last response of the one before it to
-                   # pass the ICRC check (whole packets, a 4 KiB one in 512 core cycles), and
-                   # MTU 4096 was 11.7 % slower than MTU 1024 (21,338.7 against 19,108.8
-                   # cycles; both at the wire bound, 16,930 and 17,913, with 64 KiB).
-                   mac_rx_bytes=65536),
+    memory=BoardMemoryConfig.for_ebr(208, max_pool_bytes=128 * 1024),
     # Full core (width 64, 4 QPs, 43.7k of 83.6k LUT4) with the ring allocator unit, 2026-12-01:
     # router2 converges from seeds 1 (overuse 0 at iteration 98, sync +1.086 ns) and 3 (115,
     # +0.629 ns), not from 2 (floor 72 overused wires at iteration ~51, then rising; it was

@@ -43,7 +43,7 @@ class BoardMemoryConfig:
     mac_rx_bytes : int          the KBTP core's MAC receive buffer: the responses of the RDMA
                                 READs the engine keeps out (its READ window,
                                 hw/kbtp/engine.py read_window_for: 26,760 octets of data at
-                                32768, 57,431 at the ECPIX-5's 65536)
+                                32768)
                                 and one largest frame of other traffic
     hostlink_words : int        host-link frame buffer (words of 32 bits)
     demo_mem_words : int        RAM of the stand-in cores' bus target
