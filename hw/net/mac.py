@@ -364,6 +364,7 @@ class GmiiMac(wiring.Component):
         User-side data width: 8, 16, 32, 64 (any multiple of 8 dividing into whole octets).
     rx_depth, tx_depth : int
         Receive and transmit buffer sizes in octets (powers of two, >= one largest frame).
+
     Ports
     -----
     rxd, rx_dv, rx_er : In; txd, tx_en, tx_er : Out
@@ -401,8 +402,8 @@ class GmiiMac(wiring.Component):
         m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth, width=w)
         m.submodules.gmii_tx = tx = GmiiTx()
         # ``registered_ready``: the FIFO's full flag from a flop. Combinational, the read pointer's
-        # compare ran through ``w.ready``, the register slice in front (then MacCdc's 8-bit ``tx_slice8``)
-        # and back into the write pointer's adder: the GMII clock's critical path on ECPIX-5
+        # compare ran through ``w.ready``, the register slice in front (then MacCdc's 8-bit
+        # ``tx_slice8``) and back into the write pointer's adder: the GMII clock's critical path on ECPIX-5
         # (113.95 MHz at 125, trial ck3, seed 3).
         m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8),
                                                  registered_ready=True)

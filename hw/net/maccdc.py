@@ -39,7 +39,8 @@ MAC_COUNTER_NAMES = ("rx_frames_ok", "rx_fcs_errors", "rx_runts", "rx_errors", "
 
 
 class MacCdc(wiring.Component):
-    """:class:`~hw.net.mac.GmiiMac` (``width`` bits) in ``mac_domain``, user side in ``core_domain``.
+    """:class:`~hw.net.mac.GmiiMac` (``width`` bits) in ``mac_domain``, user side in
+    ``core_domain``.
 
     Parameters
     ----------
