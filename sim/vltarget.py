@@ -38,7 +38,7 @@ import boards.xgmii10g
 
 __all__ = ["HW_DEFAULT", "SHIPPED", "SHIPPED_BRAM", "XGMII_10G", "XGMII_TICKS", "DRAMS", "NAMED",
            "config_params", "VlTarget", "TxFrame", "build", "export_verilog",
-           "board_params", "n_ranges_of"]
+           "board_params", "n_ranges_of", "read_part_of", "MAC_RX_DEFAULT"]
 
 #: Build parameters of the single-clock unit-test target (keys of KbtpTarget); more KbtpTarget
 #: keyword arguments may be given too. Not what a board builds: see :data:`SHIPPED`.
@@ -53,7 +53,7 @@ HW_DEFAULT = {"width": 8, "n_qp": 4, "n_mr": 8, "mem_words": 532480, "timer_scal
 DRAMS = {"ddr3": "ECPIX5_DDR3"}
 
 #: The configuration the ECPIX-5 bitstream holds (`make bitstream`, core ``kbtp``): GMII MAC at
-#: 125 MHz behind MacCdc, the target at width 64 in its own 31.25 MHz clock, the host bus behind
+#: 125 MHz behind MacCdc, the target at width 64 in its own 41.67 MHz clock, the host bus behind
 #: HostBusRegister, its memory the 512 MB of DDR3 (LiteDRAM at 50 MHz on the board, its timing
 #: model here). tests/system/test_ddr3.py checks that this is the board's own default.
 SHIPPED = {"board": "ecpix5", "dram": "ddr3"}
@@ -73,6 +73,9 @@ XGMII_10G = dict(boards.xgmii10g.XGMII_10G)
 #: The configurations the tools name (``--hw`` of the soak and the server, the bench's board
 #: configurations): name -> params.
 NAMED = {"ecpix5": SHIPPED, "ecpix5-bram": SHIPPED_BRAM, "unit": HW_DEFAULT, "10g": XGMII_10G}
+
+#: KbtpTarget's MAC receive buffer (octets) where the parameters do not name one.
+MAC_RX_DEFAULT = 32768
 
 #: Octet times per clock cycle of the XGMII harness (its counts are octet times).
 XGMII_TICKS = 8
@@ -146,7 +149,17 @@ def board_params(name, dram=None):
             "n_ranges": n_ranges_of(kw), "mem_words": kw["mem_words"], "core_div": round(div),
             "mac_hz": spec.sys_freq, "core_hz": core_freq,
             "timer_scale": kw.get("timer_scale", 1), "udp_link": bool(kw.get("udp_link", False)),
+            "mac_rx_depth": kw.get("mac_rx_depth", MAC_RX_DEFAULT),
             **({"dram": dram} if dram is not None else {})}
+
+
+def read_part_of(params):
+    """Octets of the parts the engine of the target of ``params`` (KbtpTarget keyword arguments,
+    or :func:`board_params`) sends a store's RDMA READ in (hw/kbtp/movers.py WorkIssuer): a
+    quarter of its READ window, which its MAC receive buffer sets."""
+    from hw.kbtp.engine import read_window_for
+    from hw.kbtp.movers import read_chunk_for
+    return read_chunk_for(read_window_for(params.get("mac_rx_depth", MAC_RX_DEFAULT)))
 
 
 def driver_for(port, cfg, params, **kw):

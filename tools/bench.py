@@ -31,8 +31,8 @@ Everything is counted in simulated clock cycles of the Verilated target
 The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles are GMII
 cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
 close to the wire arithmetic is *wire-bound*. Latencies are also given in nanoseconds at the
-board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (32 ns each on the
-ECPIX-5's 31.25 MHz core clock). The block sizes a configuration's memory cannot hold are listed as not run.
+board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (24 ns each on the
+ECPIX-5's 41.67 MHz core clock). The block sizes a configuration's memory cannot hold are listed as not run.
 
 Figures
 -------
@@ -50,7 +50,10 @@ goodput
     interval carries one request and one operation's data; the first D requests went out
     before it (the fill) and the last D COMPLETIONs send none (the drain), and either would
     make an operation look shorter than the wire allows. Fewer operations (sizes above 16 KiB,
-    three of them): COMPLETION 0 to the last. Reported as a fraction of the theoretical RoCEv2
+    three of them): COMPLETION 0 to the last; by READ, COMPLETION 0 to the last READ response
+    over the READ response octets that ended in that span (the engine sends a store's READ
+    parts while the last parts of the one before are out, so some of the next store's data
+    comes before COMPLETION 0, and the last store's latency after its data is no steady state). Reported as a fraction of the theoretical RoCEv2
     goodput of the link
     (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
     PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
@@ -229,14 +232,16 @@ OPS = {
 }
 
 
-def op_plan(op, length, mtu):
+def op_plan(op, length, mtu, part=None):
     """The frames one operation needs on each direction, in wire octets.
 
     Every operation: the request (a SEND of the KBTP request, inline data included), the
     target's ACK of it, the COMPLETION Send and the initiator's ACK of that (the engine's
-    WorkCompletion needs it). Plus the data: RDMA WRITE packets to the initiator (LOAD), or an
-    RDMA READ request and its response packets (by READ). One ACK per direction and operation
-    (coalesced ACKs: the minimum RC allows for one acknowledged message each way).
+    WorkCompletion needs it). Plus the data: RDMA WRITE packets to the initiator (LOAD), or
+    RDMA READ requests and their response packets (by READ): one READ per ``part`` octets (the
+    engine's READ parts, :func:`sim.vltarget.read_part_of`; None: one READ). One ACK per
+    direction and operation (coalesced ACKs: the minimum RC allows for one acknowledged
+    message each way).
 
     Returns
     -------
@@ -252,8 +257,9 @@ def op_plan(op, length, mtu):
     if kind == "LOAD":
         to_peer += _writes(length, mtu)
     elif by_read:
-        to_peer.append(frame_wire(0, RETH.SIZE))
-        to_target += _read_responses(length, mtu)
+        for n in (_chunks(length, part) if part else [length]):
+            to_peer.append(frame_wire(0, RETH.SIZE))
+            to_target += _read_responses(n, mtu)
     to_peer.append(frame_wire(COMPLETION))
     to_target.append(ack)
     bound = max(sum(to_target), sum(to_peer))
@@ -299,7 +305,7 @@ class Bench:
         from host.port import TargetPort
         from model.target import TargetConfig
         from roce.rc import RoceEndpoint
-        from sim.vltarget import driver_for
+        from sim.vltarget import driver_for, read_part_of
         self.vt = vt
         self.rng = random.Random(seed)
         p = vt.params
@@ -352,6 +358,8 @@ class Bench:
         #: requests outstanding per initiator: ``depth`` (default DEPTH), within the credits
         self.depth = self.within_credits(depth or DEPTH)
         self.port = TargetPort(self.vt.port_access(self.net_step))
+        #: octets of the engine's RDMA READ parts (op_plan)
+        self.read_part = read_part_of(p)
         # (the target's RANGEs, not those of a target of the bench's n_qp: it may have more QPs)
         self.driver = driver_for(self.port, self.cfg, p, n_qp=n_qp)
         self.ep = RoceEndpoint(P_MAC, P_IP, seed=seed, min_frame=MIN_FRAME)
@@ -548,7 +556,7 @@ class Bench:
         ev0, tx0, sent0 = len(self.events[q]), len(self.tx), len(self.sent)
         self.turnaround = 0
         done = lambda: len(self.events[q]) - ev0
-        bound = op_plan(op, length, mtu)["bound"]
+        bound = self.plan(op, length, mtu)["bound"]
         min_out = D
         k = 0
         start = self.vt.cycle
@@ -570,6 +578,18 @@ class Bench:
         self.last_span = (start, times[-1])
         lo, hi = (D, n_ops - 1 - D) if n_ops >= 2 * D + 2 else (0, n_ops - 1)
         per_op = (times[hi] - times[lo]) / (hi - lo)
+        if n_ops < 2 * D + 2 and by_read:
+            # Fewer operations than a steady state needs, by READ: the engine sends the next
+            # store's READ parts while the last parts of the one before are out
+            # (hw/kbtp/movers.py WorkIssuer), so some of operation 1's data comes before
+            # COMPLETION 0, and after the last READ response only the last operation's
+            # latency is left (its response's way through the receive path, the entry update
+            # and the COMPLETION), which in a steady state overlaps the next data. Time per
+            # operation: from COMPLETION 0 to the last READ response's last octet, over the
+            # READ response octets that ended in it, in operations. (LOAD's WRITEs do not
+            # start before the COMPLETION before them ends: the count above is theirs.)
+            t_end, inside = self._read_octets_between(sent0, times[lo], times[hi])
+            per_op = (t_end - times[lo]) * length / inside
         # Bytes moved: data payload octets on the wire in the window, and content checks.
         moved = self._data_octets(kind, by_read, qpn, tx0, sent0)
         if kind == "LOAD":
@@ -587,7 +607,7 @@ class Bench:
             self.content[h] = got
         for c in comps:
             assert c.data_length == length, c
-        plan = op_plan(op, length, mtu)
+        plan = self.plan(op, length, mtu)
         obs = self._frames_per_op(qpn, tx0, sent0, n_ops)
         th = theory_goodput(length, mtu)
         gp = length / per_op
@@ -654,6 +674,21 @@ class Bench:
             n = sum(len(m) - REQUEST for m in msgs)
         return n
 
+    def _read_octets_between(self, sent0, t0, t1):
+        """(t, n): the last octet time t of the last READ response to the target that ended
+        in (t0, t1], and the payload octets n of those that ended in (t0, t]."""
+        from roce.frames import parse_frame
+        O = BthOpcode
+        t, n = t0, 0
+        for _, last, fr in self._peer_frames(sent0):
+            if not t0 < last <= t1:
+                continue
+            k, p = parse_frame(fr)
+            if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
+                    O.READ_RESPONSE_ONLY.value:
+                t, n = max(t, last), n + len(p.payload)
+        return t, n
+
     def _frames_per_op(self, qpn, tx0, sent0, n_ops):
         to_peer = sum(1 for f in self.tx[tx0:] if f.frame[12:14] == b"\x08\x00")
         to_target = len(self._peer_frames(sent0))
@@ -714,7 +749,7 @@ class Bench:
         self.turnaround = 0
         done = lambda q: len(self.events[q]) - ev0[q]
         total = lambda: sum(done(q) for q in qs)
-        plan = op_plan(op, length, mtu)
+        plan = self.plan(op, length, mtu)
         bound = plan["bound"]
         k = dict.fromkeys(qs, 0)
         rid_of = {q: {} for q in qs}         # request_id -> operation index
@@ -849,6 +884,10 @@ class Bench:
             "peer_burst_gap_max": self._burst_gap(sent0), "retransmits_peer": retx,
             "per_qp": per_qp,
         }
+
+    def plan(self, op, length, mtu):
+        """:func:`op_plan` with this target's READ parts."""
+        return op_plan(op, length, mtu, part=self.read_part)
 
     # ---- latency --------------------------------------------------------------------------
     def latency(self, qs, op, handles, length=64):
@@ -1041,8 +1080,8 @@ def _mtu_series(b, width, size, n, max_inline, out, log):
     ops = ["LOAD", "STORE_READ"] + (["STORE_INLINE"] if size <= max_inline else [])
     # The handle of LOAD / STORE: bound by one (unmeasured) ALLOC_STORE by READ.
     b.current_op = "ALLOC_STORE_READ (setup)"
-    _bind_one(b, 0, hb, size, max_cycles=4 * op_plan("ALLOC_STORE_READ", size,
-                                                     b.mtus[0])["bound"] + 200_000)
+    _bind_one(b, 0, hb, size, max_cycles=4 * b.plan("ALLOC_STORE_READ", size,
+                                                    b.mtus[0])["bound"] + 200_000)
     runs = [(a, list(range(hb + 1, hb + 1 + n_alloc)), n_alloc)
             for a in allocs] if n_alloc >= 2 else []
     runs += [(op, [hb], n) for op in ops]
@@ -1090,7 +1129,7 @@ def _mtu_multi(b, width, size, n, ops, out, log, depth=None):
     for q in qs:        # each QP's own handle for LOAD / STORE, bound by one ALLOC_STORE
         b.current_op = f"ALLOC_STORE_READ (setup QP {q})"
         _bind_one(b, q, b.sess[q].handle_base, size,
-                  max_cycles=4 * op_plan("ALLOC_STORE_READ", size, mtu)["bound"] + 200_000)
+                  max_cycles=4 * b.plan("ALLOC_STORE_READ", size, mtu)["bound"] + 200_000)
     n_alloc = min(n, (b.num_blocks - len(qs)) // len(qs),
                   min(b.sess[q].handle_count for q in qs) - 1)
     done = set()

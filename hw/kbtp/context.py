@@ -28,9 +28,6 @@ still in it (the hazards, issue 20):
   back when it does (model Readings 10), so a later ALLOC_STORE that finds the ring empty or
   its quota used up waits for it: the answer is the serial order's.
 * ``empty``: nothing in flight; the front hands a slow-path message to the host only then.
-* ``read_bytes``: the data octets of the RDMA READs whose WorkCompletions have not come back
-  (added at the push, removed at the WorkCompletion). The front issues a READ only while they
-  fit the engine's READ window (hw/kbtp/engine.py ``read_window``).
 
 The READ's WorkCompletion comes back tagged with its context's index (``WR_CTX | idx``,
 hw/kbtp/movers.py): ``wc`` marks that context done, with its status.
@@ -42,7 +39,7 @@ hazard checks look at every context in the queue, not just the head.
 
 from amaranth.lib import enum
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Signal
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -51,12 +48,10 @@ from hw.kbtp.decode import REQUEST, RESULT
 from hw.kbtp.movers import CTX_BITS
 from hw.kbtp.regmap import RING_BITS
 
-__all__ = ["Ctx", "CTX", "CTX_DEPTH", "READ_BYTES_BITS", "ContextQueue"]
+__all__ = ["Ctx", "CTX", "CTX_DEPTH", "ContextQueue"]
 
 #: Contexts in flight between the stages (a power of two; the READ's tag holds the index).
 CTX_DEPTH = 1 << CTX_BITS
-#: Width of the count of READ data octets in flight (CTX_DEPTH READs of up to 2**32 - 1).
-READ_BYTES_BITS = 32 + CTX_BITS
 
 
 class Ctx(enum.Enum, shape=2):
@@ -93,7 +88,6 @@ class ContextQueue(wiring.Component):
     probe : In(ADDR_BITS), probe_qp : In(QP_INDEX_BITS), pass_any : In(1),
     pass_same_qp : In(1), entry_hit : Out(1), alloc_pending : Out(1)
         the hazards (module docstring)
-    read_bytes : Out(READ_BYTES_BITS)   data octets of the READs still out
     """
 
     def __init__(self, depth=CTX_DEPTH):
@@ -107,7 +101,6 @@ class ContextQueue(wiring.Component):
             "wc": In(1), "wc_idx": In(CTX_BITS), "wc_ok": In(1),
             "probe": In(ADDR_BITS), "probe_qp": In(QP_INDEX_BITS), "pass_any": In(1),
             "pass_same_qp": In(1), "entry_hit": Out(1), "alloc_pending": Out(1),
-            "read_bytes": Out(READ_BYTES_BITS),
         })
 
     def elaborate(self, platform):
@@ -145,16 +138,6 @@ class ContextQueue(wiring.Component):
                 m.d.sync += [valid[i].eq(0), done[i].eq(0), ok[i].eq(0)]
             with m.If(self.wc & (self.wc_idx == i)):
                 m.d.sync += [done[i].eq(1), ok[i].eq(self.wc_ok)]
-        # READ data octets in flight: a READ's length counts from its push to its WC.
-        rlen = Array(Signal(32, name=f"rlen{i}") for i in range(n))
-        add = Mux(self.push & (c.kind == Ctx.READ), c.req.dd_len, 0)
-        # (a WorkCompletion may come back in the very cycle of its push)
-        sub = Mux(self.wc, Mux(self.push & (self.wc_idx == wp), c.req.dd_len,
-                               rlen[self.wc_idx]), 0)
-        m.d.sync += self.read_bytes.eq(self.read_bytes + add - sub)
-        for i in range(n):
-            with m.If(self.push & (wp == i)):
-                m.d.sync += rlen[i].eq(c.req.dd_len)
         with m.If(self.push):
             m.d.sync += wp.eq(wp + 1)
         with m.If(self.pop):

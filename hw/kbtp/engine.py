@@ -146,8 +146,9 @@ class KbtpEngine(wiring.Component):
     base : int
         Byte address of the register window.
     read_window : int
-        Data octets of RDMA READs the engine keeps out at once (0: no limit; a READ that does
-        not fit waits for earlier ones, a READ alone always goes). The responses of the READs
+        Data octets of RDMA READs the engine keeps out at once (0: no limit). A store's READ
+        goes out in parts of at most a quarter of the window, each only while it fits with
+        the parts still out (:class:`~hw.kbtp.movers.WorkIssuer`). The responses of the READs
         out land in the MAC's receive buffer faster than a core at line rate may drain it;
         with no more out than the buffer holds (:func:`read_window_for`), none is dropped for
         want of room (a dropped response waits for the QP's retransmission timer).
@@ -323,8 +324,9 @@ class KbtpEngine(wiring.Component):
                 with m.Elif(req.inline):
                     m.d.comb += u.copy.start.eq(1)
                     m.next = "COPY"
-                with m.Elif(u.window_ok):
-                    # The RDMA READ: the back stage waits for its WorkCompletion, not us.
+                with m.Else():
+                    # The RDMA READ: the back stage waits for its WorkCompletion, not us (the
+                    # issuer sends it in parts that fit the READ window).
                     m.d.comb += u.f_cmd_valid.eq(1)
                     with m.If(u.f_cmd_ready):
                         m.next = "DATA_WR"
@@ -418,7 +420,7 @@ class KbtpEngine(wiring.Component):
         sm.reader = reader = WordReader(MSG_WORDS)
         sm.copy = copy = InlineCopy()
         sm.entry = entry = EntryWriter()
-        sm.issuer = issuer = WorkIssuer()
+        sm.issuer = issuer = WorkIssuer(self.read_window)
         sm.cpl = cpl = Completion()
         # The ring allocator (hw/kbtp/ring_alloc.py) does every ring access: ALLOC (front),
         # RETURN (back) and the host commands, on a memory-bus master of its own.
@@ -476,12 +478,6 @@ class KbtpEngine(wiring.Component):
                      q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
                      q.wc_ok.eq(issuer.ctx_ok)]
         self._in_flight(m, u, baddr)
-        u.window_ok = Signal()
-        if self.read_window:
-            m.d.comb += u.window_ok.eq((q.read_bytes == 0) |
-                                       (q.read_bytes + req.dd_len <= self.read_window))
-        else:
-            m.d.comb += u.window_ok.eq(1)
         # The WorkIssuer: the front's data transfer (LOAD writes the block to the initiator,
         # STORE and ALLOC_STORE read the initiator's data into it), or the back's completion
         # (its WorkRequest first: the back drains the pipeline).

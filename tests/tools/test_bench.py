@@ -84,6 +84,36 @@ def test_data_frames_against_rc_endpoint(mtu, length):
     assert [wire(f) for f in sends] == op_plan("STORE_INLINE", length, mtu)["to_target"][:-1]
 
 
+def test_read_parts_in_the_plan():
+    """A READ-store's plan with the engine's READ parts (hw/kbtp/movers.py WorkIssuer): one
+    READ request per part and each part's responses, as RoceEndpoint's READs of the parts send
+    them; the shipped ECPIX-5 core's parts are 4096 octets (a quarter of its READ window)."""
+    from roce.rc import RoceEndpoint
+    from sim.vltarget import board_params, read_part_of
+    assert read_part_of(board_params("ecpix5", dram="ddr3")) == 4096
+    wire = lambda f: len(f) + 4 + 20          # FCS, preamble, SFD and gap
+    for mtu, length, part in ((1024, 16384, 4096), (4096, 65536, 4096), (4096, 6000, 4096),
+                              (4096, 16384, 2048)):
+        a = RoceEndpoint("02:00:00:00:00:01", "10.0.0.1", min_frame=60)
+        b = RoceEndpoint("02:00:00:00:00:02", "10.0.0.2", min_frame=60)
+        a.create_qp(qpn=0x10, dest_qpn=0x20, remote_ip="10.0.0.2",
+                    remote_mac="02:00:00:00:00:02", pmtu=mtu)
+        b.create_qp(qpn=0x20, dest_qpn=0x10, remote_ip="10.0.0.1",
+                    remote_mac="02:00:00:00:00:01", pmtu=mtu)
+        b.register(bytearray(length), base_va=0x1000, rkey=0x77)
+        reqs, resps = [], []
+        for off in range(0, length, part):
+            a.qps[0x10].read(0x1000 + off, 0x77, min(part, length - off))
+            (req,) = a.poll_tx()
+            reqs.append(wire(req))
+            b.receive_frame(req, 1)
+            resps += [wire(f) for f in b.poll_tx()]
+        plan = op_plan("STORE_READ", length, mtu, part=part)
+        assert plan["to_peer"][1:-1] == reqs and len(reqs) == -(-length // part)
+        assert plan["to_target"][1:-1] == resps
+        assert op_plan("STORE_READ", length, mtu)["to_peer"][1:-1] == reqs[:1]
+
+
 @pytest.fixture(scope="module")
 def quick():
     out = {}

@@ -22,7 +22,7 @@ from host.config import ENTRY_SIZE
 from host.policy import SEALED, VALID, decode_entry
 from hw.headers import Opcode, Status
 from hw.iface import WcStatus, WrOp
-from hw.kbtp.movers import WR_CTX
+from hw.kbtp.movers import WR_CHUNK, WR_CTX
 from hw.kbtp.engine import Cmd, KbtpEngine, reg
 from model.target import AccessError, InitiatorMemory
 
@@ -605,15 +605,34 @@ def test_store_waits_for_alloc_store_of_same_handle():
     simulate(top, bench)
 
 
+def merge_parts(acts):
+    """READ actions of one READ's parts (contiguous, of one rkey) joined into one, as the
+    model does the READ: WorkIssuer sends a store's READ in parts (hw/kbtp/movers.py)."""
+    out = []
+    for a in acts:
+        p = out[-1] if out else None
+        if (a[0] == "READ" and p and p[0] == "READ" and p[1] == a[1] and p[2] + p[3] == a[2]
+                and not p[5] and not a[5]):
+            out[-1] = ("READ", p[1], p[2], p[3] + a[3], p[4] + a[4], False)
+        else:
+            out.append(a)
+    return out
+
+
 def test_read_window():
-    """With a READ window of 100 octets (hw/kbtp/engine.py ``read_window``): a READ of 48
-    octets goes, a second of 64 waits for the first's WorkCompletion (48 + 64 > 100), and a
-    READ of 160 alone (more than the window) goes when nothing is out. Answers as the model's."""
+    """With a READ window of 100 octets (hw/kbtp/engine.py ``read_window``), READ parts of 16
+    (a quarter, rounded down to a power of two): STOREs of 48, 64 and 160 octets go out as 3, 4
+    and 10 parts, in order, contiguous, every part but a READ's last tagged WR_CHUNK and the last
+    with the READ's WR_CTX. At every point the parts out hold at most 100 octets, and as many as
+    fit: the next part waits only while it does not fit. A part's WorkCompletion makes room for
+    the next. The READ of 160 (more than the window) goes all the same. Answers (parts joined)
+    and the memory image as the model's."""
     model, top, imems = setup()
     top.eng = KbtpEngine(n_qp=4, n_ranges=8, read_window=100)
     wire = Pipe(top, imems)
     h = model.session_of("y").handle_base
     d1, d2, d3 = bytes(range(1, 49)), bytes(range(101, 165)), bytes(range(0, 160))
+    lens = [48, 64, 160]
 
     async def bench(ctx):
         await configure(ctx, top.eng, model, ["y"])
@@ -627,31 +646,39 @@ def test_read_window():
                 read_raw(Opcode.STORE, h + 2, 6, len(d3), to=SRC + 0x200)]
         want = sum((norm_model(model.receive("y", r)) for r in raws), [])
         assert [status_of(a) for a in split(want)[1]] == [Status.OK] * 3
+        mark = len(wire.done)
         for r in raws:
             wire.post(ctx, 0, r)
-        done, cycles = [0], []
+        parts, outs = [], []            # every part issued; octets out at each stop
 
-        def reads():            # READs issued so far (held ones and those finished)
-            return done[0] + len(wire.issued(WrOp.READ))
+        def new_parts():
+            for w in wire.issued(WrOp.READ):
+                if w["seq"] not in {p["seq"] for p in parts}:
+                    parts.append(w)
 
-        def finish_read():
-            cycles.append(wire.issued(WrOp.READ)[0]["cycle"])
-            wire.finish(ctx)
-            done[0] += 1
-
-        assert await wire.go(ctx, 3000, until=lambda: reads() == 1)
-        await wire.go(ctx, 600)
-        assert reads() == 1, "a READ beyond the window went out"
-        finish_read()                                       # READ 1 and its WC
-        assert await wire.go(ctx, 3000, until=lambda: reads() == 2)
-        await wire.go(ctx, 600)
-        assert reads() == 2, "the READ of 160 went out beside another"
-        finish_read()
-        assert await wire.go(ctx, 3000, until=lambda: reads() == 3)
-        cycles.append(wire.issued(WrOp.READ)[0]["cycle"])
-        print("READs at cycles", cycles)
+        while len(parts) < 17:
+            await wire.go(ctx, 400)     # until the engine issues nothing more
+            new_parts()
+            out = sum(w["length"] for w in wire.issued(WrOp.READ))
+            outs.append(out)
+            assert out <= 100, f"{out} octets of READ parts out, more than the window"
+            if len(parts) < 17:
+                assert out + 16 > 100, f"only {out} octets out, and the next part of 16 fits"
+            wire.finish(ctx)            # the oldest part lands: room for the next
+        print("octets out at each stop:", outs)
+        sizes = [w["length"] for w in parts]
+        assert sizes == [16] * 3 + [16] * 4 + [16] * 10, sizes
+        k = 0
+        for n, to in zip(lens, (SRC, SRC + 0x100, SRC + 0x200)):
+            mine = parts[k:k + n // 16]
+            k += n // 16
+            assert [w["va"] for w in mine] == [to + 16 * i for i in range(len(mine))]
+            assert [w["laddr"] - mine[0]["laddr"] for w in mine] == [16 * i for i in range(len(mine))]
+            assert all(w["wr_id"] == WR_CHUNK for w in mine[:-1]), [hex(w["wr_id"]) for w in mine]
+            assert mine[-1]["wr_id"] & WR_CTX, hex(mine[-1]["wr_id"])
         await wire.drain(ctx, 3)
-        assert wire.answers(0) == split(want)
+        got = wire.answers(0, mark)
+        assert (merge_parts(got[0]), got[1]) == split(want)
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
