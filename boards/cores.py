@@ -32,13 +32,14 @@ __all__ = ["CoreSignature", "check_core", "HostBusRegister", "MacLoopbackCore", 
            "DEFAULT_MAC", "SHIPPED_QPS", "default_core_name", "kbtp_mem_words"]
 
 #: Clock of the kbtp core's ``core`` domain: 625 MHz (the PLL's VCO for 125 MHz from 100 MHz)
-#: divided by 20: 31.25 MHz, four GMII cycles per core cycle. At width 64 that is 2.0 Gb/s of
-#: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05; the core met
-#: 31.25 MHz on seeds 3 and 2 once the memory arbiter's grant was a flop, hw/lib/membus.py.
-#: This netlist also meets 625 MHz / 15 = 41.67 MHz at seed 3, 45.62 MHz (31.25: 45.18), but
-#: its P&R then took 2,729 s of tool time (31.25: 2,354) and the suite 6,713 s on one machine,
-#: too near CI's 90 minutes: not shipped until the suite is cheaper. Stop 49's note.)
-CORE_FREQ = 625e6 / 20
+#: divided by 15: 41.67 MHz, three GMII cycles per core cycle. At width 64 that is 2.67 Gb/s of
+#: datapath (and of memory bus) for the 1 Gb/s line. (25 MHz until 2026-12-05; 31.25 MHz, four
+#: GMII cycles, until 2026-12-06: the netlist of a0789ac reached 43.89 MHz at 31.25 (seed 3)
+#: and 43.57 (seed 5). A STORE inline crosses the core's memory bus three times (the responder
+#: writes the Send into its receive buffer, the engine reads it back and writes the block), so
+#: at 31.25 MHz a 4 KiB STORE inline ran at 0.596 of the line (issue 20). An earlier netlist met
+#: 41.67 MHz at seed 3 but was not shipped for the suite's time, stop 49's note.)
+CORE_FREQ = 625e6 / 15
 
 #: QPs of the kbtp core with its memory in the board's DRAM: 64, as issue 22 item 3 asks (64
 #: rdma_cm connections at once; their per-QP state is in memories: docs/architecture.md "Where

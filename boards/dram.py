@@ -104,6 +104,8 @@ class DramTiming:
     rfc_ctrl : int              cycles the port takes no command for one refresh
     cdc_core : int              core cycles of the two clock crossings (request + response)
     size_bytes : int            capacity (the target memory of a core with this DRAM)
+    cdc_ctrl : int              controller cycles of the crossings (each crossing's
+                                synchroniser runs in the clock it enters)
     """
     name: str
     ctrl_hz: float
@@ -113,6 +115,7 @@ class DramTiming:
     rfc_ctrl: int
     cdc_core: int
     size_bytes: int
+    cdc_ctrl: int = 0
 
     def cycles(self, core_hz):
         """The figures in core cycles at ``core_hz``: latencies and the refresh stall to the
@@ -123,7 +126,8 @@ class DramTiming:
 
         def near(n):
             return max(0, math.floor(n * ratio + 0.5 + 1e-9))
-        return DramCycles(hit=self.cdc_core + near(self.hit_ctrl), miss=near(self.miss_ctrl),
+        return DramCycles(hit=self.cdc_core + near(self.hit_ctrl + self.cdc_ctrl),
+                          miss=near(self.miss_ctrl),
                           refi=int(self.refi_ctrl * ratio + 1e-9),
                           rfc=max(1, near(self.rfc_ctrl)))
 
@@ -134,11 +138,15 @@ class DramTiming:
 #: SDRAMPHYModel with the ECP5 PHY's settings (CL 6, CWL 5, read latency 13), native port, in
 #: 50 MHz cycles: a read 16 from command to data on a row hit, 21 on a miss or a closed bank;
 #: one burst per 2 cycles streaming; a refresh every 391 (7.82 us) that stops read data for
-#: 23-24 cycles (tRFC 14 plus the precharge-all and the pipeline). cdc_core: an asynchronous
-#: FIFO each way; tests/boards/test_litedram.py measures hit + cdc through the real bridge
-#: and LiteDRAM's controller (median 12 core cycles, a miss 15) and holds this model to it.
+#: 23-24 cycles (tRFC 14 plus the precharge-all and the pipeline). cdc_core, cdc_ctrl: an
+#: asynchronous FIFO each way, 3 core cycles and 2 controller cycles in all;
+#: tests/boards/test_litedram.py measures hit + cdc through the real bridge and LiteDRAM's
+#: controller and holds this model to it: median 12 core cycles (a miss 15) at 25 MHz, 14 (17)
+#: at 31.25 MHz, 18 (22) at 41.67 MHz. (Until 2026-12-06 the crossings were 4 core cycles,
+#: which fit 25 and 31.25 MHz but gave 17 at 41.67.)
 ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
-                         refi_ctrl=391, rfc_ctrl=24, cdc_core=4, size_bytes=512 << 20)
+                         refi_ctrl=391, rfc_ctrl=24, cdc_core=3, cdc_ctrl=2,
+                         size_bytes=512 << 20)
 
 
 class DramModel(wiring.Component):

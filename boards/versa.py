@@ -38,7 +38,7 @@ VERSA = BoardSpec(
     # The 45F (43.8k LUT4) does not hold the width-64 kbtp core: at 2 QPs with 4-deep send
     # queues it packs to 50.7k LUT4 cells (`python -m boards build --board versa --pack-only`,
     # 2026-11-30; 57k at 4 QPs on the ECPIX-5). The Versa therefore runs the same target at
-    # width 8 on the same core clock (CORE_FREQ, 31.25 MHz: 250 Mb/s of datapath, below the
+    # width 8 on the same core clock (CORE_FREQ, 41.67 MHz: 333 Mb/s of datapath, below the
     # 1 Gb/s line; frames the core cannot take are dropped in the MAC's buffer and counted, and
     # RC retransmission recovers them). It is the second board of the board layer, not a
     # line-rate target; the ECPIX-5 is.

@@ -6,7 +6,7 @@
 The target runs in :class:`sim.vltarget.VlTarget` (a C++ Verilator main that owns the clocks,
 the GMII pins and the host bus; no Python per cycle). By default it is the core the ECPIX-5
 bitstream holds (:data:`sim.vltarget.SHIPPED`: MAC at 125 MHz, the target at width 64 in its
-31.25 MHz core clock, timers at the board's rate); ``hw="unit"`` serves the one-clock width-8
+41.67 MHz core clock, timers at the board's rate); ``hw="unit"`` serves the one-clock width-8
 unit-test target (:data:`sim.vltarget.HW_DEFAULT`, timers 16 times fast). This process owns:
 
 * the same :class:`sim.serve.FrameServer` as ``--model``: the UDP socket (QEMU ``-netdev

@@ -18,7 +18,7 @@ octet of its last packet. Its response, on the initiator's QP (the CM link's pee
   completion record (RECORD_COMPLETION).
 
 Cycles are GMII cycles (8 ns at the ECPIX-5's 125 MHz ``mac_hz``); ``*_ns`` convert them at
-the board's clock, ``*_core_cycles`` in the core clock (``core_hz``: 31.25 MHz, 32 ns, the
+the board's clock, ``*_core_cycles`` in the core clock (``core_hz``: 41.67 MHz, 24 ns, the
 unit of the engine's LAST_LATENCY register). A retransmitted request (same QP and PSN) is timed
 once, from its first arrival. Records are bounded (:data:`MAX_RECORDS`, the newest kept).
 

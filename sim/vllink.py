@@ -28,7 +28,7 @@ Time
 The host's own processing takes **zero simulated time**: the driver, the link's packing and
 parsing run between two simulation steps. The wire (one octet per 125 MHz GMII cycle,
 preamble, FCS and inter-frame gap included) and the target's processing (MAC at 125 MHz, the
-core at ``params["core_div"]`` GMII cycles per core cycle: 4, 31.25 MHz, on the ECPIX-5) are
+core at ``params["core_div"]`` GMII cycles per core cycle: 3, 41.67 MHz, on the ECPIX-5) are
 simulated at the board's clocks. ``host_turnaround_ns`` (default 0) models the host's own
 turnaround per exchange: that much simulated time passes (the network still moving) before
 each datagram is sent. :meth:`clock` is the simulated time in seconds: give it to

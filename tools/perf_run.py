@@ -10,7 +10,7 @@ Boots the guest (:func:`sim.serve_guest.run_e2e`, gateware backend: the Verilate
 core), runs :mod:`host.perf` in it with ``--json``, and prints, per test, the guest's
 perftest tables (wall time: QEMU TCG + simulation) and beside them the target's own figures
 from the stats file, in board time at the board's clocks (GMII 125 MHz, 8 ns a cycle; core
-31.25 MHz, 32 ns):
+41.67 MHz, 24 ns):
 
 * per request, last request octet in -> first octet of its COMPLETION out: min, typical
   (median), average, max in usec, and the typical in GMII and core cycles; the first response

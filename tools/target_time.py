@@ -14,7 +14,7 @@ import re
 __all__ = ["parse_steps", "step_times", "records_by_rid", "span", "plot_steps", "WHICH_IS_WHICH"]
 
 WHICH_IS_WHICH = ("wall time: QEMU TCG guest + simulation; target time: what the ECPIX-5 core "
-                  "takes at its clocks (GMII 125 MHz = 8 ns/cycle, core 31.25 MHz = 32 ns/cycle)")
+                  "takes at its clocks (GMII 125 MHz = 8 ns/cycle, core 41.67 MHz = 24 ns/cycle)")
 
 _STEP = re.compile(r"^STEP (\d+) rids=([\d,]*) wall_ms=([\d.]+) what=(.*)$")
 

@@ -117,10 +117,12 @@ def test_ecpix5_ddr3_in_core_cycles():
     """The board's figures in core clocks. At 25 MHz (the core clock until 2026-12-05, one
     core cycle per 2 of LiteDRAM's 50 MHz): a hit's 16 controller cycles are 8 core cycles,
     plus 4 of crossing; a miss's 5 are 3; a refresh every 391 (195 core cycles) stops the port
-    for 24 (12). At 31.25 MHz (boards/cores.py CORE_FREQ): 10 + 4, 3, 244, 15 (the hit and the
-    miss are what tests/boards/test_litedram.py measures through LiteDRAM: 14 and 17)."""
+    for 24 (12). At 31.25 MHz: 14, 3, 244, 15; at 41.67 MHz (boards/cores.py CORE_FREQ): 18, 4,
+    325, 20 (the hit and the miss are what tests/boards/test_litedram.py measures through
+    LiteDRAM: 14 and 17 at 31.25 MHz, 18 and 22 at 41.67)."""
     c = ECPIX5_DDR3.cycles(25e6)
     assert c == DramCycles(hit=12, miss=3, refi=195, rfc=12)
     assert ECPIX5_DDR3.cycles(31.25e6) == DramCycles(hit=14, miss=3, refi=244, rfc=15)
+    assert ECPIX5_DDR3.cycles(625e6 / 15) == DramCycles(hit=18, miss=4, refi=325, rfc=20)
     with pytest.raises(ValueError):
         DramCycles(hit=2, miss=0, refi=10, rfc=1)
