@@ -50,10 +50,11 @@ goodput
     interval carries one request and one operation's data; the first D requests went out
     before it (the fill) and the last D COMPLETIONs send none (the drain), and either would
     make an operation look shorter than the wire allows. Fewer operations (sizes above 16 KiB,
-    three of them): COMPLETION 0 to the last; by READ, COMPLETION 0 to the last READ response
-    over the READ response octets that ended in that span (the engine sends a store's READ
-    parts while the last parts of the one before are out, so some of the next store's data
-    comes before COMPLETION 0, and the last store's latency after its data is no steady state). Reported as a fraction of the theoretical RoCEv2
+    three of them): COMPLETION 0 to the last; by READ, from the end of the last READ response
+    before COMPLETION 0 to the end of the last one, over the READ response octets that ended
+    in that span (the engine sends a store's READ parts while the last parts of the one before
+    are out, so some of the next store's data comes before COMPLETION 0, and the last store's
+    latency after its data is no steady state). Reported as a fraction of the theoretical RoCEv2
     goodput of the link
     (:func:`theory_goodput`: per packet ``payload / (payload + PACKET_OVERHEAD)``, with
     PACKET_OVERHEAD = 82 octets derived from hw/headers.py sizes) and as a fraction of the
@@ -585,11 +586,12 @@ class Bench:
             # COMPLETION 0, and after the last READ response only the last operation's
             # latency is left (its response's way through the receive path, the entry update
             # and the COMPLETION), which in a steady state overlaps the next data. Time per
-            # operation: from COMPLETION 0 to the last READ response's last octet, over the
-            # READ response octets that ended in it, in operations. (LOAD's WRITEs do not
-            # start before the COMPLETION before them ends: the count above is theirs.)
-            t_end, inside = self._read_octets_between(sent0, times[lo], times[hi])
-            per_op = (t_end - times[lo]) * length / inside
+            # operation: from the last READ response that ended by COMPLETION 0 to the last READ
+            # response, over the READ response octets that ended in that span, in operations.
+            # (LOAD's WRITEs do not start before the COMPLETION before them ends: the count
+            # above is theirs.)
+            ta, tb, inside = self._read_octets_between(sent0, times[lo], times[hi])
+            per_op = (tb - ta) * length / inside
         # Bytes moved: data payload octets on the wire in the window, and content checks.
         moved = self._data_octets(kind, by_read, qpn, tx0, sent0)
         if kind == "LOAD":
@@ -675,19 +677,24 @@ class Bench:
         return n
 
     def _read_octets_between(self, sent0, t0, t1):
-        """(t, n): the last octet time t of the last READ response to the target that ended
-        in (t0, t1], and the payload octets n of those that ended in (t0, t]."""
+        """(ta, tb, n) of the READ responses to the target: ta the last octet of the last one
+        that ended by t0 (t0 if none), tb that of the last one that ended by t1, n the payload
+        octets of those that ended in (ta, tb]. (From a frame's end to a frame's end: a span
+        from t0 would count the whole payload of a frame under way at t0, up to a frame too
+        much.)"""
         from roce.frames import parse_frame
         O = BthOpcode
-        t, n = t0, 0
+        ends = []
         for _, last, fr in self._peer_frames(sent0):
-            if not t0 < last <= t1:
+            if last > t1:
                 continue
             k, p = parse_frame(fr)
             if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
                     O.READ_RESPONSE_ONLY.value:
-                t, n = max(t, last), n + len(p.payload)
-        return t, n
+                ends.append((last, len(p.payload)))
+        ta = max([t for t, _ in ends if t <= t0], default=t0)
+        tb = max([t for t, _ in ends], default=t0)
+        return ta, tb, sum(n for t, n in ends if ta < t <= tb)
 
     def _frames_per_op(self, qpn, tx0, sent0, n_ops):
         to_peer = sum(1 for f in self.tx[tx0:] if f.frame[12:14] == b"\x08\x00")
