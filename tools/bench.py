@@ -105,8 +105,9 @@ sessions
     :class:`SessionsError` rather than print a row whose host count is not 0, whose engine
     counts are not the operations sent, or whose answers are not the model's.
 resources
-    ``build/<board>/report.json`` of ``python -m boards build`` if present ("not built"
-    otherwise); this module never runs place and route.
+    The board's committed timing record (``boards/timing_records/<board>.json``, from
+    ``make timing``), else ``build/<board>/report.json`` of ``python -m boards build`` if
+    present ("not built" otherwise); this module never runs place and route.
 
 The peer is :class:`roce.rc.RoceEndpoint` (the KBTP initiator side written here from
 host.codec messages, as tests/sim/cocotb_system.py does) and the target is configured by
@@ -1519,36 +1520,57 @@ def _stats(xs):
             "mean": round(sum(xs) / len(xs), 1)}
 
 
-def resources(root=None):
-    """Resources and Fmax of every board build report present (build/<board>/report.json)."""
-    root = Path(root or Path(__file__).resolve().parent.parent / "build")
+def _resource_entry(r):
+    """The figures of one board build report (``python -m boards build``'s report.json)."""
+    clocks = r.get("clocks", [])
+    sync = [c for c in clocks if c.get("domain") == "sync"]
+    # Reports from before the "routed" key: a bitstream means the run routed.
+    routed = r.get("routed", r.get("bitstream") is not None)
+    return {
+        "device": r.get("device"), "stage": r.get("stage"), "core": r.get("core"),
+        "core_params": r.get("core_params"),
+        "resources": {k: f"{v['used']}/{v['available']}" for k, v in
+                      r.get("resources", {}).items()},
+        "fmax_mhz": sync[0]["achieved_mhz"] if sync else None,
+        "constraint_mhz": sync[0]["constraint_mhz"] if sync else None,
+        # Every clock of the build (the full core has four: MAC, core, RGMII rx and tx).
+        "clocks": {c.get("domain") or c.get("name"):
+                   {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
+                                          "met")} for c in clocks},
+        "routed": routed,
+        "timing_met": bool(r.get("timing_met")) and routed,
+        "bitstream": r.get("bitstream"),
+        "build_time_s": r.get("build_time_s"),
+        "note": r.get("error") or r.get("note") or r.get("timing_note"),
+    }
+
+
+def resources(root=None, records=None):
+    """Resources and Fmax of every board: its committed timing record
+    (boards/timing_records/<board>.json, the report of ``make timing`` on the netlist the
+    suite checks against it: test_timing_record_is_this_netlist), else a build report in
+    build/<board>/report.json (a local ``python -m boards build``, which may be of other
+    gateware). ``source`` says which."""
+    here = Path(__file__).resolve().parent.parent
+    root = Path(root or here / "build")
+    records = Path(records or here / "boards" / "timing_records")
     out = {}
+    for rec in sorted(records.glob("*.json")):
+        try:
+            d = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        out[rec.stem] = {**_resource_entry(d["report"]),
+                         "source": f"boards/timing_records/{rec.name} (seed {d.get('seed')}, "
+                                   f"digest {str(d.get('digest'))[:16]})"}
     for rep in sorted(root.glob("*/report.json")):
+        if rep.parent.name in out:
+            continue
         try:
             r = json.loads(rep.read_text())
         except (OSError, ValueError):
             continue
-        clocks = r.get("clocks", [])
-        sync = [c for c in clocks if c.get("domain") == "sync"]
-        # Reports from before the "routed" key: a bitstream means the run routed.
-        routed = r.get("routed", r.get("bitstream") is not None)
-        out[rep.parent.name] = {
-            "device": r.get("device"), "stage": r.get("stage"), "core": r.get("core"),
-            "core_params": r.get("core_params"),
-            "resources": {k: f"{v['used']}/{v['available']}" for k, v in
-                          r.get("resources", {}).items()},
-            "fmax_mhz": sync[0]["achieved_mhz"] if sync else None,
-            "constraint_mhz": sync[0]["constraint_mhz"] if sync else None,
-            # Every clock of the build (the full core has four: MAC, core, RGMII rx and tx).
-            "clocks": {c.get("domain") or c.get("name"):
-                       {k: c.get(k) for k in ("constraint_mhz", "achieved_mhz", "slack_ns",
-                                              "met")} for c in clocks},
-            "routed": routed,
-            "timing_met": bool(r.get("timing_met")) and routed,
-            "bitstream": r.get("bitstream"),
-            "build_time_s": r.get("build_time_s"),
-            "note": r.get("error") or r.get("note") or r.get("timing_note"),
-        }
+        out[rep.parent.name] = {**_resource_entry(r), "source": str(rep)}
     return out or "not built"
 
 
@@ -1847,7 +1869,7 @@ def format_table(res):
                              for d, c in r["clocks"].items())
                          + f"; routed {r['routed']}; timing met {r['timing_met']}; "
                            f"bitstream {r['bitstream']}; "
-                           f"build {r['build_time_s']} s")
+                           f"build {r['build_time_s']} s; from {r.get('source')}")
     else:
         lines.append(f"resources: {rs}")
     return "\n".join(lines)

@@ -403,3 +403,24 @@ def test_sessions_fail_when_the_host_runs_them():
         with pytest.raises(bench.SessionsError, match="ALLOC_STORE"):
             bench.session_mix(b, "DIRECT_ALLOC", spec["features"], n=n, size=64, width="8")
         assert b.driver.host_actions > 1          # HELLO and the ALLOC_STOREs
+
+
+def test_resources_are_the_timing_record(tmp_path):
+    """The resources line reports the committed timing record of the board (the netlist the
+    suite checks), not whatever build a checkout has lying in build/: a stale build report
+    there (another netlist, say) is ignored for that board, and used for a board without a
+    record."""
+    import json
+    from pathlib import Path
+    rec = json.loads((Path(bench.__file__).resolve().parent.parent / "boards" /
+                      "timing_records" / "ecpix5.json").read_text())
+    stale = dict(rec["report"], clocks=[{"domain": "sync", "achieved_mhz": 1.0,
+                                         "constraint_mhz": 125.0, "met": False}])
+    for board in ("ecpix5", "versa"):
+        (tmp_path / board).mkdir()
+        (tmp_path / board / "report.json").write_text(json.dumps(stale))
+    r = bench.resources(root=tmp_path)
+    assert r["ecpix5"]["source"].startswith("boards/timing_records/ecpix5.json")
+    assert r["ecpix5"]["clocks"] == bench._resource_entry(rec["report"])["clocks"]
+    assert r["ecpix5"]["fmax_mhz"] != 1.0 and r["ecpix5"]["timing_met"]
+    assert r["versa"]["fmax_mhz"] == 1.0 and r["versa"]["source"].endswith("report.json")
