@@ -5,16 +5,14 @@
 
 The responder has written a SEND message into a receive buffer and tells us with a
 :data:`~hw.iface.RecvNotify` beat. The engine reads the message over its own memory-bus master
-(as soon as the notify comes, one message ahead of the front: hw/kbtp/movers.py
-MessagePrefetch) and either runs it (fast path: LOAD, STORE, ALLOC_STORE of a QP whose session
-the host driver has configured here) or pushes the notify beat unchanged into ``hostq`` (slow path: HELLO, FREE, BIND,
+and either runs it (fast path: LOAD, STORE, ALLOC_STORE of a QP whose session the host driver has
+configured here) or pushes the notify beat unchanged into ``hostq`` (slow path: HELLO, FREE, BIND,
 GOODBYE, anything else, any QP without a session, messages shorter than the common header). For
 slow-path messages the host returns the receive buffer itself.
 
 Fast path, in the golden model's order (model/target.py Readings 6-10)::
 
-    PREFETCH: read message (7 words), one ahead of the front
-    FRONT: decode (codec strictness: MALFORMED / TOO_LARGE)
+    FRONT: read message (7 words) -> decode (codec strictness: MALFORMED / TOO_LARGE)
       -> handle range -> table entry -> Block Size -> Generation -> VALID/SEALED/ALREADY_BOUND
       -> [ALLOC_STORE: quota, ring empty, masked FetchAdd on Head, slot poll, consume]
       -> data: RDMA WRITE to the initiator (LOAD) | inline copy | RDMA READ into the block,
@@ -114,7 +112,7 @@ from hw.kbtp.context import CTX, CTX_DEPTH, ContextQueue, Ctx
 from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder, entry_boff
 from hw.kbtp.engine_regs import EngineRegs
 from hw.kbtp.movers import (WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy, LoadLocks,
-                            MessagePrefetch, WordReader, WorkIssuer)
+                            WordReader, WorkIssuer)
 from hw.kbtp.regmap import ENGINE_ID, ENGINE_PARTS, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
@@ -205,7 +203,6 @@ class KbtpEngine(wiring.Component):
         cfg, sess, req, ent, cur, res, q = regs.cfg, regs.session, dec.req, dec.entry, u.cur, \
             u.res, u.q
         st = _Steps(m, u, u.front_bus, (reader, u.copy))
-        pf = u.pf
         run, finish, read = st.run, st.finish, st.read
         kind = u.kind
         # (the session lookup is registered: it follows the QP ``cur`` holds next cycle)
@@ -217,13 +214,11 @@ class KbtpEngine(wiring.Component):
                 # Host commands first, then a message (with a free context slot), then a deferred
                 # free's retry (the ring allocator takes the commands and the retry when
                 # granted).
-                # (the message was read ahead with its notify: MessagePrefetch)
-                with m.If(~regs.cmd_valid & ring.idle & pf.o.valid & u.notify_free &
+                with m.If(~regs.cmd_valid & ring.idle & self.notify.valid & u.notify_free &
                           ~q.full):
-                    m.d.comb += [pf.o.ready.eq(1), regs.started.eq(1),
-                                 regs.started_age.eq(pf.age),
-                                 regs.qp_next.eq(pf.o.payload.qp)]
-                    m.d.sync += [cur.eq(pf.o.payload), u.msg.eq(pf.msg)]
+                    m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1),
+                                 regs.qp_next.eq(self.notify.payload.qp)]
+                    m.d.sync += cur.eq(self.notify.payload)
                     m.next = "NOTIFIED"
                 with m.Else():
                     m.d.comb += u.f_grant.eq(1)
@@ -232,7 +227,8 @@ class KbtpEngine(wiring.Component):
                 with m.If(~cfg.ctrl[0] | ~sess.valid | (cur.length < CommonHeader.SIZE)):
                     m.next = "HOSTQ"
                 with m.Else():
-                    m.next = "CHECK"
+                    read(cur.addr, MSG_WORDS)
+                    m.next = "READ_MSG"
 
             with m.State("HOSTQ"):
                 # The host sees a message only when every request taken before it is finished
@@ -242,6 +238,11 @@ class KbtpEngine(wiring.Component):
                     with m.If(self.hostq.ready):
                         m.d.comb += regs.to_host.eq(1)
                         m.next = "IDLE"
+
+            run("READ_MSG", reader, "DECODE")
+            with m.State("DECODE"):
+                m.d.sync += u.msg.eq(reader.data)
+                m.next = "CHECK"
 
             # The decoder's answer into flops (``u.disp``, ``u.d_res``, ``u.eaddr``): its 64-bit
             # handle arithmetic, the range lookup and the first-answer rules end here instead of
@@ -416,8 +417,7 @@ class KbtpEngine(wiring.Component):
         sm = m.submodules
         sm.regs = regs = EngineRegs(self.n_qp, self.n_ranges, self.base)
         sm.dec = dec = RequestDecoder(self.n_ranges)
-        sm.pf = pf = MessagePrefetch(MSG_WORDS)
-        sm.reader = reader = WordReader(2)          # a table entry
+        sm.reader = reader = WordReader(MSG_WORDS)
         sm.copy = copy = InlineCopy()
         sm.entry = entry = EntryWriter()
         sm.issuer = issuer = WorkIssuer(self.read_window)
@@ -426,13 +426,11 @@ class KbtpEngine(wiring.Component):
         # RETURN (back) and the host commands, on a memory-bus master of its own.
         sm.ring = ring = self.ring_cls()
         sm.q = q = ContextQueue(CTX_DEPTH)
-        # Four masters: the front's units, the back's units, the ring allocator (which locks
-        # its read of a partition Head up to its write: the arbiter passes the lock on), the
-        # message prefetch.
-        sm.arb = arb = MemArbiter(4, locking=(2,))
+        # Three masters: the front's units, the back's units, the ring allocator (which locks
+        # its read of a partition Head up to its write: the arbiter passes the lock on).
+        sm.arb = arb = MemArbiter(3, locking=(2,))
         wiring.connect(m, wiring.flipped(self.mem), arb.bus)
         wiring.connect(m, ring.mem, arb.masters[2])
-        wiring.connect(m, pf.mem, arb.masters[3])
         wiring.connect(m, wiring.flipped(self.bus), regs.bus)
         wiring.connect(m, wiring.flipped(self.wr), issuer.wr)
         wiring.connect(m, wiring.flipped(self.wc), issuer.wc)
@@ -440,7 +438,7 @@ class KbtpEngine(wiring.Component):
 
         # The front's request: its RecvNotify, message, table entry, block and result; the
         # back's: the head context and its result.
-        u = SimpleNamespace(regs=regs, dec=dec, reader=reader, pf=pf, copy=copy, entry=entry,
+        u = SimpleNamespace(regs=regs, dec=dec, reader=reader, copy=copy, entry=entry,
                             issuer=issuer, cpl=cpl, ring=ring, q=q,
                             front_bus=arb.masters[0], back_bus=arb.masters[1],
                             cur=Signal(RecvNotify), msg=Signal(len(dec.msg)),
@@ -520,13 +518,7 @@ class KbtpEngine(wiring.Component):
                      regs.cmd_ack.eq(ring.cmd_ack),
                      regs.deferred.eq(ring.deferred), regs.cmd_result.eq(ring.cmd_result),
                      regs.occupancy.eq(ring.occupancy), regs.stall.eq(ring.stall)]
-        # The host order holds a QP's message while one of it is at the host: at the front,
-        # and already at the prefetch (which would otherwise take it and wait with it).
-        u.notify_free, pf_free = self._host_order(m, qp, regs.to_host,
-                                                  (pf.o.payload.qp, self.notify.payload.qp))
-        m.d.comb += [pf.i.valid.eq(self.notify.valid & pf_free),
-                     pf.i.payload.eq(self.notify.payload),
-                     self.notify.ready.eq(pf.i.ready & pf_free)]
+        u.notify_free = self._host_order(m, qp, regs.to_host)
         return u
 
     def _in_flight(self, m, u, baddr):
@@ -580,25 +572,23 @@ class KbtpEngine(wiring.Component):
             out.append(rp.data)
         return out
 
-    def _host_order(self, m, qp, to_host, nqs):
-        """Messages forwarded to the host and not yet finished there, per QP; returns for each
-        QP of ``nqs`` "it has none" (the QPs of the RecvNotify offered to the front, and of the
-        one offered to the message prefetch)."""
+    def _host_order(self, m, qp, to_host):
+        """Messages forwarded to the host and not yet finished there, per QP; returns "the QP
+        of the RecvNotify offered now has none"."""
         # Messages forwarded (``sent``, up at the request's QP) and finished (``done``, up at
         # ``host_done_qp``), two counters mod 64 per QP, each with one writer; their difference
         # is the count at the host. ``done`` does not pass ``sent`` (a host_done of a QP with
         # none at the host, one in the cycle of its own forward aside, changes nothing).
         hq = self.host_done_qp
-        sent_hq, *sent_n = self._counter(m, "hostq_sent", 6, (qp, to_host), hq, *nqs, comb=True)
+        sent_n, sent_hq = self._counter(m, "hostq_sent", 6, (qp, to_host),
+                                        self.notify.payload.qp, hq, comb=True)
         up_same = to_host & (qp == hq)
-        done_n = self._counter(m, "hostq_done", 6, (hq, self.host_done), *nqs, comb=True,
-                               guard=lambda done: (sent_hq != done) | up_same)
-        free = []
-        for i, (s, d) in enumerate(zip(sent_n, done_n)):
-            f = Signal(name=f"notify_free{i}")
-            m.d.comb += f.eq(s == d)
-            free.append(f)
-        return free
+        done_n, = self._counter(m, "hostq_done", 6, (hq, self.host_done),
+                                self.notify.payload.qp, comb=True,
+                                guard=lambda done: (sent_hq != done) | up_same)
+        notify_free = Signal()
+        m.d.comb += notify_free.eq(sent_n == done_n)
+        return notify_free
 
 
 def read_window_for(rx_buffer, pmtu=1024, frame_overhead=70):

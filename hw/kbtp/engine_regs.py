@@ -116,13 +116,8 @@ class EngineRegs(wiring.Component):
         the ring allocator's state, shown in CMD, CMD_RESULT and RING_OCCUPANCY
     stall : In(1)                       one count of STALL_CYCLES
     started, wr_fire, to_host, finished : In(1)
-        events of the request: RecvNotify taken by the front, a WorkRequest out, forwarded to
-        the host, RecvRepost out (for the latency registers; ``finished`` counts
-        COUNT[count_k])
-    started_age : In(8)
-        cycles since the engine took that RecvNotify (its message prefetch,
-        hw/kbtp/movers.py MessagePrefetch) when the front takes it: the latency counts from
-        there
+        events of the request: RecvNotify taken, a WorkRequest out, forwarded to the host,
+        RecvRepost out (for the latency registers; ``finished`` counts COUNT[count_k])
     count_k : In(6), count_ready : Out(1)
         the COUNT entry of the request; the COUNT memory is cleared (after reset)
     """
@@ -144,8 +139,7 @@ class EngineRegs(wiring.Component):
             "cmd_ring": Out(RING_BITS), "cmd_ack": In(1),
             "deferred": In(1), "cmd_result": In(64), "occupancy": In(32),
             "stall": In(1),
-            "started": In(1), "started_age": In(8), "wr_fire": In(1), "to_host": In(1),
-            "finished": In(1),
+            "started": In(1), "wr_fire": In(1), "to_host": In(1), "finished": In(1),
             "count_k": In(6), "count_ready": Out(1),
         })
 
@@ -269,7 +263,7 @@ class EngineRegs(wiring.Component):
         with m.If(self.wr_fire & lat_open):
             m.d.sync += [last_latency.eq(lat), lat_open.eq(0)]
         with m.If(self.started):
-            m.d.sync += [lat.eq(self.started_age), lat_open.eq(1)]
+            m.d.sync += [lat.eq(0), lat_open.eq(1)]
         with m.If(self.to_host):
             m.d.sync += [hostq_count.eq(hostq_count + 1), lat_open.eq(0), lat.eq(0)]
         with m.If(self.finished):

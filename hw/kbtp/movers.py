@@ -21,12 +21,10 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import EntryFlags
-from hw.iface import (ADDR_BITS, MemBusSignature, RecvNotify, WcStatus, WorkCompletion,
-                      WorkRequest, WrOp)
+from hw.iface import ADDR_BITS, MemBusSignature, WcStatus, WorkCompletion, WorkRequest, WrOp
 from hw.lib.membus import bswap64
 
-__all__ = ["WordReader", "MessagePrefetch", "InlineCopy", "EntryWriter", "BufferWriter",
-           "WorkIssuer", "LoadLocks",
+__all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer", "LoadLocks",
            "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS", "WR_CTX", "CTX_BITS", "WR_CHUNK",
            "READ_BYTES_BITS"]
 
@@ -70,61 +68,6 @@ class WordReader(wiring.Component):
             m.d.sync += [self.data.eq(Cat(bswap64(rsp.payload.rdata), self.data[:-64])),
                          wait.eq(wait - 1)]
             m.d.comb += self.done.eq(wait == 1)
-        return m
-
-
-class MessagePrefetch(wiring.Component):
-    """Take a RecvNotify and read the first ``words`` words of its message, before the engine's
-    front asks for it; hand both over together (``o``), and take the next notify.
-
-    Why: the front runs one request at a time, and its first step was this read, a DRAM round
-    trip on the ECPIX-5 (18 core cycles at 41.67 MHz, boards/dram.py, plus the words). Read
-    here, it overlaps the front's work on the request before (one message ahead). The message
-    is the receive buffer's, which nobody writes until the engine reposts it, after the
-    request is finished: reading it early reads the same octets. A message the front hands to
-    the host (slow path) has been read for nothing; the host reads it itself.
-
-    ``age``: the cycles since the notify was taken here (saturating), for the engine's
-    LAST_LATENCY, which counts from the notify's arrival at the engine.
-
-    Ports
-    -----
-    i : In(stream.Signature(RecvNotify))
-    o : Out(stream.Signature(RecvNotify)); msg : Out(64 * words), age : Out(8)
-        the notify, its message's first words (big-endian octets, as WordReader's ``data``)
-        and its age, valid with ``o.valid``
-    mem : Out(MemBusSignature())
-    """
-
-    def __init__(self, words):
-        self.words = words
-        super().__init__({"i": In(stream.Signature(RecvNotify)),
-                          "o": Out(stream.Signature(RecvNotify)),
-                          "msg": Out(64 * words), "age": Out(8),
-                          "mem": Out(MemBusSignature())})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.reader = reader = WordReader(self.words)
-        wiring.connect(m, reader.mem, wiring.flipped(self.mem))
-        m.d.comb += [self.msg.eq(reader.data), reader.addr.eq(self.i.payload.addr),
-                     reader.words.eq(self.words)]
-        with m.If(self.age != 255):
-            m.d.sync += self.age.eq(self.age + 1)
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(1)
-                with m.If(self.i.valid):
-                    m.d.comb += reader.start.eq(1)
-                    m.d.sync += [self.o.payload.eq(self.i.payload), self.age.eq(1)]
-                    m.next = "READ"
-            with m.State("READ"):
-                with m.If(reader.done):
-                    m.next = "HELD"         # (``data`` is complete from the next cycle)
-            with m.State("HELD"):
-                m.d.comb += self.o.valid.eq(1)
-                with m.If(self.o.ready):
-                    m.next = "IDLE"
         return m
 
 
@@ -474,8 +417,7 @@ class WorkIssuer(wiring.Component):
                         m.d.comb += self.issued.eq(1)
                         with m.If(rest == 0):
                             m.d.comb += self.done.eq(1)
-                            m.d.sync += [self.ok.eq(1),
-                                         lastlen[wrq.wr_id[:CTX_BITS]].eq(wrq.length)]
+                            m.d.sync += [self.ok.eq(1), lastlen[wrq.wr_id[:CTX_BITS]].eq(wrq.length)]
                             m.next = "IDLE"
                         with m.Else():
                             m.d.sync += [wrq.va.eq(wrq.va + wrq.length),
