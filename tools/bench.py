@@ -32,7 +32,8 @@ The GMII pins move one octet per 125 MHz cycle in every configuration, so cycles
 cycles (8 ns at the board's real clock), one octet/cycle is the line rate (1 Gb/s) and a figure
 close to the wire arithmetic is *wire-bound*. Latencies are also given in nanoseconds at the
 board's clocks; the engine's own share (LAST_LATENCY) counts core cycles (24 ns each on the
-ECPIX-5's 41.67 MHz core clock). The block sizes a configuration's memory cannot hold are listed as not run.
+ECPIX-5's 41.67 MHz core clock). The block sizes a configuration's memory cannot hold are listed
+as not run.
 
 Figures
 -------

@@ -26,7 +26,7 @@ from hw.lib.membus import bswap64
 
 __all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer", "LoadLocks",
            "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS", "WR_CTX", "CTX_BITS", "WR_CHUNK",
-           "READ_BYTES_BITS"]
+           "READ_BYTES_BITS", "read_chunk_for"]
 
 
 def _write(m, req, addr, wdata, wstrb):
@@ -417,7 +417,8 @@ class WorkIssuer(wiring.Component):
                         m.d.comb += self.issued.eq(1)
                         with m.If(rest == 0):
                             m.d.comb += self.done.eq(1)
-                            m.d.sync += [self.ok.eq(1), lastlen[wrq.wr_id[:CTX_BITS]].eq(wrq.length)]
+                            m.d.sync += [self.ok.eq(1),
+                                         lastlen[wrq.wr_id[:CTX_BITS]].eq(wrq.length)]
                             m.next = "IDLE"
                         with m.Else():
                             m.d.sync += [wrq.va.eq(wrq.va + wrq.length),

@@ -673,7 +673,8 @@ def test_read_window():
             mine = parts[k:k + n // 16]
             k += n // 16
             assert [w["va"] for w in mine] == [to + 16 * i for i in range(len(mine))]
-            assert [w["laddr"] - mine[0]["laddr"] for w in mine] == [16 * i for i in range(len(mine))]
+            assert [w["laddr"] - mine[0]["laddr"] for w in mine] == \
+                [16 * i for i in range(len(mine))]
             assert all(w["wr_id"] == WR_CHUNK for w in mine[:-1]), [hex(w["wr_id"]) for w in mine]
             assert mine[-1]["wr_id"] & WR_CTX, hex(mine[-1]["wr_id"])
         await wire.drain(ctx, 3)
