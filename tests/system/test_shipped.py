@@ -38,7 +38,7 @@ def test_shipped_is_the_board_core():
     kw = KbtpCore.target_kwargs_of(spec.memory)
     assert (p["width"], p["n_qp"], p["n_mr"], p["mem_words"]) == \
         (kw["width"], kw["n_qp"], kw["n_mr"], kw["mem_words"]) == (64, 4, 8, 16384)
-    assert p["core_div"] == round(125e6 / CORE_FREQ) == 4 and p["mac_hz"] == 125e6
+    assert p["core_div"] == round(125e6 / CORE_FREQ) == 3 and p["mac_hz"] == 125e6
     assert abs(p["core_hz"] - CORE_FREQ) < 1
     assert p["timer_scale"] == 1
 

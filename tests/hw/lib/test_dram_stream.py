@@ -154,8 +154,15 @@ BRAM_SIZED = {"outstanding": 8, "depth": 8}
 
 @pytest.mark.parametrize("shipped", [True, False], ids=["shipped", "bram-sized"])
 def test_load_streams_a_block_from_ddr3(shipped):
-    """The shipped sizes stream a block at one word per cycle (less refreshes); the sizes that
-    suffice for block RAM do not."""
+    """The shipped sizes stream a block as fast as twice their depth and reads in flight do:
+    they cover the DDR3's read latency; the sizes that suffice for block RAM do not, and take
+    longer than one word per cycle less refreshes (LOAD_BOUND).
+
+    (At 31.25 MHz the shipped sizes met LOAD_BOUND too. At the 41.67 MHz core clock, since
+    2026-12-06, they take 664 core cycles against a LOAD_BOUND of 589, and 64 words and 64
+    reads in flight take the same 664: what is left above the bound is the DDR3 model's
+    refreshes and row misses at that clock, not the movers' sizes; 6.17 octets per core cycle,
+    2.06 Gb/s, twice the line.)"""
     depth, outstanding = (DmaReader.DEPTH, ARBITER_DEFAULT) if shipped else \
         (BRAM_SIZED["depth"], BRAM_SIZED["outstanding"])
     n, ok = load_cycles(depth, outstanding)
@@ -163,7 +170,14 @@ def test_load_streams_a_block_from_ddr3(shipped):
           f"cycles = {n / CORE_HZ * 1e6:.2f} us, {LENGTH / n:.2f} octets/cycle "
           f"({LENGTH * 8 * CORE_HZ / n / 1e9:.2f} Gb/s at {CORE_HZ / 1e6:g} MHz)")
     assert ok
-    assert (n <= LOAD_BOUND) if shipped else (n > LOAD_BOUND), (n, LOAD_BOUND)
+    if shipped:
+        deeper, ok2 = load_cycles(2 * depth, 2 * outstanding)
+        print(f"  twice as deep ({2 * depth} words, {2 * outstanding} in flight): {deeper}")
+        assert ok2 and n <= deeper, (n, deeper)
+        # and no worse than 1.2 x one word per cycle less refreshes
+        assert n <= 1.2 * LOAD_BOUND, (n, LOAD_BOUND)
+    else:
+        assert n > LOAD_BOUND, (n, LOAD_BOUND)
 
 
 @pytest.mark.parametrize("shipped", [False, True], ids=["deep", "shipped"])
