@@ -229,6 +229,16 @@ def _gmii_flopped(m, gmii, mac, leds):
     m.d.comb += leds.eq(Cat(gmii.rx_dv, gmii.tx_en))
 
 
+#: The board core's MAC cut-through start (KbtpTarget ``mac_tx_start``, GmiiMac ``tx_start``),
+#: in octets. The frames' payloads come from the DDR3 over the core's memory bus, 64 bits at
+#: 41.67 MHz (2.67 times the line), on which the TX path comes right after the receive path
+#: (KbtpTarget: MemArbiter ``urgent``). What the start must cover is the DDR3's first word: a
+#: read takes 18 to 22 core cycles (boards/dram.py), a refresh 12 more, the way to the MAC
+#: about 10: some 130 octet times, which a frame's headers (58 to 70 octets), this start and
+#: the preamble cover.
+BOARD_TX_START = 128
+
+
 class KbtpCore(wiring.Component):
     """The full target on its own clock: MAC at 125 MHz, everything after it in ``core``.
 
@@ -296,7 +306,8 @@ class KbtpCore(wiring.Component):
         n_qp = SHIPPED_QPS if dram is not None else 4
         kwargs = dict(width=64, n_qp=n_qp, n_mr=8, mem_words=mem_words,
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
-                      mac_rx_depth=memory.mac_rx_bytes, engine=True, udp_link=True)
+                      mac_rx_depth=memory.mac_rx_bytes, mac_tx_start=BOARD_TX_START,
+                      engine=True, udp_link=True)
         kwargs.update(overrides)
         return kwargs
 
@@ -316,7 +327,8 @@ class KbtpCore(wiring.Component):
         m.submodules.maccdc = cdc = MacCdc(t.width, mac_domain="sync",
                                            core_domain=self.core_domain,
                                            rx_depth=self.memory.mac_rx_bytes,
-                                           tx_depth=self.memory.mac_fifo_bytes)
+                                           tx_depth=self.memory.mac_fifo_bytes,
+                                           tx_start=t.mac_tx_start)
         wiring.connect(m, cdc.rx, t.rx)
         wiring.connect(m, t.tx, cdc.tx)
         for k in range(len(cdc.counters)):

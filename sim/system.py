@@ -532,6 +532,14 @@ class SystemBench:
         names = list(REQ_COUNTERS) + list(REQ_STATUS)
         return {n: await self.port.rreg(REQ_COUNTER_BASE + 4 * k) for k, n in enumerate(names)}
 
+    async def mac_counters(self):
+        """The MAC's counters (REG_TOP): frames, FCS errors, overflows, underruns."""
+        from hw.iface import REG_TOP
+        from hw.target.regbank import TOP_COUNTER_BASE
+        from hw.target.target import TOP_COUNTERS
+        return {port: await self.port.rreg(REG_TOP + TOP_COUNTER_BASE + 4 * k)
+                for k, (blk, port) in enumerate(TOP_COUNTERS) if blk == "mac"}
+
     async def resp_counters(self):
         from hw.iface import REG_TRANSPORT
         from hw.target.target import RESP_COUNTERS

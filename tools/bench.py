@@ -659,9 +659,8 @@ class Bench:
                     n += len(p.payload)
         elif by_read:
             for _, _, fr in self._peer_frames(sent0):
-                k, p = parse_frame(fr)
-                if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
-                        O.READ_RESPONSE_ONLY.value and target_qpn in (None, p.dest_qp):
+                p = _read_response(fr)
+                if p is not None and target_qpn in (None, p.dest_qp):
                     n += len(p.payload)
         else:
             # SEND messages: the KBTP request (header + Data Descriptor) then inline data.
@@ -684,15 +683,10 @@ class Bench:
         octets of those that ended in (ta, tb]. (From a frame's end to a frame's end: a span
         from t0 would count the whole payload of a frame under way at t0, up to a frame too
         much.)"""
-        from roce.frames import parse_frame
-        O = BthOpcode
         ends = []
         for _, last, fr in self._peer_frames(sent0):
-            if last > t1:
-                continue
-            k, p = parse_frame(fr)
-            if k == "roce" and O.READ_RESPONSE_FIRST.value <= p.opcode <= \
-                    O.READ_RESPONSE_ONLY.value:
+            p = _read_response(fr) if last <= t1 else None
+            if p is not None:
                 ends.append((last, len(p.payload)))
         ta = max([t for t, _ in ends if t <= t0], default=t0)
         tb = max([t for t, _ in ends], default=t0)
@@ -1076,6 +1070,7 @@ def _per_mtu(width, size, mtus, out, log, *, n_init, max_inline, max_blocks, run
                                        "target": _req_counter(b, "cnt_retransmits"),
                                        "peer": b.ep.counters.retransmissions,
                                        "rx_overflows": _top_counter(b, "mac", "rx_overflows"),
+                                       "tx_underruns": _top_counter(b, "mac", "tx_underruns"),
                                        "rnr_backlog": _resp_counter(b, "cnt_rnr_backlog")})
     return out
 
@@ -1450,6 +1445,16 @@ def run_sessions(width, *, log=print, n=SESSION_OPS, size=SESSION_SIZE, kinds=No
         out["sessions"].append(row)
         log(_session_row(row))
     return out
+
+
+def _read_response(frame):
+    """The parsed RoCE packet of ``frame`` if it is an RDMA READ response, else None."""
+    from roce.frames import parse_frame
+    k, p = parse_frame(frame)
+    if k == "roce" and BthOpcode.READ_RESPONSE_FIRST.value <= p.opcode <= \
+            BthOpcode.READ_RESPONSE_ONLY.value:
+        return p
+    return None
 
 
 def _top_counter(b, blk, port):

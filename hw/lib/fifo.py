@@ -78,6 +78,9 @@ class PacketFifo(wiring.Component):
     half : Out(1)
         Registered: the memory holds ``depth // 2`` beats or more (from the same difference
         of pointers as the registered full flag, no adder of its own).
+    at_mark : Out(1)
+        Only with ``mark``: registered, the memory holds ``mark`` beats or more (the MAC's
+        cut-through transmit start, hw/net/mac.py).
     cnt_overflow : Out(32)
         Only with ``drop_oversize``: packets dropped because they did not fit.
     w_lost : Out(1)
@@ -86,7 +89,7 @@ class PacketFifo(wiring.Component):
     """
 
     def __init__(self, width, depth, *, registered_ready=False, side=None, max_packets=8,
-                 drop_oversize=False):
+                 drop_oversize=False, mark=None):
         if depth < 2:
             raise ValueError(f"depth {depth} is less than 2")
         if drop_oversize and registered_ready:
@@ -95,6 +98,9 @@ class PacketFifo(wiring.Component):
         self._registered_ready = registered_ready
         self._side, self._max_packets = side, max_packets
         self._drop_oversize = drop_oversize
+        if mark is not None and not 1 <= mark <= depth:
+            raise ValueError(f"mark {mark} is not within 1..{depth} beats")
+        self._mark = mark
         layout = packet_layout(width)
         if side is not None:
             layout = data.StructLayout({**dict(layout.members), "side": side})
@@ -106,6 +112,8 @@ class PacketFifo(wiring.Component):
             "level": Out(range(depth + 2)),
             "half": Out(1),
         }
+        if mark is not None:
+            ports["at_mark"] = Out(1)
         if drop_oversize:
             ports["cnt_overflow"] = Out(32)
             ports["w_lost"] = Out(1)
@@ -140,6 +148,8 @@ class PacketFifo(wiring.Component):
             m.d.comb += used.eq(Mux(wp[abits] != rp[abits], depth, 0) + wp[:abits] - rp[:abits])
         m.d.comb += self.level.eq(used + out_valid)
         m.d.sync += self.half.eq(used >= depth // 2)
+        if self._mark is not None:
+            m.d.sync += self.at_mark.eq(used >= self._mark)
 
         # Full (used == depth) as an equality test of the address bits and a differing lap
         # bit: a few LUT levels, where the subtraction's carry chain plus the pointer increment

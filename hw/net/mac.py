@@ -23,8 +23,11 @@ Transmit
 the FCS, and at least 12 idle octets. Its ``i.ready`` is low outside the frame data. GMII cannot
 pause inside a frame, so an input that runs dry mid-frame is an underrun: ``tx_er`` is raised
 on the octets that should have been data (the receiver then drops the frame) and it is counted.
-:class:`GmiiMac` puts a store-and-forward :class:`PacketFifo` in front of the transmitter so
-that this cannot happen for frames that fit the FIFO.
+:class:`GmiiMac` puts a :class:`PacketFifo` in front of the transmitter. Store-and-forward (the
+default), a frame starts once it is wholly in the FIFO, so this cannot happen for frames that
+fit. Cut-through (``tx_start``), a frame starts once that many of its octets are in, or all of
+them: the start threshold is the slack a source's stalls may use up (issue 21 "Cut-through
+transmit"; the ``tx_start`` of each configuration is chosen in hw/target/target.py).
 """
 
 from amaranth import *
@@ -35,7 +38,8 @@ from hw.lib.stream import PacketStream, RegisterSlice
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer
 
-__all__ = ["GmiiRx", "GmiiTx", "GmiiMac", "PREAMBLE", "SFD", "MIN_FRAME", "IFG"]
+__all__ = ["GmiiRx", "GmiiTx", "GmiiMac", "cut_through_start", "PREAMBLE", "SFD", "MIN_FRAME",
+           "IFG"]
 
 PREAMBLE = 0x55
 SFD = 0xD5
@@ -249,23 +253,61 @@ class GmiiRx(wiring.Component):
         return m
 
 
+def cut_through_start(m, fifo, put, sent, frames):
+    """The start rule of a cut-through MAC transmitter: the next frame may start once its last
+    beat is in ``fifo`` (a :class:`PacketFifo` with ``mark``) or ``fifo`` holds ``mark`` beats.
+
+    ``put``: the stream into the FIFO; ``sent``: the stream the transmitter takes octets or
+    words from (behind the FIFO, its read register and whatever slices and sizers follow);
+    ``frames``: the most frames the FIFO can hold. Returns the ``start`` signal
+    (combinational, from flops).
+
+    ``ends`` counts the frames whose last beat is in and that the transmitter has not finished
+    taking; it is updated in the cycle after the transmitter takes a last beat, before any
+    transmitter samples ``start`` again (GMII: FCS and gap; XGMII: at least one gap word).
+    ``fifo.at_mark`` is the FIFO's count a cycle earlier; once the transmitter takes a frame's
+    last beat, none of that frame's beats has been counted there for at least two cycles (the
+    read register and a slice sit between), so it counts the next frame's beats only.
+    """
+    ends = Signal(range(frames + 1), name="tx_frames_in")
+    put_end = Signal(name="tx_put_end")
+    sent_end = Signal(name="tx_sent_end")
+    m.d.comb += [put_end.eq(put.valid & put.ready & put.payload.last),
+                 sent_end.eq(sent.valid & sent.ready & sent.payload.last)]
+    with m.If(put_end & ~sent_end):
+        m.d.sync += ends.eq(ends + 1)
+    with m.Elif(sent_end & ~put_end):
+        m.d.sync += ends.eq(ends - 1)
+    return (ends != 0) | fifo.at_mark
+
+
 class GmiiTx(wiring.Component):
     """GMII transmitter: preamble, SFD, data, pad to 60, FCS, inter-frame gap.
+
+    Parameters
+    ----------
+    gated : bool
+        A frame starts only while ``start`` is high too (the cut-through MAC's start rule,
+        :class:`GmiiMac` ``tx_start``); without it, as soon as ``i.valid``.
 
     Ports
     -----
     i : In(PacketStream(8))
         Frames from destination MAC on, without FCS. ``ready`` is high only while frame data
         is being sent.
+    start : In(1)
+        Only with ``gated``: the next frame may start (sampled in Idle with ``i.valid``).
     txd : Out(8); tx_en, tx_er : Out(1)
         GMII transmit side, registered.
     frames, underruns : Out(32)
         Frames sent; frames during which the input ran dry (sent with ``tx_er``).
     """
 
-    def __init__(self):
+    def __init__(self, *, gated=False):
+        self._gated = gated
         super().__init__({
             "i": In(PacketStream(8)),
+            **({"start": In(1)} if gated else {}),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
             "frames": Out(32), "underruns": Out(32),
         })
@@ -286,7 +328,7 @@ class GmiiTx(wiring.Component):
 
         with m.FSM(name="tx"):
             with m.State("IDLE"):
-                with m.If(self.i.valid):
+                with m.If(self.i.valid & (self.start if self._gated else 1)):
                     m.d.sync += n.eq(0)
                     m.next = "PREAMBLE"
 
@@ -350,9 +392,14 @@ class GmiiMac(wiring.Component):
 
     Receive: :class:`GmiiRx` at ``width`` (octets packed into words before its frame buffer,
     bad frames dropped there).
-    Transmit: store-and-forward :class:`PacketFifo` at ``width`` -> :class:`StreamDownsizer`
-    -> :class:`GmiiTx`; a frame starts on the wire only once it is wholly in the FIFO, so the
-    transmitter never underruns whatever idles the user side has.
+    Transmit: :class:`PacketFifo` at ``width`` -> :class:`StreamDownsizer` -> :class:`GmiiTx`.
+    Store-and-forward (``tx_start=None``): a frame starts on the wire only once it is wholly in
+    the FIFO, so the transmitter never underruns whatever idles the user side has.
+    Cut-through (``tx_start=N``): a frame starts once N of its octets are in the FIFO or its
+    last beat is. The preamble and SFD then give 8 more octet times. The user side must keep
+    pace from there: a source that falls further behind than that slack underruns the
+    transmitter, which sends the rest of the frame with ``tx_er`` (a receiver drops it) and
+    counts ``tx_underruns``; the transport's retransmission recovers the packet.
 
     One clock domain (``sync``, the 125 MHz GMII clock). At ``width=64`` the user streams carry
     at most one beat per 8 cycles at line rate on average (1/8 duty), a received frame in a
@@ -364,6 +411,10 @@ class GmiiMac(wiring.Component):
         User-side data width: 8, 16, 32, 64 (any multiple of 8 dividing into whole octets).
     rx_depth, tx_depth : int
         Receive and transmit buffer sizes in octets (powers of two, >= one largest frame).
+    tx_start : int or None
+        Cut-through transmit: octets of a frame in the FIFO before it starts (rounded up to
+        whole beats; the FIFO's registered level, which leaves out the up to three beats
+        already in the read register, the slice and the downsizer). None: store-and-forward.
 
     Ports
     -----
@@ -380,12 +431,16 @@ class GmiiMac(wiring.Component):
         The receive buffer is half full or more (:class:`GmiiRx` ``backlog``).
     """
 
-    def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048):
+    def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048, tx_start=None):
         if width % 8 or width <= 0:
             raise ValueError(f"width {width} is not a positive multiple of 8")
         if tx_depth % (width // 8) or rx_depth % (width // 8):
             raise ValueError("rx_depth and tx_depth must be multiples of the lane count")
+        if tx_start is not None and not 1 <= tx_start <= tx_depth:
+            raise ValueError(f"tx_start {tx_start} is not within 1..tx_depth ({tx_depth}) "
+                             f"octets")
         self._width, self._rx_depth, self._tx_depth = width, rx_depth, tx_depth
+        self._tx_start = tx_start
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
@@ -400,13 +455,16 @@ class GmiiMac(wiring.Component):
         m = Module()
         w = self._width
         m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth, width=w)
-        m.submodules.gmii_tx = tx = GmiiTx()
+        cut = self._tx_start is not None
+        m.submodules.gmii_tx = tx = GmiiTx(gated=cut)
         # ``registered_ready``: the FIFO's full flag from a flop. Combinational, the read pointer's
         # compare ran through ``w.ready``, the register slice in front (then MacCdc's 8-bit
         # ``tx_slice8``) and back into the write pointer's adder: the GMII clock's critical path on ECPIX-5
         # (113.95 MHz at 125, trial ck3, seed 3).
-        m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8),
-                                                 registered_ready=True)
+        lanes = w // 8
+        mark = -(-self._tx_start // lanes) if cut else None
+        m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // lanes,
+                                                 registered_ready=True, mark=mark)
         m.submodules.tx_down = down = StreamDownsizer(w, 8)
 
         m.d.comb += [
@@ -420,7 +478,14 @@ class GmiiMac(wiring.Component):
         wiring.connect(m, rx.o, wiring.flipped(self.rx))
 
         wiring.connect(m, wiring.flipped(self.tx), fifo.w)
-        m.d.comb += fifo.w_commit.eq(self.tx.valid & self.tx.ready & self.tx.payload.last)
+        put = self.tx.valid & self.tx.ready
+        if not cut:
+            m.d.comb += fifo.w_commit.eq(put & self.tx.payload.last)
+        else:
+            # Every beat is published at once (the FIFO is a plain FIFO then); the start rule
+            # is the transmitter's gate.
+            m.d.comb += [fifo.w_commit.eq(put),
+                         tx.start.eq(cut_through_start(m, fifo, self.tx, tx.i, self._tx_depth))]
         # A register slice after the FIFO's block-RAM read port: the RAM's clock-to-out plus
         # the transmitter's CRC update was the 125 MHz critical path on the Versa's 45F
         # (8.9 ns, board core ``mac-cdc``).

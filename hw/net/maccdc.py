@@ -11,9 +11,9 @@
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
     rx_backlog (the MAC's receive buffer half full): a level, through an FFSynchronizer.
 
-The MAC keeps its own frame buffers (bad frames are dropped there, and transmission starts
-only once a whole frame is buffered), so the asynchronous FIFOs only have to absorb the clock
-ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles at line
+The MAC keeps its own frame buffers (bad frames are dropped there; transmission starts once a
+whole frame is buffered, or ``tx_start`` octets of it with a cut-through start), so the
+asynchronous FIFOs only have to absorb the clock ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles at line
 rate, which a core clock above 125/8 MHz drains.
 
 Both frame buffers are ``w`` bits wide (:class:`~hw.net.mac.GmiiMac` at ``w``: the receiver
@@ -52,6 +52,8 @@ class MacCdc(wiring.Component):
         Depth in wide beats of each asynchronous FIFO (power of two).
     rx_depth, tx_depth : int
         The MAC's frame buffers in octets (see :class:`~hw.net.mac.GmiiMac`).
+    tx_start : int or None
+        The MAC's cut-through transmit start (:class:`~hw.net.mac.GmiiMac` ``tx_start``).
 
     Ports
     -----
@@ -70,9 +72,10 @@ class MacCdc(wiring.Component):
     """
 
     def __init__(self, width=64, *, mac_domain="sync", core_domain="core", fifo_depth=16,
-                 rx_depth=2048, tx_depth=2048):
+                 rx_depth=2048, tx_depth=2048, tx_start=None):
         self._w, self._md, self._cd = width, mac_domain, core_domain
         self._fifo_depth, self._rx_depth, self._tx_depth = fifo_depth, rx_depth, tx_depth
+        self._tx_start = tx_start
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
@@ -86,7 +89,8 @@ class MacCdc(wiring.Component):
         w, md, cd = self._w, self._md, self._cd
         rename = DomainRenamer({"sync": md})
         m.submodules.mac = mac = rename(GmiiMac(w, rx_depth=self._rx_depth,
-                                                tx_depth=self._tx_depth))
+                                                tx_depth=self._tx_depth,
+                                                tx_start=self._tx_start))
         bits = data.Layout.cast(self.rx.payload.shape()).size
         m.submodules.rx_fifo = rxf = fifo.AsyncFIFO(width=bits, depth=self._fifo_depth,
                                                     w_domain=md, r_domain=cd)

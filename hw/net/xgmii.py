@@ -66,7 +66,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.lib.stream import PacketStream, RegisterSlice, keep_count
 from hw.lib.fifo import PacketFifo
-from hw.net.mac import PREAMBLE, SFD, MIN_FRAME, IFG
+from hw.net.mac import PREAMBLE, SFD, MIN_FRAME, IFG, cut_through_start
 
 __all__ = ["XgmiiRx", "XgmiiTx", "XgmiiMac", "IDLE", "START", "TERMINATE", "ERROR"]
 
@@ -415,11 +415,16 @@ class XgmiiTx(wiring.Component):
         XGMII transmit side, registered.
     frames, underruns : Out(32)
         Frames sent; frames during which the input ran dry (sent with /E/ words).
+    start : In(1)
+        Only with ``gated``: the next frame may start (the cut-through start rule,
+        :func:`hw.net.mac.cut_through_start`), sampled with ``i.valid`` in Idle and Gap.
     """
 
-    def __init__(self):
+    def __init__(self, *, gated=False):
+        self._gated = gated
         super().__init__({
             "i": In(PacketStream(64)),
+            **({"start": In(1)} if gated else {}),
             "txd": Out(64, init=_lane_const(IDLE)), "txc": Out(8, init=0xFF),
             "frames": Out(32), "underruns": Out(32),
         })
@@ -491,11 +496,12 @@ class XgmiiTx(wiring.Component):
             n_keep.eq(keep_count(self.i.payload.keep)),
         ]
 
+        go = self.i.valid & (self.start if self._gated else 1)
         with m.FSM(name="tx"):
             with m.State("IDLE"):
                 # Not in time for the slot the DIC gave (or after reset): start in the lane
                 # the output is shifted to now, owing nothing.
-                with m.If(self.i.valid):
+                with m.If(go):
                     m.d.sync += deficit.eq(0)
                     start_frame()
 
@@ -531,7 +537,7 @@ class XgmiiTx(wiring.Component):
             with m.State("GAP"):
                 with m.If(gap != 0):
                     m.d.sync += gap.eq(gap - 1)
-                with m.Elif(self.i.valid):
+                with m.Elif(go):
                     # The slot the DIC chose: /S/ in lane 0 or 4 of the output.
                     m.d.comb += e["o4"].eq(next_o4)
                     m.d.sync += [o4.eq(next_o4), deficit.eq(next_deficit)]
@@ -596,10 +602,13 @@ class XgmiiTx(wiring.Component):
 class XgmiiMac(wiring.Component):
     """10 Gb/s MAC over a 64-bit XGMII with a ``PacketStream(64)`` user side.
 
-    Receive: :class:`XgmiiRx` (frame buffer, bad frames dropped). Transmit: store-and-forward
-    :class:`PacketFifo` -> :class:`RegisterSlice` -> :class:`XgmiiTx`; a frame starts on the
-    wire only once it is wholly in the FIFO, so the transmitter never underruns whatever idles
-    the user side has.
+    Receive: :class:`XgmiiRx` (frame buffer, bad frames dropped). Transmit: :class:`PacketFifo`
+    -> :class:`RegisterSlice` -> :class:`XgmiiTx`. Store-and-forward (``tx_start=None``): a
+    frame starts on the wire only once it is wholly in the FIFO, so the transmitter never
+    underruns whatever idles the user side has. Cut-through (``tx_start=N``): as
+    :class:`~hw.net.mac.GmiiMac`, a frame starts once N of its octets or all of them are in
+    (:func:`~hw.net.mac.cut_through_start`); a source that then falls behind the line
+    underruns the transmitter (the rest of the frame as /E/, ``tx_underruns``).
 
     One clock domain (``sync``, the 156.25 MHz XGMII clock).
 
@@ -609,6 +618,9 @@ class XgmiiMac(wiring.Component):
         User-side data width; only 64 (the XGMII word) is supported.
     rx_depth, tx_depth : int
         Receive and transmit buffer sizes in octets (powers of two, >= one largest frame).
+    tx_start : int or None
+        Cut-through transmit: octets of a frame in the FIFO before it starts (whole words);
+        None: store-and-forward.
 
     Ports
     -----
@@ -625,14 +637,18 @@ class XgmiiMac(wiring.Component):
         The receive buffer is at least half full (registered).
     """
 
-    def __init__(self, width=64, *, rx_depth=32768, tx_depth=8192):
+    def __init__(self, width=64, *, rx_depth=32768, tx_depth=8192, tx_start=None):
         if width != 64:
             raise ValueError(f"width {width}: the XGMII MAC supports width 64 only")
         for name, depth in (("rx_depth", rx_depth), ("tx_depth", tx_depth)):
             beats = depth // (width // 8)
             if depth % (width // 8) or beats < 2 or beats & (beats - 1):
                 raise ValueError(f"{name} {depth} is not a power of two of at least 16 octets")
+        if tx_start is not None and not 1 <= tx_start <= tx_depth:
+            raise ValueError(f"tx_start {tx_start} is not within 1..tx_depth ({tx_depth}) "
+                             f"octets")
         self._width, self._rx_depth, self._tx_depth = width, rx_depth, tx_depth
+        self._tx_start = tx_start
         super().__init__({
             "xgmii_rxd": In(64), "xgmii_rxc": In(8),
             "xgmii_txd": Out(64), "xgmii_txc": Out(8),
@@ -648,8 +664,10 @@ class XgmiiMac(wiring.Component):
         m = Module()
         w = self._width
         m.submodules.xgmii_rx = rx = XgmiiRx(self._rx_depth // (w // 8))
-        m.submodules.xgmii_tx = tx = XgmiiTx()
-        m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8))
+        cut = self._tx_start is not None
+        m.submodules.xgmii_tx = tx = XgmiiTx(gated=cut)
+        mark = -(-self._tx_start // (w // 8)) if cut else None
+        m.submodules.tx_fifo = fifo = PacketFifo(w, self._tx_depth // (w // 8), mark=mark)
 
         m.d.comb += [
             rx.rxd.eq(self.xgmii_rxd), rx.rxc.eq(self.xgmii_rxc),
@@ -662,7 +680,13 @@ class XgmiiMac(wiring.Component):
         wiring.connect(m, rx.o, wiring.flipped(self.rx))
 
         wiring.connect(m, wiring.flipped(self.tx), fifo.w)
-        m.d.comb += fifo.w_commit.eq(self.tx.valid & self.tx.ready & self.tx.payload.last)
+        put = self.tx.valid & self.tx.ready
+        if cut:
+            m.d.comb += [fifo.w_commit.eq(put),
+                         tx.start.eq(cut_through_start(m, fifo, self.tx, tx.i,
+                                                       self._tx_depth // (w // 8)))]
+        else:
+            m.d.comb += fifo.w_commit.eq(put & self.tx.payload.last)
         # A register slice after the FIFO's block-RAM read port, as in GmiiMac: the RAM's
         # clock-to-out then does not add up with the transmitter's CRC update.
         m.submodules.tx_slice = tx_slice = RegisterSlice(w)

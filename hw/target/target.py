@@ -112,6 +112,15 @@ HOST_WR_TAG = 1 << 15
 #: The MAC's counters among TOP_COUNTERS, in order (``mac_counters`` ports with ``mac=False``).
 MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
 
+#: Octets of a frame the MAC buffers before it starts sending it (cut-through transmit, issue
+#: 21; hw/net/mac.py GmiiMac ``tx_start``), for the one-clock target with its own GMII MAC.
+#: The TX path's source is the memory bus, 8 octets a cycle against the line's one (any width,
+#: one 125 MHz clock), on which it comes right after the receive path (MemArbiter ``urgent``),
+#: and its DMA reader keeps up to 32 words ahead (hw/lib/dma.py): 16 octets plus the preamble
+#: cover the cycles before its first words come. tests/hw/net/test_mac.py shows the start
+#: rule; ``make bench`` counts ``tx_underruns`` in every series.
+MAC_TX_START = 16
+
 
 class KbtpTarget(wiring.Component):
     """RoCEv2 RC target (responder + requester) over GMII, host-configured.
@@ -143,6 +152,13 @@ class KbtpTarget(wiring.Component):
     mac_depth : int
         Octets of the MAC's transmit frame buffer (``mac=True``; a power of two): the largest
         frame is path MTU 4096 + 82 octets of headers, so 8192.
+    mac_tx_start : int or None
+        Cut-through transmit (:class:`~hw.net.mac.GmiiMac` ``tx_start``): octets of a frame in
+        the MAC's transmit buffer before it starts on the wire; None: store-and-forward.
+        Default :data:`MAC_TX_START`. With ``mac=False`` the MAC outside reads it from here
+        (boards.cores.KbtpCore). Cut-through, the TX path's payload reads come on the memory
+        bus right after the receive path's (MemArbiter ``urgent``): a frame on the wire cannot
+        wait for the round robin.
     mac_rx_depth : int
         Octets of the MAC's receive frame buffer (a power of two; ``mac=False``: of the MAC
         outside). The engine keeps no more RDMA READ data out than it holds besides one largest
@@ -182,7 +198,8 @@ class KbtpTarget(wiring.Component):
                  timer_scale=1, sq_depth=8, own_mac=0, own_ip=0, icrc_depth=None,
                  queue_depth=16, engine=True, n_ranges=None, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
-                 mac_depth=8192, mac_rx_depth=32768, ram=None, udp_link=False):
+                 mac_depth=8192, mac_rx_depth=32768, mac_tx_start=MAC_TX_START, ram=None,
+                 udp_link=False):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -195,6 +212,7 @@ class KbtpTarget(wiring.Component):
         #: Receive buffers the host may post in all (sum of recv_count over the QPs).
         self.notify_depth = notify_depth or 16 * n_qp
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
+        self.mac_tx_start = mac_tx_start
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         self.mac = mac
@@ -217,7 +235,8 @@ class KbtpTarget(wiring.Component):
         w, nq = self.width, self.n_qp
         sm = m.submodules
         if self.mac:
-            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_rx_depth, tx_depth=self.mac_depth)
+            sm.mac = mac = GmiiMac(w, rx_depth=self.mac_rx_depth, tx_depth=self.mac_depth,
+                                   tx_start=self.mac_tx_start)
         else:
             # The MAC lives outside: its user-side streams and counters are our ports.
             mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
@@ -242,7 +261,11 @@ class KbtpTarget(wiring.Component):
         # the engine (4, its ring allocator through the engine's MemArbiter) lock the bus for a
         # read-modify-write of a word (MemArbiter ``locking``); the other masters leave ``lock``
         # undriven, and it is ignored.
-        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=(0, 1),
+        # The TX path (2) too when the MAC sends cut-through (``mac_tx_start``): a frame that
+        # has started on the wire must get its payload at the line's rate. Its demand is the
+        # line's too, in bursts of at most a frame (what the MAC's transmit buffer takes ahead).
+        urgent = (0, 1) if self.mac_tx_start is None else (0, 1, 2)
+        sm.arb = arb = MemArbiter(5 if self.engine else 4, urgent=urgent,
                                   locking=(0, 4) if self.engine else (0,))
         sm.ram = ram = self.ram
         sm.top = top = TopRegs(len(TOP_COUNTERS), own_mac=self.own_mac, own_ip=self.own_ip)

@@ -39,6 +39,12 @@ class XgmiiKbtpTarget(wiring.Component):
         64 (the XGMII MAC's user side); any other raises ValueError.
     mac_depth, mac_rx_depth : int
         Octets of the MAC's transmit and receive frame buffers (powers of two).
+    mac_tx_start : int or None
+        The MAC's cut-through start (:class:`~hw.net.xgmii.XgmiiMac` ``tx_start``). None, the
+        default: store-and-forward. At 10 Gb/s the 64-bit memory bus at 156.25 MHz moves
+        exactly the line's rate, and the receive path's writes come first (MemArbiter
+        ``urgent``): a frame sent while packets come in cannot be fed at the line rate, and a
+        cut-through one would underrun.
     **kwargs
         Every other :class:`~hw.target.target.KbtpTarget` argument (``mac`` excepted).
 
@@ -50,13 +56,15 @@ class XgmiiKbtpTarget(wiring.Component):
     host : In(HostBusSignature)
     """
 
-    def __init__(self, width=64, *, mac_depth=8192, mac_rx_depth=32768, **kwargs):
+    def __init__(self, width=64, *, mac_depth=8192, mac_rx_depth=32768, mac_tx_start=None,
+                 **kwargs):
         if width != 64:
             raise ValueError(f"the XGMII MAC's user side is 64 bits wide, not {width}")
         if "mac" in kwargs:
             raise ValueError("XgmiiKbtpTarget has its own MAC")
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
-        self.target = KbtpTarget(width, mac=False, mac_rx_depth=mac_rx_depth, **kwargs)
+        self.target = KbtpTarget(width, mac=False, mac_rx_depth=mac_rx_depth,
+                                 mac_tx_start=mac_tx_start, **kwargs)
         super().__init__({"xgmii_rxd": In(64), "xgmii_rxc": In(8),
                           "xgmii_txd": Out(64), "xgmii_txc": Out(8),
                           "host": In(HostBusSignature())})
@@ -64,7 +72,8 @@ class XgmiiKbtpTarget(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.mac = mac = XgmiiMac(64, rx_depth=self.mac_rx_depth,
-                                          tx_depth=self.mac_depth)
+                                          tx_depth=self.mac_depth,
+                                          tx_start=self.target.mac_tx_start)
         m.submodules.target = t = self.target
         m.d.comb += [mac.xgmii_rxd.eq(self.xgmii_rxd), mac.xgmii_rxc.eq(self.xgmii_rxc),
                      self.xgmii_txd.eq(mac.xgmii_txd), self.xgmii_txc.eq(mac.xgmii_txc)]

@@ -410,8 +410,8 @@ def test_gmii_rx_drains_a_word_a_cycle(width):
 # ---------------------------------------------------------------------------------------------
 
 class _Loop(Elaboratable):
-    def __init__(self, width):
-        self.mac = GmiiMac(width, rx_depth=512, tx_depth=512)
+    def __init__(self, width, tx_start=None, depth=512):
+        self.mac = GmiiMac(width, rx_depth=depth, tx_depth=depth, tx_start=tx_start)
 
     def elaborate(self, platform):
         m = Module()
@@ -464,6 +464,116 @@ def test_gmii_mac_loop(width):
     assert got == [p + bytes(max(0, 60 - len(p))) for p in pkts]
 
 
+def _cut_through_run(width, tx_start, frames, *, stall_at=None, stall=0):
+    """Loop a :class:`GmiiMac` with ``tx_start`` on itself and send ``frames`` (bytes), each
+    once the wire is idle, one beat a cycle, except a pause of ``stall`` cycles before beat ``stall_at`` of the first
+    frame. Returns, per frame, the cycle its octet ``tx_start`` (1-based) and its last beat
+    went in, the cycle its preamble started on the wire, the frames received, the counters,
+    and the cycles ``tx_er`` was high."""
+    top = _Loop(width, tx_start=tx_start, depth=2048)
+    mac = top.mac
+    lanes = width // 8
+    st = {"cycle": 0, "starts": [], "er": 0, "was_en": 0, "put": [], "got": []}
+
+    async def clock(ctx):
+        async for _ in ctx.tick():
+            st["cycle"] += 1
+            en = ctx.get(mac.tx_en)
+            if en and not st["was_en"]:
+                st["starts"].append(st["cycle"])
+            st["was_en"] = en
+            st["er"] += ctx.get(mac.tx_er)
+
+    async def producer(ctx):
+        for k, f in enumerate(frames):
+            # each frame on an idle wire: the one before has gone, gap included
+            while len(st["starts"]) < k or ctx.get(mac.tx_en):
+                await ctx.tick()
+            await ctx.tick().repeat(16)
+            beats = packet_to_beats(f, width)
+            mark = at_last = None
+            for j, b in enumerate(beats):
+                if k == 0 and j == stall_at:
+                    await ctx.tick().repeat(stall)
+                await stream_put(ctx, mac.tx, [b])
+                if mark is None and (j + 1) * lanes >= min(tx_start or len(f), len(f)):
+                    mark = st["cycle"]
+                at_last = st["cycle"]
+            st["put"].append((mark, at_last))
+
+    async def consumer(ctx):
+        ctx.set(mac.rx.ready, 1)
+        beats = []
+        async for _, _, valid, p in ctx.tick().sample(mac.rx.valid, mac.rx.payload):
+            if valid:
+                beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+                if p.last:
+                    st["got"].append(beats_to_packet(beats, width))
+                    beats = []
+
+    async def waiter(ctx):
+        while len(st["starts"]) < len(frames) or ctx.get(mac.tx_en):
+            await ctx.tick()
+        await ctx.tick().repeat(20)
+        ok = ctx.get(mac.rx_frames_ok)
+        while len(st["got"]) < ok:
+            await ctx.tick()
+        st["counters"] = {n: ctx.get(getattr(mac, n)) for n in
+                          ("tx_frames", "tx_underruns", "rx_frames_ok", "rx_errors")}
+
+    run(top, producer, waiter, background=[clock, consumer])
+    return st
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_gmii_mac_cut_through_starts_before_the_frame_is_in(width):
+    """Cut-through transmit (issue 21): a frame starts on the wire once ``tx_start`` of its
+    octets are in the MAC's buffer, before its last beat arrives; a frame shorter than that
+    starts once it is all in. Store-and-forward (``tx_start=None``) waits for the last beat.
+    The frames arrive whole and in order (a GmiiRx behind the wire, its FCS check against
+    the transmitter's), and nothing underruns: at width 8 the source gives one octet a
+    cycle, the wire's own rate."""
+    rng = random.Random(21 + width)
+    frames = [rng.randbytes(n) for n in (600, 40, 1500, 100)]
+    for tx_start in (64, None):
+        st = _cut_through_run(width, tx_start, frames)
+        print(f"width {width} tx_start {tx_start}: (octet tx_start in, last in) {st['put']}, "
+              f"preambles at {st['starts']}, counters {st['counters']}")
+        assert st["got"] == [f + bytes(max(0, 60 - len(f))) for f in frames]
+        assert st["counters"]["tx_underruns"] == 0 and st["er"] == 0
+        assert st["counters"]["rx_frames_ok"] == len(frames)
+        for k, ((mark, last), start, f) in enumerate(zip(st['put'], st['starts'], frames)):
+            assert start > mark
+            lanes = width // 8
+            if tx_start is not None and len(f) // lanes > tx_start // lanes + 9:
+                assert start < last, (f"a {len(f)}-octet frame started at {start}, after its "
+                                      f"last beat ({last})")
+                # the FIFO's registered count, the registered start, the up to 3 beats of
+                # the frame ahead of that count, the transmitter's Idle
+                assert start - mark <= 6 + 3, (start, mark)
+            else:
+                assert start > last
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_gmii_mac_cut_through_underrun_is_dropped_and_counted(width):
+    """A source that falls further behind than the start threshold and the preamble allow
+    underruns the cut-through transmitter: the rest of the frame goes with ``tx_er``, a
+    receiver drops it (``rx_errors``), ``tx_underruns`` counts it, and the next frame is sent
+    whole. A pause the slack covers does no harm."""
+    rng = random.Random(7 + width)
+    frames = [rng.randbytes(300), rng.randbytes(80)]
+    lanes = width // 8
+    st = _cut_through_run(width, 32, frames, stall_at=64 // lanes, stall=400)
+    assert st["counters"]["tx_underruns"] == 1 and st["er"] > 0
+    assert st["counters"]["rx_errors"] == 1 and st["counters"]["rx_frames_ok"] == 1
+    assert st["got"] == [frames[1]]
+    # 8 cycles of pause, with 32 octets and the preamble ahead: no harm
+    st = _cut_through_run(width, 32, frames, stall_at=48 // lanes, stall=8)
+    assert st["counters"]["tx_underruns"] == 0 and st["er"] == 0
+    assert st["got"] == frames
+
+
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_rejects_bad_parameters():
     with pytest.raises(ValueError):
@@ -474,6 +584,10 @@ def test_rejects_bad_parameters():
         StreamUpsizer(16, 24)
     with pytest.raises(ValueError):
         GmiiMac(12)
+    with pytest.raises(ValueError):
+        GmiiMac(8, tx_depth=512, tx_start=513)
+    with pytest.raises(ValueError):
+        PacketFifo(8, 16, mark=17)
     mac = GmiiMac(32)
     assert mac.signature.members["rx"].signature.members["payload"].shape.size == 32 + 4 + 1
     Fragment.get(mac, None)         # elaborates at a width the other tests do not use

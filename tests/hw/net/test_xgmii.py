@@ -320,6 +320,51 @@ def test_tx_wire_format_and_dic(lengths):
     assert abs(span - model) <= 3 / 8
 
 
+@pytest.mark.parametrize("tx_start", [64, None])
+def test_tx_cut_through(tx_start):
+    """XgmiiMac with a cut-through start (issue 21): frames of 1,500 octets put in at the
+    line's word rate start on the wire (/S/) once 64 octets of them are in, before their last
+    word; store-and-forward (None), after it. The frames on the wire are byte-exact (zlib's
+    FCS), the gaps are the DIC's, and nothing underruns."""
+    rng = random.Random(1500)
+    pkts = [random_frame(rng, n) for n in (1500, 1500, 300, 1500)]
+    dut = XgmiiMac(rx_depth=2048, tx_depth=4096, tx_start=tx_start)
+    words, put = [], []
+
+    async def producer(ctx):
+        from sim.hdl import packet_to_beats, stream_put
+        for p in pkts:
+            beats = packet_to_beats(p, 64)
+            await stream_put(ctx, dut.tx, beats[:8])
+            mark = len(words)
+            await stream_put(ctx, dut.tx, beats[8:])
+            put.append((mark, len(words)))
+            await ctx.tick().repeat(300)            # an idle wire before the next frame
+
+    async def monitor(ctx):
+        async for _, _, d, c in ctx.tick().sample(dut.xgmii_txd, dut.xgmii_txc):
+            words.append((d, c))
+
+    async def waiter(ctx):
+        while ctx.get(dut.tx_frames) < len(pkts):
+            await ctx.tick()
+        await ctx.tick().repeat(20)
+        assert ctx.get(dut.tx_underruns) == 0
+
+    run(dut, producer, waiter, background=[monitor], max_cycles=20_000)
+    starts, gaps = check_wire(words, pkts)
+    s_cycles = [s // 8 for s in starts]
+    print(f"\ntx_start {tx_start}: (64 octets in, last in) {put}, /S/ at {s_cycles}")
+    for (mark, last), s, p in zip(put, s_cycles, pkts):
+        if tx_start is None:
+            assert s > last
+        else:
+            # 9 measured: the FIFO's registered count, its read register, the slice and the
+            # transmitter's output stages (store-and-forward: 7 after the last word)
+            assert mark < s <= mark + 10, (mark, s)
+            assert len(p) < 300 or s < last
+
+
 def test_tx_underrun_sends_error():
     """XgmiiTx alone, its input dry mid-frame: /E/ words go out, the frame is counted as an
     underrun, and an XgmiiRx listening drops it as rx_errors (the next frame passes)."""
