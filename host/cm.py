@@ -18,7 +18,9 @@ The gateware hands every QP1 (GSI) datagram addressed to the target to the host
 * DREQ -> DREP, QP to ERROR, ``driver.disconnect``; :meth:`disconnect` is the target-initiated
   DREQ (after the driver asked for it with a ``("disconnect", qp, ...)`` action).
 * REJ: reason 1 (no QP available) when every QP has a connection, 8 for another service,
-  12 for another GID.
+  12 for another GID, 27 (insufficient responder resources) when the initiator's responder
+  resources are fewer than the READs the KBTP engine keeps out (hw/kbtp/movers.py
+  ``READ_DEPTH``): the engine would otherwise send more RDMA READs than the initiator can hold.
 * A QP the transport moved to error (the requester's retry or RNR retry count exhausted, a
   fatal NAK from the peer: the bitmap ``driver.qp_errors()`` reads) -> :meth:`reap_errors`
   disconnects it as the target (DREQ, repeated until the DREP or its retries run out), and the
@@ -47,10 +49,11 @@ from dataclasses import dataclass
 from hw.headers import (DETH, GSI_QKEY, IP_CM_SERVICE_ID_TCP, BthOpcode, CmAttr, pack)
 from hw.iface import QP_INDEX_BITS, QPN_BASE, QpState, REG_QP, Space
 from hw.rdma.qp import QP_STRIDE
+from hw.kbtp.movers import READ_DEPTH
 from hw.rdma.rawq import Q_RAW_RX, Q_RAW_TX
 from roce.rc import rxe_udp_sport
-from roce.cm import (REJ_INVALID_GID, REJ_INVALID_SERVICE_ID, REJ_STALE, ca_guid,
-                       decode_mad, encode_mad, gid_of)
+from roce.cm import (REJ_INSUFFICIENT_RESP_RES, REJ_INVALID_GID, REJ_INVALID_SERVICE_ID,
+                     REJ_STALE, ca_guid, decode_mad, encode_mad, gid_of)
 from roce.frames import FrameError, build_roce, ip_int, mac_bytes, parse_frame
 
 __all__ = ["CmServer", "CmLink", "REJ_NO_QP", "raw_pop", "raw_push"]
@@ -136,12 +139,23 @@ class CmServer:
         The hardware finds a QP by ``(qpn - QPN_BASE) mod 2**QP_INDEX_BITS`` (hw/iface.py), so
         ``qpn_base`` must be ``QPN_BASE`` (the default) for the target's transport.
     responder_resources, initiator_depth : int
-        Advertised in the REP (responder replay cache depth, requester READ depth).
+        Advertised in the REP (responder replay cache depth, requester READ depth; the REP's
+        initiator depth is the smaller of ``initiator_depth`` and the REQ's responder
+        resources).
+    read_depth : int
+        The RDMA READs the target keeps out on a connection (the KBTP engine's
+        :data:`~hw.kbtp.movers.READ_DEPTH`): a REQ whose responder resources are fewer is
+        refused (REJ 27), and ``initiator_depth`` may not be fewer.
     """
 
     def __init__(self, driver, port=None, *, mac, ip, cm_port=18515, qpn_base=QPN_BASE, log=None,
-                 seed=0, responder_resources=4, initiator_depth=4, target_ack_delay=15,
-                 rnr_retry=7, max_ack_timeout=31):
+                 seed=0, responder_resources=4, initiator_depth=READ_DEPTH,
+                 target_ack_delay=15,
+                 rnr_retry=7, max_ack_timeout=31, read_depth=READ_DEPTH):
+        if initiator_depth < read_depth:
+            raise ValueError(f"initiator_depth {initiator_depth} is fewer than the READs the "
+                             f"engine keeps out ({read_depth})")
+        self.read_depth = read_depth
         self.driver = driver
         self.port = port or driver.port
         # Our QP's own ACK timeout (IB code: 4.096 us * 2^t) is the REQ's Local ACK Timeout,
@@ -272,6 +286,11 @@ class CmServer:
                                       REJ_INVALID_SERVICE_ID)
         if req["primary_remote_gid"] != gid_of(self.ip) or req["path_mtu"] not in _MTU_CODES:
             return await self._reject(pkt, hdr["tid"], req["local_comm_id"], REJ_INVALID_GID)
+        if req["responder_resources"] < self.read_depth:
+            self.log(f"CM REQ from {src:#x}: responder resources {req['responder_resources']}, "
+                     f"fewer than the {self.read_depth} RDMA READs the target keeps out")
+            return await self._reject(pkt, hdr["tid"], req["local_comm_id"],
+                                      REJ_INSUFFICIENT_RESP_RES)
         qp = next((i for i in range(self.driver.n_qp) if i not in self.conns), None)
         if qp is None:
             return await self._reject(pkt, hdr["tid"], req["local_comm_id"], REJ_NO_QP)

@@ -25,6 +25,7 @@ REJ_TIMEOUT = 4
 REJ_INVALID_SERVICE_ID = 8
 REJ_STALE = 10
 REJ_INVALID_GID = 12
+REJ_INSUFFICIENT_RESP_RES = 27
 REJ_CONSUMER = 28
 _MTU_CODE = {v: k for k, v in PMTU_CODES.items()}
 _BODY = {CmAttr.REQ.value: CmReq, CmAttr.REP.value: CmRep, CmAttr.RTU.value: CmRtu,
@@ -149,10 +150,14 @@ class CmAgent:
             private_data=private_data, on_disconnect=on_disconnect))
 
     def connect(self, dst_ip, port, on_connect=None, *, src_port=None, qp_params=None,
-                private_data=b"", retry_count=7, rnr_retry=7, responder_resources=1,
+                private_data=b"", retry_count=7, rnr_retry=7, responder_resources=16,
                 initiator_depth=1, pmtu=1024, local_ack_timeout=19, cm_response_timeout=20,
                 max_cm_retries=15, local_comm_id=None, on_disconnect=None, on_reject=None):
         """Send a REQ to ``dst_ip``:``port``; return the (INIT) QP that the REP moves to RTS.
+
+        ``responder_resources``: the RDMA READs of ours the peer may have out at once; 16 by
+        default, as a KBTP initiator offers (the target READs its store data; host/cm.py
+        refuses fewer than the engine's READ depth).
 
         ``qp_params['epsn']`` is the Starting PSN of the REQ (random when absent).
         """

@@ -111,8 +111,8 @@ from hw.kbtp.completion import Completion
 from hw.kbtp.context import CTX, CTX_DEPTH, ContextQueue, Ctx
 from hw.kbtp.decode import MSG_WORDS, RESULT, Dispatch, EntryNext, RequestDecoder, entry_boff
 from hw.kbtp.engine_regs import EngineRegs
-from hw.kbtp.movers import (WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy, LoadLocks,
-                            WordReader, WorkIssuer)
+from hw.kbtp.movers import (READ_DEPTH, WR_CTX, WR_LOCK, WR_SCRATCH, EntryWriter, InlineCopy,
+                            LoadLocks, WordReader, WorkIssuer)
 from hw.kbtp.regmap import ENGINE_ID, ENGINE_PARTS, SCRATCH_SLOTS, SLOT_SIZE, reg
 from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
@@ -152,6 +152,10 @@ class KbtpEngine(wiring.Component):
         out land in the MAC's receive buffer faster than a core at line rate may drain it;
         with no more out than the buffer holds (:func:`read_window_for`), none is dropped for
         want of room (a dropped response waits for the QP's retransmission timer).
+    read_depth : int
+        RDMA READ requests (parts or whole) the engine keeps out at once, with a window
+        (:data:`~hw.kbtp.movers.READ_DEPTH` by default; 0: no limit): within the responder
+        resources the target's CM requires of every initiator (host/cm.py).
 
     Ports
     -----
@@ -176,9 +180,10 @@ class KbtpEngine(wiring.Component):
     #: tests/hw/kbtp/test_formal_ring.py).
     ring_cls = RingAllocator
 
-    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=None, base=REG_KBTP, read_window=0):
+    def __init__(self, n_qp=1 << QP_INDEX_BITS, n_ranges=None, base=REG_KBTP, read_window=0,
+                 read_depth=READ_DEPTH):
         self.n_qp = n_qp
-        self.read_window = read_window
+        self.read_window, self.read_depth = read_window, read_depth
         self.n_ranges = ranges_for(n_qp, n_ranges)
         self.base = base
         #: (not a port) the ring allocator takes a RETURN this cycle: for the ghost checks of
@@ -420,7 +425,7 @@ class KbtpEngine(wiring.Component):
         sm.reader = reader = WordReader(MSG_WORDS)
         sm.copy = copy = InlineCopy()
         sm.entry = entry = EntryWriter()
-        sm.issuer = issuer = WorkIssuer(self.read_window)
+        sm.issuer = issuer = WorkIssuer(self.read_window, read_depth=self.read_depth)
         sm.cpl = cpl = Completion()
         # The ring allocator (hw/kbtp/ring_alloc.py) does every ring access: ALLOC (front),
         # RETURN (back) and the host commands, on a memory-bus master of its own.

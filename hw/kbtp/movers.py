@@ -26,7 +26,7 @@ from hw.lib.membus import bswap64
 
 __all__ = ["WordReader", "InlineCopy", "EntryWriter", "BufferWriter", "WorkIssuer", "LoadLocks",
            "WR_SYNC", "WR_SCRATCH", "WR_LOCK", "LOCK_BITS", "WR_CTX", "CTX_BITS", "WR_CHUNK",
-           "READ_BYTES_BITS", "read_chunk_for"]
+           "READ_BYTES_BITS", "READ_DEPTH", "READ_DEPTH_BITS", "read_chunk_for"]
 
 
 def _write(m, req, addr, wdata, wstrb):
@@ -251,6 +251,14 @@ LOCK_BITS = 4
 CTX_BITS = 3
 #: Width of the count of READ data octets out (2**CTX_BITS READs of up to 2**32 - 1).
 READ_BYTES_BITS = 32 + CTX_BITS
+#: Width of WorkIssuer's count of READ requests out.
+READ_DEPTH_BITS = 5
+#: READ requests the engine keeps out at once (WorkIssuer ``read_depth``): what the target's CM
+#: asks of every initiator's responder resources (host/cm.py CmServer). 8, as many as the
+#: engine's request contexts (hw/kbtp/context.py), so small READ-stores overlap as before; the
+#: window already kept large ones to 6 parts of 4 KiB (ECPIX-5) or 16 KiB (10 Gb/s). Before it,
+#: up to 14 could be out. The initiator here (host/initiator.py, on rxe) offers 16.
+READ_DEPTH = 8
 
 
 class WorkIssuer(wiring.Component):
@@ -283,6 +291,13 @@ class WorkIssuer(wiring.Component):
     (Every part is one more READ request to the initiator, on the direction a READ-store
     hardly uses, and one more of its responder resources while out.)
 
+    The READ depth (``read_depth`` > 0, with a window). At most that many READ requests (parts
+    or whole READs) are out at once: the initiator's responder resources, which the target's CM
+    holds every connection to at least (host/cm.py; the REP's initiator depth). A responder
+    facing more READs than it has resources for may answer with a NAK (Invalid Request), which
+    ends the connection: a requester keeps within the responder resources the connection
+    negotiated.
+
     Parameters
     ----------
     read_window : int
@@ -290,6 +305,8 @@ class WorkIssuer(wiring.Component):
     read_chunk : int or None
         Octets of a READ part (a power of two); None: the largest power of two at most a
         quarter of ``read_window``.
+    read_depth : int
+        READ requests out at once (0: no limit); only with a window.
 
     Ports
     -----
@@ -308,14 +325,18 @@ class WorkIssuer(wiring.Component):
     async_err : Out(1)  a WorkCompletion nobody waits for failed (a READ part's does not
                         count: the READ's last part fails with it)
     read_bytes : Out(READ_BYTES_BITS)   data octets of the READ parts out (0 with no window)
+    reads_out : Out(READ_DEPTH_BITS)    READ requests out (parts or whole; 0 with no window)
     """
 
-    def __init__(self, read_window=0, read_chunk=None):
+    def __init__(self, read_window=0, read_chunk=None, read_depth=0):
         if read_window and read_chunk is None:
             read_chunk = read_chunk_for(read_window)
         if read_window and (read_chunk < 1 or read_chunk & (read_chunk - 1)):
             raise ValueError(f"read_chunk must be a power of two, not {read_chunk}")
-        self.read_window, self.read_chunk = read_window, read_chunk
+        if not 0 <= read_depth < 1 << READ_DEPTH_BITS:
+            raise ValueError(f"read_depth {read_depth} is not within "
+                             f"0..{(1 << READ_DEPTH_BITS) - 1}")
+        self.read_window, self.read_chunk, self.read_depth = read_window, read_chunk, read_depth
         qp = WorkRequest.members["qp"]
         super().__init__({"cmd": In(stream.Signature(WorkRequest)), "qp": In(qp),
                           "wr": Out(stream.Signature(WorkRequest)),
@@ -324,7 +345,8 @@ class WorkIssuer(wiring.Component):
                           "release_lock": Out(1), "lock_idx": Out(LOCK_BITS),
                           "release_scratch": Out(1), "release_qp": Out(qp),
                           "release_ctx": Out(1), "ctx_idx": Out(CTX_BITS), "ctx_ok": Out(1),
-                          "async_err": Out(1), "read_bytes": Out(READ_BYTES_BITS)})
+                          "async_err": Out(1), "read_bytes": Out(READ_BYTES_BITS),
+                          "reads_out": Out(READ_DEPTH_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -356,10 +378,19 @@ class WorkIssuer(wiring.Component):
             sub = Mux(self.wc.valid & ctx, lastlen[tag[:CTX_BITS]],
                       Mux(self.wc.valid & part, C, 0))
             m.d.sync += self.read_bytes.eq(self.read_bytes + add - sub)
+            # READ requests out: one more per READ handed over, one less per WorkCompletion of
+            # a part or of a READ's last part (or whole READ).
+            up = fire & (wrq.op == WrOp.READ)
+            down = self.wc.valid & (ctx | part)
+            with m.If(up & ~down):
+                m.d.sync += self.reads_out.eq(self.reads_out + 1)
+            with m.Elif(down & ~up):
+                m.d.sync += self.reads_out.eq(self.reads_out - 1)
             # Whether the part in ``wrq`` fits, from registers (a cycle in state FIT).
             fits = Signal()
-            m.d.sync += fits.eq((self.read_bytes == 0) |
-                                (self.read_bytes + wrq.length <= win))
+            deep = (self.reads_out < self.read_depth) if self.read_depth else C(1)
+            m.d.sync += fits.eq(((self.read_bytes == 0) |
+                                 (self.read_bytes + wrq.length <= win)) & deep)
 
             def next_part(m, length, wr_id):
                 """Put the first ``C`` octets of ``length`` in ``wrq`` (the rest in ``rest``)."""

@@ -12,6 +12,8 @@ DREQ from either side completes with DREP.
 
 import asyncio
 
+import pytest
+
 from hw.iface import QpState, REG_QP, Space
 from hw.rdma.rawq import Q_RAW_RX, Q_RAW_TX
 from host.cm import CmServer
@@ -130,6 +132,26 @@ def test_rej_when_no_qp_free_and_bad_service():
     assert (qps[2].qpn, 1) in rej and (bad.qpn, 8) in rej
     assert sorted(drv.opened) == [0, 1]
     assert drv.opened[0]["local_qpn"] != drv.opened[1]["local_qpn"]
+
+
+def test_rej_when_responder_resources_below_read_depth():
+    """An initiator offering fewer responder resources than the RDMA READs the engine keeps
+    out (hw/kbtp/movers.py READ_DEPTH) is refused with REJ 27 (insufficient responder
+    resources), and no QP is programmed; one offering exactly that many is connected. A CM
+    that would promise fewer READs than the engine keeps out cannot be made."""
+    from hw.kbtp.movers import READ_DEPTH
+    q, drv, cm, ep = setup()
+    rej = []
+    few = ep.connect(T_IP, 18515, responder_resources=READ_DEPTH - 1,
+                     on_reject=lambda qp, r: rej.append((qp.qpn, r)))
+    exchange(q, cm, ep)
+    assert rej == [(few.qpn, 27)] and drv.opened == {}
+    assert few.state != QPState.RTS
+    ok = ep.connect(T_IP, 18515, responder_resources=READ_DEPTH)
+    exchange(q, cm, ep)
+    assert ok.state == QPState.RTS and sorted(drv.opened) == [0]
+    with pytest.raises(ValueError, match="initiator_depth 2"):
+        CmServer(drv, q, mac=T_MAC, ip=T_IP, initiator_depth=2)
 
 
 def test_disconnect_both_directions():

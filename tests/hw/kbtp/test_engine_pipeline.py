@@ -683,3 +683,47 @@ def test_read_window():
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
+
+
+def test_read_depth():
+    """The READ depth (hw/kbtp/movers.py WorkIssuer ``read_depth``): with a window of 100
+    octets that would hold 6 parts of 16, and a depth of 2, STOREs of 48, 64 and 160 octets
+    (17 parts) never have more than 2 READ requests out, and always 2 while parts remain: a
+    part's WorkCompletion lets the next one go. Answers (parts joined) and the memory image as
+    the model's."""
+    model, top, imems = setup()
+    top.eng = KbtpEngine(n_qp=4, n_ranges=8, read_window=100, read_depth=2)
+    wire = Pipe(top, imems)
+    h = model.session_of("y").handle_base
+    data = [bytes(range(1, 49)), bytes(range(101, 165)), bytes(range(0, 160))]
+    srcs = [SRC, SRC + 0x100, SRC + 0x200]
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        for i in (0, 1, 2):
+            await through(ctx, wire, model, alloc_raw(h + i, 1 + i, b"old" * 5, seal=False))
+        for d, a in zip(data, srcs):
+            put(model, imems[0], "y", a, d)
+        raws = [read_raw(Opcode.STORE, h + i, 4 + i, len(d), to=a)
+                for i, (d, a) in enumerate(zip(data, srcs))]
+        want = sum((norm_model(model.receive("y", r)) for r in raws), [])
+        mark = len(wire.done)
+        for r in raws:
+            wire.post(ctx, 0, r)
+        seen, outs = set(), []
+        while len(seen) < 17:
+            await wire.go(ctx, 400)
+            out = wire.issued(WrOp.READ)
+            seen |= {w["seq"] for w in out}
+            outs.append(len(out))
+            assert len(out) <= 2, f"{len(out)} READ requests out, more than the depth of 2"
+            if len(seen) < 17:
+                assert len(out) == 2, f"only {len(out)} READ out, and parts remain"
+            wire.finish(ctx)
+        print("READ requests out at each stop:", outs)
+        await wire.drain(ctx, 3)
+        got = wire.answers(0, mark)
+        assert (merge_parts(got[0]), got[1]) == split(want)
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
