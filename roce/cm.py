@@ -150,14 +150,15 @@ class CmAgent:
             private_data=private_data, on_disconnect=on_disconnect))
 
     def connect(self, dst_ip, port, on_connect=None, *, src_port=None, qp_params=None,
-                private_data=b"", retry_count=7, rnr_retry=7, responder_resources=16,
+                private_data=b"", retry_count=7, rnr_retry=7, responder_resources=1,
                 initiator_depth=1, pmtu=1024, local_ack_timeout=19, cm_response_timeout=20,
                 max_cm_retries=15, local_comm_id=None, on_disconnect=None, on_reject=None):
         """Send a REQ to ``dst_ip``:``port``; return the (INIT) QP that the REP moves to RTS.
 
-        ``responder_resources``: the RDMA READs of ours the peer may have out at once; 16 by
-        default, as a KBTP initiator offers (the target READs its store data; host/cm.py
-        refuses fewer than the engine's READ depth).
+        ``responder_resources``: the RDMA READs of ours the peer may have out at once; 1 by
+        default, as rdma_cm's (the REQ of the rxe capture, tests/roce/test_rc_cm.py). A KBTP
+        initiator offers more: the target READs its store data, and host/cm.py refuses fewer
+        than the engine's READ depth.
 
         ``qp_params['epsn']`` is the Starting PSN of the REQ (random when absent).
         """

@@ -77,6 +77,12 @@ class FakeDriver:
         self.closed.append(qp)
 
 
+def connect(ep, *args, **kw):
+    """``ep.connect`` as a KBTP initiator: 16 responder resources unless told (the target
+    refuses fewer than the engine's READ depth)."""
+    return ep.connect(*args, **{"responder_resources": 16, **kw})
+
+
 def setup():
     q = FakeQueues()
     drv = FakeDriver(q)
@@ -106,7 +112,7 @@ def exchange(q, cm, ep, rounds=6):
 
 def test_connect_programs_qp_from_req():
     q, drv, cm, ep = setup()
-    qp = ep.connect(T_IP, 18515, pmtu=2048, retry_count=5, rnr_retry=6, local_ack_timeout=17,
+    qp = connect(ep, T_IP, 18515, pmtu=2048, retry_count=5, rnr_retry=6, local_ack_timeout=17,
                     qp_params=dict(epsn=0x123456))
     exchange(q, cm, ep)
     assert qp.state == QPState.RTS
@@ -124,9 +130,9 @@ def test_connect_programs_qp_from_req():
 def test_rej_when_no_qp_free_and_bad_service():
     q, drv, cm, ep = setup()
     rej = []
-    qps = [ep.connect(T_IP, 18515, on_reject=lambda qp, r: rej.append((qp.qpn, r)))
+    qps = [connect(ep, T_IP, 18515, on_reject=lambda qp, r: rej.append((qp.qpn, r)))
            for _ in range(3)]
-    bad = ep.connect(T_IP, 9999, on_reject=lambda qp, r: rej.append((qp.qpn, r)))
+    bad = connect(ep, T_IP, 9999, on_reject=lambda qp, r: rej.append((qp.qpn, r)))
     exchange(q, cm, ep)
     assert [p.state for p in qps[:2]] == [QPState.RTS, QPState.RTS]
     assert (qps[2].qpn, 1) in rej and (bad.qpn, 8) in rej
@@ -142,12 +148,12 @@ def test_rej_when_responder_resources_below_read_depth():
     from hw.kbtp.movers import READ_DEPTH
     q, drv, cm, ep = setup()
     rej = []
-    few = ep.connect(T_IP, 18515, responder_resources=READ_DEPTH - 1,
+    few = connect(ep, T_IP, 18515, responder_resources=READ_DEPTH - 1,
                      on_reject=lambda qp, r: rej.append((qp.qpn, r)))
     exchange(q, cm, ep)
     assert rej == [(few.qpn, 27)] and drv.opened == {}
     assert few.state != QPState.RTS
-    ok = ep.connect(T_IP, 18515, responder_resources=READ_DEPTH)
+    ok = connect(ep, T_IP, 18515, responder_resources=READ_DEPTH)
     exchange(q, cm, ep)
     assert ok.state == QPState.RTS and sorted(drv.opened) == [0]
     with pytest.raises(ValueError, match="initiator_depth 2"):
@@ -157,8 +163,8 @@ def test_rej_when_responder_resources_below_read_depth():
 def test_disconnect_both_directions():
     q, drv, cm, ep = setup()
     events = []
-    a = ep.connect(T_IP, 18515, on_disconnect=lambda qp: events.append(qp.qpn))
-    b = ep.connect(T_IP, 18515, on_disconnect=lambda qp: events.append(qp.qpn))
+    a = connect(ep, T_IP, 18515, on_disconnect=lambda qp: events.append(qp.qpn))
+    b = connect(ep, T_IP, 18515, on_disconnect=lambda qp: events.append(qp.qpn))
     exchange(q, cm, ep)
     first = cm.conns[0].peer_qpn
     qa, qb = (a, b) if first == a.qpn else (b, a)
@@ -172,6 +178,6 @@ def test_disconnect_both_directions():
     # after the time-wait both QPs are free again: a new connection gets QP 0 with a new QPN
     old = drv.opened[0]["local_qpn"]
     exchange(q, cm, ep, rounds=3000)
-    c = ep.connect(T_IP, 18515)
+    c = connect(ep, T_IP, 18515)
     exchange(q, cm, ep)
     assert c.state == QPState.RTS and drv.opened[0]["local_qpn"] != old

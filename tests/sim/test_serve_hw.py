@@ -78,7 +78,9 @@ class Initiator:
         return codec.decode(self.inbox[n])
 
     def connect(self, **kw):
-        kw = {"local_ack_timeout": 22, "pmtu": 1024, **kw}
+        # 16 responder resources, as a KBTP initiator offers (host/cm.py refuses fewer than
+        # the engine's READ depth)
+        kw = {"local_ack_timeout": 22, "pmtu": 1024, "responder_resources": 16, **kw}
         return self.ep.connect(
             TARGET_IP, 18515,
             on_disconnect=lambda qp: self.events.append(("disconnect", qp.qpn)),
