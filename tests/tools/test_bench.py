@@ -155,7 +155,7 @@ def test_quick_goodput_is_possible(quick):
             assert s["min_outstanding"] >= 1, s
             assert s["peer_burst_gap_max"] == 0, s
         assert r["retransmits"] == [{"mtu": 1024, "target": 0, "peer": 0, "rx_overflows": 0,
-                                     "rnr_backlog": 0}]
+                                     "tx_underruns": 0, "rnr_backlog": 0}]
     assert seen == {"LOAD", "STORE_READ", "STORE_INLINE", "ALLOC_STORE_INLINE",
                     "ALLOC_STORE_READ"}
 
@@ -230,7 +230,8 @@ def test_quick_multi_qp(quick):
         assert sum(x["ratio_to_mean"] for x in r["per_qp"]) == pytest.approx(4, abs=1e-3)
         assert r["peer_burst_gap_max"] == 0 and r["retransmits_peer"] == 0
     assert m["retransmits"] == [{"mtu": 1024, "n_qp": 4, "target": 0, "peer": 0,
-                                 "rx_overflows": 0, "rnr_backlog": 0}]
+                                 "rx_overflows": 0, "tx_underruns": 0,
+                                 "rnr_backlog": 0}]
 
 
 def test_overload_is_not_lost():
@@ -252,7 +253,8 @@ def test_overload_is_not_lost():
     for x in r["per_qp"]:
         assert x["completed"] == r["n_ops_per_qp"], x
     assert m["retransmits"] == [{"mtu": 1024, "n_qp": 4, "target": 0, "peer": 0,
-                                 "rx_overflows": 0, "rnr_backlog": 0}]
+                                 "rx_overflows": 0, "tx_underruns": 0,
+                                 "rnr_backlog": 0}]
 
 
 class _SizingOnly:
