@@ -27,7 +27,7 @@ on the octets that should have been data (the receiver then drops the frame) and
 default), a frame starts once it is wholly in the FIFO, so this cannot happen for frames that
 fit. Cut-through (``tx_start``), a frame starts once that many of its octets are in, or all of
 them: the start threshold is the slack a source's stalls may use up (issue 21 "Cut-through
-transmit"; the ``tx_start`` of each configuration is chosen in hw/target/target.py).
+transmit"; each configuration's ``tx_start``: hw/target/target.py, boards/cores.py).
 """
 
 from amaranth import *

@@ -13,7 +13,8 @@
 
 The MAC keeps its own frame buffers (bad frames are dropped there; transmission starts once a
 whole frame is buffered, or ``tx_start`` octets of it with a cut-through start), so the
-asynchronous FIFOs only have to absorb the clock ratio: at ``w = 64`` the MAC side offers at most one wide beat per 8 of its cycles at line
+asynchronous FIFOs only have to absorb the clock ratio: at ``w = 64`` the MAC side offers at
+most one wide beat per 8 of its cycles at line
 rate, which a core clock above 125/8 MHz drains.
 
 Both frame buffers are ``w`` bits wide (:class:`~hw.net.mac.GmiiMac` at ``w``: the receiver

@@ -466,10 +466,10 @@ def test_gmii_mac_loop(width):
 
 def _cut_through_run(width, tx_start, frames, *, stall_at=None, stall=0):
     """Loop a :class:`GmiiMac` with ``tx_start`` on itself and send ``frames`` (bytes), each
-    once the wire is idle, one beat a cycle, except a pause of ``stall`` cycles before beat ``stall_at`` of the first
-    frame. Returns, per frame, the cycle its octet ``tx_start`` (1-based) and its last beat
-    went in, the cycle its preamble started on the wire, the frames received, the counters,
-    and the cycles ``tx_er`` was high."""
+    once the wire is idle, one beat a cycle, except a pause of ``stall`` cycles before beat
+    ``stall_at`` of the first frame. Returns, per frame, the cycle its octet ``tx_start``
+    (1-based) and its last beat went in, the cycle its preamble started on the wire, the frames
+    received, the counters, and the cycles ``tx_er`` was high."""
     top = _Loop(width, tx_start=tx_start, depth=2048)
     mac = top.mac
     lanes = width // 8
