@@ -150,8 +150,7 @@ class CmServer:
 
     def __init__(self, driver, port=None, *, mac, ip, cm_port=18515, qpn_base=QPN_BASE, log=None,
                  seed=0, responder_resources=4, initiator_depth=READ_DEPTH,
-                 target_ack_delay=15,
-                 rnr_retry=7, max_ack_timeout=31, read_depth=READ_DEPTH):
+                 target_ack_delay=15, rnr_retry=7, max_ack_timeout=31, read_depth=READ_DEPTH):
         if initiator_depth < read_depth:
             raise ValueError(f"initiator_depth {initiator_depth} is fewer than the READs the "
                              f"engine keeps out ({read_depth})")
