@@ -21,7 +21,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import HostBusSignature
-from hw.lib.stream import RegisterSlice
+from hw.lib.stream import RegisterSlice, frame_from_packets
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
 from hw.target.udplink import HostBusRegister
@@ -328,8 +328,12 @@ class KbtpCore(wiring.Component):
                                            core_domain=self.core_domain,
                                            rx_depth=self.memory.mac_rx_bytes,
                                            tx_depth=self.memory.mac_fifo_bytes,
-                                           tx_start=t.mac_tx_start)
-        wiring.connect(m, cdc.rx, t.rx)
+                                           tx_start=t.mac_tx_start,
+                                           rx_cut_through=t.mac_rx_cut_through)
+        if t.mac_rx_cut_through:
+            wiring.connect(m, cdc.rx, t.rx)
+        else:
+            frame_from_packets(m, cdc.rx, t.rx)
         wiring.connect(m, t.tx, cdc.tx)
         for k in range(len(cdc.counters)):
             m.d.comb += t.mac_counters[k].eq(cdc.counters[k])

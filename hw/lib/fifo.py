@@ -13,7 +13,9 @@ parameter:
   ``max_packets`` entries next to the beats, instead of widening every stored beat;
 - ``drop_oversize``: a packet that can never fit is taken in full and dropped (counted),
   rather than stalling a writer that waits for ``ready`` forever;
-- ``registered_ready``: ``w.ready`` from a flop (the GMII receiver's 125 MHz path).
+- ``registered_ready``: ``w.ready`` from a flop (the GMII receiver's 125 MHz path);
+- ``err``: beats carry :func:`~hw.lib.stream.frame_layout`'s ``err`` bit (the GMII receiver in
+  cut-through, which publishes every beat at once and gives a frame's verdict on its last).
 """
 
 from amaranth import C, Cat, Const, Module, Mux, Shape, Signal
@@ -21,7 +23,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.lib.stream import packet_layout
+from hw.lib.stream import frame_layout, packet_layout
 
 __all__ = ["PacketFifo"]
 
@@ -53,6 +55,8 @@ class PacketFifo(wiring.Component):
         that keeps writing still fills all ``depth`` beats). ``w.ready`` may then rise one cycle
         after a read makes room. Cuts the path from the pointers through ``w.ready`` and the
         writer's decision back into the write pointer (the GMII receiver's, at 125 MHz).
+    err : bool
+        The streams are of :func:`~hw.lib.stream.frame_layout` (``err`` stored with each beat).
     side : shape or None
         Per-packet side data: ``w.payload.side`` is stored when ``w_commit`` publishes a packet
         and shown on ``r.payload.side`` with every beat of it. The writer then commits once
@@ -70,9 +74,9 @@ class PacketFifo(wiring.Component):
 
     Ports
     -----
-    w : In(stream of packet_layout(width) [+ "side"])
+    w : In(stream of packet_layout(width) [+ "err"] [+ "side"])
     w_commit, w_discard : In(1)
-    r : Out(stream of packet_layout(width) [+ "side"])
+    r : Out(stream of packet_layout(width) [+ "err"] [+ "side"])
     level : Out(range(depth + 2))
         Beats held (committed or not, including the one in the output register).
     half : Out(1)
@@ -89,7 +93,7 @@ class PacketFifo(wiring.Component):
     """
 
     def __init__(self, width, depth, *, registered_ready=False, side=None, max_packets=8,
-                 drop_oversize=False, mark=None):
+                 drop_oversize=False, mark=None, err=False):
         if depth < 2:
             raise ValueError(f"depth {depth} is less than 2")
         if drop_oversize and registered_ready:
@@ -101,7 +105,8 @@ class PacketFifo(wiring.Component):
         if mark is not None and not 1 <= mark <= depth:
             raise ValueError(f"mark {mark} is not within 1..{depth} beats")
         self._mark = mark
-        layout = packet_layout(width)
+        self._err = err
+        self._beat = layout = frame_layout(width) if err else packet_layout(width)
         if side is not None:
             layout = data.StructLayout({**dict(layout.members), "side": side})
         ports = {
@@ -124,7 +129,7 @@ class PacketFifo(wiring.Component):
         depth, abits = self._depth, (self._depth - 1).bit_length()
         pow2 = not depth & (depth - 1)
 
-        m.submodules.mem = mem = Memory(shape=packet_layout(self._width), depth=depth, init=[])
+        m.submodules.mem = mem = Memory(shape=self._beat, depth=depth, init=[])
         wp_ = mem.write_port()
         rp_ = mem.read_port(domain="sync")
 
@@ -199,7 +204,8 @@ class PacketFifo(wiring.Component):
             ]
         m.d.comb += [
             wp_.addr.eq(wp[:abits]),
-            wp_.data.eq(Cat(self.w.payload.data, self.w.payload.keep, self.w.payload.last)),
+            wp_.data.eq(Cat(self.w.payload.data, self.w.payload.keep, self.w.payload.last,
+                            *([self.w.payload.err] if self._err else []))),
             wp_.en.eq(write),
         ]
         wp_next = Signal(abits + 1)
@@ -225,6 +231,8 @@ class PacketFifo(wiring.Component):
             self.r.payload.keep.eq(rp_.data.keep),
             self.r.payload.last.eq(rp_.data.last),
         ]
+        if self._err:
+            m.d.comb += self.r.payload.err.eq(rp_.data.err)
         if self._side is not None:
             m.d.comb += [
                 sides.w_en.eq(commit),

@@ -9,6 +9,11 @@ Amaranth 0.5 streams carry no framing, so the framing lives in the payload:
   last beat has lanes ``0 .. k-1`` valid (contiguous from lane 0).
 - ``last``: set on the final beat of a packet.
 
+A received frame may be passed on before its end is checked (the MAC's cut-through receive,
+issue 21): a :func:`FrameStream` adds ``err``, meaningful on the last beat only. A consumer
+takes no action a frame with ``err`` could cause (it drops the frame; what it already passed on
+carries the verdict on, as :class:`hw.net.ip.EthIpRx` does with the RoCE packet's own ``err``).
+
 Blocks that parse headers load the octets MSB first (big-endian) so that the layouts of
 :mod:`hw.headers` apply directly to the loaded value.
 """
@@ -17,7 +22,8 @@ from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["packet_layout", "PacketStream", "keep_count", "RecordMerge", "RegisterSlice",
+__all__ = ["packet_layout", "PacketStream", "frame_layout", "FrameStream", "frame_from_packets",
+           "keep_count", "RecordMerge", "RegisterSlice",
            "FrameMux"]
 
 
@@ -30,6 +36,25 @@ def packet_layout(width):
 def PacketStream(width):
     """``stream.Signature`` of a packet stream ``width`` bits wide (8, 16, 32, 64, ...)."""
     return stream.Signature(packet_layout(width))
+
+
+def frame_layout(width):
+    """A received frame's beat: :func:`packet_layout` and ``err`` (on the last beat: drop the
+    frame, its FCS or length was bad or it overflowed the MAC's buffer)."""
+    return data.StructLayout({**dict(packet_layout(width).members), "err": 1})
+
+
+def FrameStream(width):
+    """``stream.Signature`` of received frames (:func:`frame_layout`), ``width`` bits wide."""
+    return stream.Signature(frame_layout(width))
+
+
+def frame_from_packets(m, src, dst):
+    """Connect ``src``, a :func:`PacketStream` of frames a MAC has already checked whole
+    (store-and-forward), to ``dst``, a :func:`FrameStream`: ``err`` is 0."""
+    m.d.comb += [dst.valid.eq(src.valid), src.ready.eq(dst.ready),
+                 dst.p.data.eq(src.p.data), dst.p.keep.eq(src.p.keep),
+                 dst.p.last.eq(src.p.last), dst.p.err.eq(0)]
 
 
 def keep_count(keep):

@@ -212,6 +212,11 @@ class IcrcCheck(wiring.Component):
     cycle after a packet's last beat, and the input waits that cycle (one cycle per packet).
     The output is the input unchanged (ICRC still present).
 
+    This is the receive path's commit point (issue 21, docs/architecture.md "Where a frame
+    waits"): the MAC passes frames on cut-through, and a packet whose frame then proved bad
+    arrives with ``err`` on its last beat; it is dropped here like a bad ICRC (and counted by
+    the MAC, not in ``cnt_bad``). Nothing behind this block sees a packet before its commit.
+
     A packet is good only if it also has exactly ``meta.udp_length − 8`` octets. EthIpRx
     forwards a frame that ends before its UDP length (and counts it ``truncated``); if its last
     four octets are the ICRC of what did arrive (the IPv4 and UDP lengths are covered, so only
@@ -246,7 +251,11 @@ class IcrcCheck(wiring.Component):
         m = Module()
         m.submodules.fifo = pf = PacketFifo(self._width, self._depth, side=RoceRxMeta,
                                             max_packets=self._max_packets, drop_oversize=True)
-        wiring.connect(m, pf.r, wiring.flipped(self.o))
+        # Out: committed packets only, so ``err`` is 0 from here on.
+        m.d.comb += [self.o.valid.eq(pf.r.valid), pf.r.ready.eq(self.o.ready),
+                     self.o.p.data.eq(pf.r.p.data), self.o.p.keep.eq(pf.r.p.keep),
+                     self.o.p.last.eq(pf.r.p.last), self.o.p.meta.eq(pf.r.p.side),
+                     self.o.p.err.eq(0)]
         m.d.comb += self.cnt_overflow.eq(pf.cnt_overflow)
 
         meta = self.i.p.meta
@@ -274,24 +283,24 @@ class IcrcCheck(wiring.Component):
         # and side-data FIFO: 16 to 17 LUT levels, the most register groups at that depth in
         # the core clock of the ECPIX-5 build of 045cda2.)
         late = Signal()
-        v_res, v_len, v_lost = Signal(32), Signal(), Signal()
+        v_res, v_len, v_lost, v_err = Signal(32), Signal(), Signal(), Signal()
         v_meta = Signal(RoceRxMeta)
         ended = fire & self.i.p.last
         m.d.sync += late.eq(ended)
         with m.If(ended):
             m.d.sync += [v_res.eq(residue), v_len.eq(length_ok), v_lost.eq(pf.w_lost),
-                         v_meta.eq(meta)]
+                         v_meta.eq(meta), v_err.eq(self.i.p.err)]
         m.d.comb += [pf.w.p.data.eq(self.i.p.data), pf.w.p.keep.eq(self.i.p.keep),
                      pf.w.p.last.eq(self.i.p.last), pf.w.p.side.eq(v_meta),
                      pf.w.valid.eq(self.i.valid & ~late), self.i.ready.eq(pf.w.ready & ~late)]
-        good = (crc.reg == v_res) & v_len
+        good = (crc.reg == v_res) & v_len & ~v_err
         # A packet the buffer dropped (too large) is counted there; its discard is harmless.
         m.d.comb += [pf.w_commit.eq(late & good & ~v_lost),
                      pf.w_discard.eq(late & ~good)]
         with m.If(late):
             with m.If(good):
                 m.d.sync += self.cnt_ok.eq(self.cnt_ok + 1)
-            with m.Elif(v_len):
+            with m.Elif(v_len & ~v_err):
                 m.d.sync += self.cnt_bad.eq(self.cnt_bad + 1)
         return m
 

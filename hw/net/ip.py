@@ -17,7 +17,7 @@ from hw.headers import (EthernetHeader, IPv4Header, UDPHeader, ETHERTYPE_ARP, ET
                         ROCE_UDP_PORT)
 from hw.iface import counter_ports
 from hw.lib.octets import HeaderCapture, OctetPacker, lane_region, octets_be
-from hw.lib.stream import PacketStream, keep_count, packet_layout
+from hw.lib.stream import FrameStream, PacketStream, keep_count, packet_layout
 
 __all__ = [
     "ones_sum", "ipv4_checksum", "RoceRxMeta", "RoceTxMeta", "roce_rx_layout",
@@ -74,8 +74,12 @@ RoceTxMeta = data.StructLayout({
 
 
 def roce_rx_layout(width):
-    """Payload layout of the receive RoCE stream: a packet stream plus :data:`RoceRxMeta`."""
-    return data.StructLayout({**dict(packet_layout(width).members), "meta": RoceRxMeta})
+    """Payload layout of the receive RoCE stream: a packet stream plus :data:`RoceRxMeta`, and
+    ``err`` on the last beat: the frame that carried the packet was bad (its FCS, length or
+    the MAC's buffer; :func:`~hw.lib.stream.FrameStream`). The ICRC check drops such packets,
+    the receive path's commit point (hw/net/icrc.py)."""
+    return data.StructLayout({**dict(packet_layout(width).members), "meta": RoceRxMeta,
+                              "err": 1})
 
 
 def roce_tx_layout(width):
@@ -93,15 +97,21 @@ class EthIpRx(wiring.Component):
     A RoCE packet leaves on ``roce`` starting at the BTH and trimmed to the UDP length (BTH ..
     ICRC inclusive; Ethernet padding removed), with :data:`RoceRxMeta` on every beat. An ARP
     frame leaves on ``arp`` as its first 42 octets (Ethernet header + ARP body), padding
-    removed. Everything else is dropped and counted by the first failing check, in this order:
+    removed.
+
+    The input may come cut-through (:func:`~hw.lib.stream.FrameStream`: the frame's verdict,
+    ``err``, on its last beat). A RoCE packet's last beat therefore leaves only with the frame's
+    last beat, carrying its ``err`` (a packet that ends before its frame, at Ethernet padding,
+    gets an empty last beat then); an ARP frame leaves only after a last beat without ``err``.
+    The counters count the frames that end without ``err`` (the MAC counts the others). Everything else is dropped and counted by the first failing check, in this order:
     EtherType, destination MAC (ours; broadcast also for ARP), IPv4 format (version 4, IHL 5, no
     fragment), header checksum, destination IP, protocol UDP, UDP port 4791, lengths
     (UDP length >= 24, IPv4 total length = 20 + UDP length).
 
     Ports
     -----
-    i : In(PacketStream(width))
-        Frames, Ethernet header first, FCS already removed.
+    i : In(FrameStream(width))
+        Frames, Ethernet header first, FCS already removed; ``err`` on a bad frame's last beat.
     roce : Out(stream of :func:`roce_rx_layout`)
     arp : Out(PacketStream(width))
     own_mac, own_ip : In
@@ -119,7 +129,7 @@ class EthIpRx(wiring.Component):
     def __init__(self, width):
         self._width = width
         members = {
-            "i": In(PacketStream(width)),
+            "i": In(FrameStream(width)),
             "roce": Out(stream.Signature(roce_rx_layout(width))),
             "arp": Out(PacketStream(width)),
             "own_mac": In(48),
@@ -132,8 +142,15 @@ class EthIpRx(wiring.Component):
         m = Module()
         w, nl = self._width, self._width // 8
         n_hdr = ETH_IP_UDP_LEN
-        m.submodules.packer = packer = OctetPacker(w, RoceRxMeta)
-        wiring.connect(m, wiring.flipped(self.roce), packer.o)
+        # The packer's side data: the metadata, and the frame's verdict (taken with the last
+        # input beat, so shown on the last output beat only).
+        side = data.StructLayout({"meta": RoceRxMeta, "err": 1})
+        m.submodules.packer = packer = OctetPacker(w, side)
+        m.d.comb += [self.roce.valid.eq(packer.o.valid), packer.o.ready.eq(self.roce.ready),
+                     self.roce.p.data.eq(packer.o.p.data), self.roce.p.keep.eq(packer.o.p.keep),
+                     self.roce.p.last.eq(packer.o.p.last),
+                     self.roce.p.meta.eq(packer.o.p.side.meta),
+                     self.roce.p.err.eq(packer.o.p.side.err & packer.o.p.last)]
 
         pos = Signal(17)
         fire = self.i.valid & self.i.ready
@@ -154,11 +171,17 @@ class EthIpRx(wiring.Component):
             m.d.sync += csum_ok.eq(ones_sum(ip_words) == 0xFFFF)
 
         # Per-frame state.
-        HDR, PASS, DROP = 0, 1, 2
+        # TAIL: the packet has ended before its frame (Ethernet padding); its last beat waits
+        # in ``hold_*`` for the frame's last beat and verdict.
+        HDR, PASS, DROP, TAIL = 0, 1, 2, 3
         mode = Signal(2)
+        hold_data = Signal(w)
+        hold_lo = Signal(range(nl + 1))
+        hold_n = Signal(range(nl + 1))
         meta = Signal(RoceRxMeta)
         roce_end = Signal(17)              # frame octet position just after the ICRC
         arp_busy = Signal()
+        arp_seen = Signal()
         arp_idx = Signal(range((n_hdr + nl - 1) // nl + 1))
 
         decision_beat = pos == ((n_hdr - 1) // nl) * nl
@@ -197,14 +220,14 @@ class EthIpRx(wiring.Component):
 
         # RoCE octets of this beat: [42, 42 + UDP length - 8).
         now_end = Signal(17)
-        m.d.comb += now_end.eq(Mux(mode == PASS, roce_end, n_hdr + udp.length - 8))
+        m.d.comb += now_end.eq(Mux(mode != HDR, roce_end, n_hdr + udp.length - 8))
         # A frame shorter than its UDP length ends where its last beat's keep says.
         frame_end = pos + keep_count(self.i.p.keep)
         cut_end = Mux(self.i.p.last & (frame_end < now_end), frame_end, now_end)
         lo, n, reaches = lane_region(m, pos, n_hdr, cut_end, nl, "rr")
         pass_now = (mode == PASS) | ((mode == HDR) & decision_beat & reason[idx["roce"]])
         meta_now = Signal(RoceRxMeta)
-        with m.If(mode == PASS):
+        with m.If(mode != HDR):
             m.d.comb += meta_now.eq(meta)
         with m.Else():
             m.d.comb += [
@@ -214,41 +237,69 @@ class EthIpRx(wiring.Component):
                 meta_now.ttl.eq(ip.ttl), meta_now.udp_src_port.eq(udp.src_port),
                 meta_now.udp_length.eq(udp.length),
             ]
+        # The packet's last beat goes with the frame's, which brings the verdict: a packet that
+        # ends earlier (``hold``: only the shortest ones, at Ethernet padding) has that beat
+        # held until then. (The packer cannot take an empty last beat later: it has already
+        # sent out a last beat that filled a word, without ``last``.)
+        hold = Signal()
+        to_packer = Signal()
+        tail = mode == TAIL
         m.d.comb += [
-            packer.i.valid.eq(self.i.valid & pass_now),
-            packer.i.p.data.eq(self.i.p.data),
-            packer.i.p.lo.eq(lo),
-            packer.i.p.n.eq(n),
-            packer.i.p.last.eq(self.i.p.last | reaches),
-            packer.i.p.side.eq(meta_now),
+            hold.eq(pass_now & reaches & ~self.i.p.last),
+            to_packer.eq((pass_now & ~hold) | (tail & self.i.p.last)),
+            packer.i.valid.eq(self.i.valid & to_packer),
+            packer.i.p.data.eq(Mux(tail, hold_data, self.i.p.data)),
+            packer.i.p.lo.eq(Mux(tail, hold_lo, lo)),
+            packer.i.p.n.eq(Mux(tail, hold_n, n)),
+            packer.i.p.last.eq(self.i.p.last),
+            packer.i.p.side.meta.eq(meta_now),
+            packer.i.p.side.err.eq(self.i.p.err),
         ]
         # A new header may not overwrite the captured ARP frame before it has been sent.
         m.d.comb += self.i.ready.eq(
-            Mux(pass_now, packer.i.ready, ~((mode == HDR) & arp_busy)))
+            Mux(to_packer, packer.i.ready, ~((mode == HDR) & arp_busy)))
+        with m.If(fire & hold):
+            m.d.sync += [hold_data.eq(self.i.p.data), hold_lo.eq(lo), hold_n.eq(n)]
 
         with m.If(fire):
             m.d.sync += pos.eq(Mux(self.i.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))
             with m.If(self.i.p.last):
                 m.d.sync += mode.eq(HDR)
+            with m.Elif(hold):
+                m.d.sync += mode.eq(TAIL)
             with m.Elif((mode == HDR) & decision_beat):
-                m.d.sync += mode.eq(Mux(reason[idx["roce"]] & ~reaches, PASS, DROP))
-            with m.Elif((mode == PASS) & reaches):
-                m.d.sync += mode.eq(DROP)
+                m.d.sync += mode.eq(Mux(reason[idx["roce"]], PASS, DROP))
             with m.If((mode == HDR) & decision_beat):
                 m.d.sync += [meta.eq(meta_now), roce_end.eq(now_end)]
-                with m.If(reason[idx["arp"]]):
+            # An ARP frame is answered once it has ended well (``arp_seen``: its headers said
+            # ARP; its last beat may be the decision beat).
+            arp_now = ((mode == HDR) & decision_beat & reason[idx["arp"]]) | arp_seen
+            with m.If(self.i.p.last):
+                m.d.sync += arp_seen.eq(0)
+                with m.If(arp_now & ~self.i.p.err):
                     m.d.sync += [arp_busy.eq(1), arp_idx.eq(0)]
+            with m.Elif((mode == HDR) & decision_beat & reason[idx["arp"]]):
+                m.d.sync += arp_seen.eq(1)
 
         # Counters: one per decided frame; "short" for frames ending inside the headers;
-        # "truncated" for RoCE frames ending before their UDP length.
+        # "truncated" for RoCE frames ending before their UDP length. Each is counted at the
+        # frame's last beat and only without ``err`` (the MAC counts a bad frame), so they
+        # read the same whether the MAC cuts through or not; ``pend`` keeps the decision.
         counters = {c: getattr(self, f"cnt_{c}") for c in self.COUNTERS}
         decided = fire & (mode == HDR) & decision_beat
+        pend = Signal(len(decisions))
+        with m.If(fire & self.i.p.last):
+            m.d.sync += pend.eq(0)
+        with m.Elif(decided):
+            m.d.sync += pend.eq(reason)
+        ended_ok = fire & self.i.p.last & ~self.i.p.err
+        counted = Mux(decided, reason, pend)
         for c in decisions:
-            with m.If(decided & reason[idx[c]]):
+            with m.If(ended_ok & counted[idx[c]]):
                 m.d.sync += counters[c].eq(counters[c] + 1)
-        with m.If(fire & (mode == HDR) & ~decision_beat & self.i.p.last):
+        with m.If(ended_ok & (mode == HDR) & ~decision_beat):
             m.d.sync += counters["short"].eq(counters["short"] + 1)
-        with m.If(fire & pass_now & self.i.p.last & (frame_end < now_end)):
+        with m.If(ended_ok & pass_now & (frame_end < now_end)):
             m.d.sync += counters["truncated"].eq(counters["truncated"] + 1)
 
         # ARP frame out of the capture register (42 octets = Ethernet + ARP body exactly).

@@ -12,10 +12,20 @@ leaves the receive buffer in a burst of one beat a cycle once its FCS is checked
 Bad frames on receive
 ---------------------
 A stream cannot take back beats already passed on, and the FCS is only known after the last
-octet. :class:`GmiiRx` therefore buffers each frame in a :class:`~hw.lib.fifo.PacketFifo` and
-commits it only when it ends well; a frame with ``rx_er``, a bad FCS, fewer than 64 octets
-(FCS included), or that did not fit in the buffer is discarded and counted. Downstream blocks
-see only good frames, without the FCS. Latency: a frame appears after its last octet.
+octet. A frame with ``rx_er``, a bad FCS, fewer than 64 octets (FCS included), or that did not
+fit in the buffer is bad and counted. :class:`GmiiRx` has two ways with it:
+
+- store-and-forward (the default): each frame waits in a :class:`~hw.lib.fifo.PacketFifo` and
+  is committed only when it ends well, so downstream blocks see only good frames (a
+  :func:`~hw.lib.stream.PacketStream`). A frame appears after its last octet: a frame's length
+  in octets, divided by the width, in cycles of wait (issue 21, "Where a frame waits" in
+  docs/architecture.md).
+- cut-through (``cut_through``): every octet is passed on once the four that may be the FCS
+  have followed it, and the frame's last beat carries the verdict, ``err``
+  (:func:`~hw.lib.stream.FrameStream`). Downstream blocks act on nothing before that beat
+  (hw/net/ip.py EthIpRx, hw/net/icrc.py IcrcCheck: the receive commit point). A frame the
+  buffer cannot take is cut: its last beat, with ``err``, is written as soon as there is room,
+  and frames that start before then are dropped whole.
 
 Transmit
 --------
@@ -34,7 +44,7 @@ from amaranth import *
 from amaranth.lib import crc, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.lib.stream import PacketStream, RegisterSlice
+from hw.lib.stream import FrameStream, PacketStream, RegisterSlice
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer
 
@@ -60,6 +70,8 @@ class GmiiRx(wiring.Component):
     depth : int
         Frame buffer size in octets (power of two). Frames longer than ``depth`` octets are
         dropped as overflows; so are frames arriving while the buffer is full.
+    cut_through : bool
+        Pass octets on before the frame's end; its last beat carries ``err`` (module docstring).
     width : int
         Width of the buffer and of ``o`` (8, 16, 32, 64). Wider than 8, the octets are packed
         into words *before* the buffer (lane 0 first, ``keep`` on the last word), so a frame
@@ -72,8 +84,9 @@ class GmiiRx(wiring.Component):
     -----
     rxd : In(8); rx_dv, rx_er : In(1)
         GMII receive side, sampled on the ``sync`` clock (registered once inside).
-    o : Out(PacketStream(width))
-        Good frames, destination MAC first, without FCS.
+    o : Out(PacketStream(width)), or Out(FrameStream(width)) with ``cut_through``
+        Good frames, destination MAC first, without FCS; with ``cut_through``, every frame of
+        five octets or more, ``err`` on its last beat when it is bad.
     frames_ok, fcs_errors, runts, rx_errors, overflows : Out(32)
         Frame counters (wrapping). A bad frame counts once, under the first of: ``rx_errors``
         (rx_er seen while rx_dv), ``runts`` (< 64 octets with FCS), ``fcs_errors``,
@@ -84,14 +97,14 @@ class GmiiRx(wiring.Component):
         NAK instead of letting the buffer overflow (hw/rdma/resp_exec.py).
     """
 
-    def __init__(self, depth=2048, *, width=8):
+    def __init__(self, depth=2048, *, width=8, cut_through=False):
         if width % 8 or width <= 0 or depth % (width // 8):
             raise ValueError(f"width {width} is not a positive multiple of 8 dividing depth "
                              f"{depth} octets")
-        self._depth, self._width = depth, width
+        self._depth, self._width, self._cut = depth, width, cut_through
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
-            "o": Out(PacketStream(width)),
+            "o": Out(FrameStream(width) if cut_through else PacketStream(width)),
             "frames_ok": Out(32), "fcs_errors": Out(32), "runts": Out(32),
             "rx_errors": Out(32), "overflows": Out(32), "backlog": Out(1),
         })
@@ -99,8 +112,9 @@ class GmiiRx(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lanes = self._width // 8
+        cut = self._cut
         m.submodules.fifo = fifo = PacketFifo(self._width, self._depth // lanes,
-                                              registered_ready=True)
+                                              registered_ready=True, err=cut)
         m.d.comb += self.backlog.eq(fifo.half)
         m.submodules.crc = fcs = _fcs_crc()
         wiring.connect(m, wiring.flipped(self.o), fifo.r)
@@ -130,8 +144,7 @@ class GmiiRx(wiring.Component):
                 m.next = "PREAMBLE"
             with m.Elif(dv & (rxd == SFD)):
                 # A PHY may shorten the preamble; the SFD alone starts a frame.
-                m.d.comb += fcs.start.eq(1)
-                m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0), lane.eq(0)]
+                new_frame()
                 m.next = "FRAME_DATA"
             with m.Elif(dv):
                 m.next = "DROP"
@@ -164,9 +177,43 @@ class GmiiRx(wiring.Component):
         with m.If(refused):
             m.d.sync += overflow.eq(1)
 
+        # Cut-through: every beat is published as it is written. A refused beat cuts the frame
+        # (``cut``: none of its later octets is staged) and owes the reader a last beat with
+        # ``err`` (``closing``), staged whenever the stage is free and retried until written;
+        # a frame that starts while one is owed is cut from its start (nothing of it written).
+        # The last beat's ``err`` is the verdict, computed in FRAME_END (``bad_now``) as the
+        # beat is written; only the close beat sets ``w_err``.
+        cut_frame = Signal()
+        closing = Signal()
+        w_err = Signal()
+        bad_now = Signal()
+        if cut:
+            m.d.comb += [fifo.w_commit.eq(1),
+                         fifo.w.payload.err.eq(w_last & (w_err | bad_now))]
+            with m.If(refused):
+                m.d.sync += [cut_frame.eq(1), closing.eq(1)]
+            with m.Elif(closing & ~w_valid):
+                m.d.sync += [w_valid.eq(1), w_keep.eq(1), w_last.eq(1), w_err.eq(1),
+                             closing.eq(0)]
+
+        def new_frame():
+            m.d.comb += fcs.start.eq(1)
+            m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0), lane.eq(0)]
+            if cut:
+                m.d.sync += [cut_frame.eq(closing), overflow.eq(closing)]
+
         def put_octet(last):
+            if cut:
+                with m.If(~cut_frame):
+                    _put_octet(last)
+            else:
+                _put_octet(last)
+
+        def _put_octet(last):
             # delay[4] into lane ``lane`` of the write stage; the word is written when full or
             # last.
+            if cut:
+                m.d.sync += w_err.eq(0)
             if lanes == 1:
                 m.d.sync += [w_valid.eq(1), w_data.eq(delay[4]), w_keep.eq(1), w_last.eq(last)]
                 return
@@ -184,6 +231,14 @@ class GmiiRx(wiring.Component):
             with m.Else():
                 m.d.sync += lane.eq(lane + 1)
 
+        def drop():
+            if not cut:
+                m.d.comb += fifo.w_discard.eq(1)
+
+        def keep():
+            if not cut:
+                m.d.comb += fifo.w_commit.eq(1)
+
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 await_frame()
@@ -192,8 +247,7 @@ class GmiiRx(wiring.Component):
                 with m.If(~dv):
                     m.next = "IDLE"
                 with m.Elif(rxd == SFD):
-                    m.d.comb += fcs.start.eq(1)
-                    m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0), lane.eq(0)]
+                    new_frame()
                     m.next = "FRAME_DATA"
                 with m.Elif(rxd != PREAMBLE):
                     m.next = "DROP"
@@ -224,21 +278,25 @@ class GmiiRx(wiring.Component):
                     m.next = "FRAME_END"
 
             with m.State("FRAME_END"):
+                if cut:
+                    # The verdict rides on the last beat, written from the stage now. (A cut
+                    # frame's close beat carries ``w_err`` instead; it is counted here too.)
+                    m.d.comb += bad_now.eq(got_er | short | ~fcs.match_detected | overflow)
                 with m.If(got_er):
-                    m.d.comb += fifo.w_discard.eq(1)
+                    drop()
                     m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
                 with m.Elif(short):
-                    m.d.comb += fifo.w_discard.eq(1)
+                    drop()
                     m.d.sync += self.runts.eq(self.runts + 1)
                 with m.Elif(~fcs.match_detected):
-                    m.d.comb += fifo.w_discard.eq(1)
+                    drop()
                     m.d.sync += self.fcs_errors.eq(self.fcs_errors + 1)
                 with m.Elif(overflow | refused):
                     # (refused: the last octet, written from the stage in this cycle.)
-                    m.d.comb += fifo.w_discard.eq(1)
+                    drop()
                     m.d.sync += self.overflows.eq(self.overflows + 1)
                 with m.Else():
-                    m.d.comb += fifo.w_commit.eq(1)
+                    keep()
                     m.d.sync += self.frames_ok.eq(self.frames_ok + 1)
                 # As in Idle: a PHY that shrinks the gap to one octet may start the next
                 # frame (even with its SFD) right now. The verdict above reads the flags
@@ -415,13 +473,16 @@ class GmiiMac(wiring.Component):
         Cut-through transmit: octets of a frame in the FIFO before it starts (rounded up to
         whole beats; the FIFO's registered level, which leaves out the up to three beats
         already in the read register, the slice and the downsizer). None: store-and-forward.
+    rx_cut_through : bool
+        Cut-through receive (:class:`GmiiRx` ``cut_through``): ``rx`` is then a
+        :func:`~hw.lib.stream.FrameStream`, the verdict on each frame's last beat.
 
     Ports
     -----
     rxd, rx_dv, rx_er : In; txd, tx_en, tx_er : Out
         GMII.
-    rx : Out(PacketStream(width))
-        Received good frames without FCS.
+    rx : Out(PacketStream(width)), or Out(FrameStream(width)) with ``rx_cut_through``
+        Received frames without FCS (only the good ones when store-and-forward).
     tx : In(PacketStream(width))
         Frames to send, without FCS (padded to 60 octets and FCS added here). A frame longer
         than ``tx_depth`` octets would stall the stream forever: keep frames within the MTU.
@@ -431,7 +492,8 @@ class GmiiMac(wiring.Component):
         The receive buffer is half full or more (:class:`GmiiRx` ``backlog``).
     """
 
-    def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048, tx_start=None):
+    def __init__(self, width=8, *, rx_depth=2048, tx_depth=2048, tx_start=None,
+                 rx_cut_through=False):
         if width % 8 or width <= 0:
             raise ValueError(f"width {width} is not a positive multiple of 8")
         if tx_depth % (width // 8) or rx_depth % (width // 8):
@@ -441,10 +503,11 @@ class GmiiMac(wiring.Component):
                              f"octets")
         self._width, self._rx_depth, self._tx_depth = width, rx_depth, tx_depth
         self._tx_start = tx_start
+        self._rx_cut = rx_cut_through
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
-            "rx": Out(PacketStream(width)),
+            "rx": Out(FrameStream(width) if rx_cut_through else PacketStream(width)),
             "tx": In(PacketStream(width)),
             "rx_frames_ok": Out(32), "rx_fcs_errors": Out(32), "rx_runts": Out(32),
             "rx_errors": Out(32), "rx_overflows": Out(32),
@@ -454,7 +517,7 @@ class GmiiMac(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w = self._width
-        m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth, width=w)
+        m.submodules.gmii_rx = rx = GmiiRx(self._rx_depth, width=w, cut_through=self._rx_cut)
         cut = self._tx_start is not None
         m.submodules.gmii_tx = tx = GmiiTx(gated=cut)
         # ``registered_ready``: the FIFO's full flag from a flop. Combinational, the read pointer's

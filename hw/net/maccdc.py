@@ -11,9 +11,10 @@
     MAC counters: each change is a pulse, carried by a PulseSynchronizer, counted again in core.
     rx_backlog (the MAC's receive buffer half full): a level, through an FFSynchronizer.
 
-The MAC keeps its own frame buffers (bad frames are dropped there; transmission starts once a
-whole frame is buffered, or ``tx_start`` octets of it with a cut-through start), so the
-asynchronous FIFOs only have to absorb the clock ratio: at ``w = 64`` the MAC side offers at
+The MAC keeps its own frame buffers (store-and-forward, bad frames are dropped there; with
+``rx_cut_through`` a frame crosses as it arrives and its last beat carries the verdict;
+transmission starts once a whole frame is buffered, or ``tx_start`` octets of it with a
+cut-through start), so the asynchronous FIFOs only have to absorb the clock ratio: at ``w = 64`` the MAC side offers at
 most one wide beat per 8 of its cycles at line
 rate, which a core clock above 125/8 MHz drains.
 
@@ -30,7 +31,7 @@ from amaranth.lib import cdc, data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.net.mac import GmiiMac
-from hw.lib.stream import PacketStream, RegisterSlice
+from hw.lib.stream import FrameStream, PacketStream, RegisterSlice
 
 __all__ = ["MacCdc", "MAC_COUNTER_NAMES"]
 
@@ -55,12 +56,16 @@ class MacCdc(wiring.Component):
         The MAC's frame buffers in octets (see :class:`~hw.net.mac.GmiiMac`).
     tx_start : int or None
         The MAC's cut-through transmit start (:class:`~hw.net.mac.GmiiMac` ``tx_start``).
+    rx_cut_through : bool
+        The MAC's cut-through receive (:class:`~hw.net.mac.GmiiMac` ``rx_cut_through``): a
+        frame crosses as it comes, its verdict (``err``) on its last beat.
 
     Ports
     -----
     rxd, rx_dv, rx_er : In; txd, tx_en, tx_er : Out
         GMII, in ``mac_domain``.
-    rx : Out(PacketStream(width)), tx : In(PacketStream(width))
+    rx : Out(PacketStream(width)) (Out(FrameStream(width)) with ``rx_cut_through``),
+    tx : In(PacketStream(width))
         Frames without FCS, in ``core_domain``.
     rx_backlog : Out(1)
         The MAC's receive buffer holds half its depth or more (GmiiMac ``rx_backlog``), in
@@ -73,14 +78,15 @@ class MacCdc(wiring.Component):
     """
 
     def __init__(self, width=64, *, mac_domain="sync", core_domain="core", fifo_depth=16,
-                 rx_depth=2048, tx_depth=2048, tx_start=None):
+                 rx_depth=2048, tx_depth=2048, tx_start=None, rx_cut_through=False):
         self._w, self._md, self._cd = width, mac_domain, core_domain
         self._fifo_depth, self._rx_depth, self._tx_depth = fifo_depth, rx_depth, tx_depth
-        self._tx_start = tx_start
+        self._tx_start, self._rx_cut = tx_start, rx_cut_through
+        rx_sig = FrameStream(width) if rx_cut_through else PacketStream(width)
         super().__init__({
             "rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
             "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1),
-            "rx": Out(PacketStream(width)), "tx": In(PacketStream(width)),
+            "rx": Out(rx_sig), "tx": In(PacketStream(width)),
             "counters": Out(32).array(len(MAC_COUNTER_NAMES)),
             "rx_backlog": Out(1),
         })
@@ -91,7 +97,8 @@ class MacCdc(wiring.Component):
         rename = DomainRenamer({"sync": md})
         m.submodules.mac = mac = rename(GmiiMac(w, rx_depth=self._rx_depth,
                                                 tx_depth=self._tx_depth,
-                                                tx_start=self._tx_start))
+                                                tx_start=self._tx_start,
+                                                rx_cut_through=self._rx_cut))
         bits = data.Layout.cast(self.rx.payload.shape()).size
         m.submodules.rx_fifo = rxf = fifo.AsyncFIFO(width=bits, depth=self._fifo_depth,
                                                     w_domain=md, r_domain=cd)
@@ -106,7 +113,7 @@ class MacCdc(wiring.Component):
         # transmit side the MAC FIFO's ready would chain into the async FIFO's read enable,
         # pointer and storage read (9 levels, 9.0 ns placed on ECPIX-5 with the sizers that
         # sat here before, board core ``mac-cdc``).
-        m.submodules.rx_slice = rx_slice = rename(RegisterSlice(w))
+        m.submodules.rx_slice = rx_slice = rename(RegisterSlice(signature=mac.rx.signature))
         m.submodules.tx_slice = tx_slice = rename(RegisterSlice(w))
 
         # Receive: MAC -> slice -> async FIFO -> rx.

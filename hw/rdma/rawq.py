@@ -50,7 +50,7 @@ from hw.iface import HostBusSignature, Space
 from hw.lib.octets import HeaderCapture
 from hw.net.ip import roce_rx_layout
 from hw.lib.fifo import PacketFifo
-from hw.lib.stream import PacketStream, keep_count
+from hw.lib.stream import FrameStream, PacketStream, keep_count
 from hw.lib.width import StreamDownsizer
 
 __all__ = ["RawQueues", "QpFilter", "Q_RAW_RX", "Q_RAW_TX", "GSI_QPN"]
@@ -77,9 +77,10 @@ class RawQueues(wiring.Component):
 
     Ports
     -----
-    tap : In(PacketStream(width))
+    tap : In(FrameStream(width))
         Every beat that moves on the receive stream (``valid`` = the beat's handshake); ``ready``
-        is driven 1 and must be ignored by the caller.
+        is driven 1 and must be ignored by the caller. A frame with ``err`` on its last beat
+        is not queued.
     tx : Out(PacketStream(width))
         Host frames towards the MAC.
     bus : In(HostBusSignature)
@@ -98,7 +99,7 @@ class RawQueues(wiring.Component):
         self.rx_octets, self.tx_octets, self.rx_frames = rx_octets, tx_octets, rx_frames
         self.max_tx_octets = tx_octets
         super().__init__({
-            "tap": In(PacketStream(width)), "tx": Out(PacketStream(width)),
+            "tap": In(FrameStream(width)), "tx": Out(PacketStream(width)),
             "bus": In(HostBusSignature()), "own_mac": In(48), "own_ip": In(32),
             "cnt_rx_frames": Out(32), "cnt_rx_drops": Out(32),
             "cnt_tx_frames": Out(32), "cnt_tx_drops": Out(32),
@@ -137,7 +138,7 @@ class RawQueues(wiring.Component):
         m.d.comb += [fd.w.valid.eq(put), fd.w.p.data.eq(entry), fd.w.p.keep.eq(-1),
                      fd.w.p.last.eq(t.p.last)]
         lost = put & ~fd.w.ready
-        keep_it = match & ~ovf & ~lost & fl.w_rdy
+        keep_it = match & ~ovf & ~lost & fl.w_rdy & ~t.p.err
         with m.If(fire):
             m.d.sync += pos.eq(Mux(t.p.last, 0, Mux(pos >= (1 << 16), pos, pos + nl)))
             if k > 1:
@@ -153,7 +154,8 @@ class RawQueues(wiring.Component):
                              fl.w_en.eq(keep_it), fl.w_data.eq(end)]
                 with m.If(keep_it):
                     m.d.sync += self.cnt_rx_frames.eq(self.cnt_rx_frames + 1)
-                with m.Elif(match):
+                with m.Elif(match & ~t.p.err):
+                    # (A bad frame is the MAC's to count.)
                     m.d.sync += self.cnt_rx_drops.eq(self.cnt_rx_drops + 1)
 
         # ---- read side -------------------------------------------------------------------
@@ -265,8 +267,9 @@ class QpFilter(wiring.Component):
         m = Module()
         w, nl = self.width, self.width // 8
         meta_bits = data.Layout.cast(self.i.p.meta.shape()).size
-        extra = (meta_bits + 7) // 8 * 8
-        # A PacketFifo as wide as data + metadata: its commit/discard is what the filter needs.
+        extra = (meta_bits + 1 + 7) // 8 * 8
+        # A PacketFifo as wide as data + metadata + ``err``: its commit/discard is what the
+        # filter needs.
         m.submodules.f = f = PacketFifo(w + extra, self.depth)
         i, o = self.i, self.o
         fire = i.valid & i.ready
@@ -277,12 +280,13 @@ class QpFilter(wiring.Component):
         mode = Signal(2)
         drop_now = decide & (cap.value(5, 3) == GSI_QPN)
         m.d.comb += [
-            f.w.p.data.eq(Cat(i.p.data, i.p.meta)), f.w.p.keep.eq(i.p.keep),
+            f.w.p.data.eq(Cat(i.p.data, i.p.meta, i.p.err)), f.w.p.keep.eq(i.p.keep),
             f.w.p.last.eq(i.p.last),
             f.w.valid.eq(i.valid & (mode != DROP) & ~((mode == HDR) & drop_now)),
             i.ready.eq((mode == DROP) | f.w.ready),
             o.valid.eq(f.r.valid), o.p.data.eq(f.r.p.data[:w]),
-            o.p.meta.eq(f.r.p.data[w:w + meta_bits]), o.p.keep.eq(f.r.p.keep[:nl]),
+            o.p.meta.eq(f.r.p.data[w:w + meta_bits]), o.p.err.eq(f.r.p.data[w + meta_bits]),
+            o.p.keep.eq(f.r.p.keep[:nl]),
             o.p.last.eq(f.r.p.last), f.r.ready.eq(o.ready),
         ]
         with m.If(fire):

@@ -68,7 +68,8 @@ from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_T
                      REG_UDPLINK, RecvNotify, RecvRepost, Space, WorkRequest)
 from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.kbtp.engine import KbtpEngine, ranges_for, read_window_for
-from hw.lib.stream import PacketStream, RecordMerge, RegisterSlice
+from hw.lib.stream import (FrameStream, PacketStream, RecordMerge, RegisterSlice,
+                           frame_from_packets)
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.net.arp import ArpResponder
 from hw.net.mac import GmiiMac
@@ -159,6 +160,11 @@ class KbtpTarget(wiring.Component):
         (boards.cores.KbtpCore). Cut-through, the TX path's payload reads come on the memory
         bus right after the receive path's (MemArbiter ``urgent``): a frame on the wire cannot
         wait for the round robin.
+    mac_rx_cut_through : bool
+        Cut-through receive (:class:`~hw.net.mac.GmiiMac` ``rx_cut_through``; default True):
+        the MAC passes a frame's octets on as they come and gives its verdict on the last
+        beat; the ICRC check is the commit point (issue 21). With ``mac=False`` the MAC
+        outside reads it from here (boards.cores.KbtpCore); ``rx`` is a FrameStream either way.
     mac_rx_depth : int
         Octets of the MAC's receive frame buffer (a power of two; ``mac=False``: of the MAC
         outside). The engine keeps no more RDMA READ data out than it holds besides one largest
@@ -178,8 +184,10 @@ class KbtpTarget(wiring.Component):
     -----
     rxd : In(8), rx_dv, rx_er : In(1); txd : Out(8), tx_en, tx_er : Out(1)
         GMII (``mac=True``).
-    rx : In(PacketStream(width)), tx : Out(PacketStream(width))
-        ``mac=False``: good received frames without FCS, frames to send without FCS (what
+    rx : In(FrameStream(width)), tx : Out(PacketStream(width))
+        ``mac=False``: received frames without FCS (``err`` on a bad frame's last beat: a MAC
+        that cuts through; a store-and-forward MAC's good frames with ``err`` 0,
+        :func:`~hw.lib.stream.frame_from_packets`), frames to send without FCS (what
         :class:`~hw.net.mac.GmiiMac` hands over / takes). ``rx`` must not be stalled by more
         than the MAC's receive buffer allows (the raw queues tap it without back-pressure).
     mac_counters : In(32).array(len(MAC_COUNTERS))
@@ -199,7 +207,7 @@ class KbtpTarget(wiring.Component):
                  queue_depth=16, engine=True, n_ranges=None, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
                  mac_depth=8192, mac_rx_depth=32768, mac_tx_start=MAC_TX_START, ram=None,
-                 udp_link=False):
+                 udp_link=False, mac_rx_cut_through=True):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
@@ -213,6 +221,7 @@ class KbtpTarget(wiring.Component):
         self.notify_depth = notify_depth or 16 * n_qp
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
         self.mac_tx_start = mac_tx_start
+        self.mac_rx_cut_through = mac_rx_cut_through
         self.raw = dict(rx_octets=raw_rx_octets, tx_octets=raw_tx_octets,
                         rx_frames=raw_rx_frames)
         self.mac = mac
@@ -224,7 +233,7 @@ class KbtpTarget(wiring.Component):
             ports = {"rxd": In(8), "rx_dv": In(1), "rx_er": In(1),
                      "txd": Out(8), "tx_en": Out(1), "tx_er": Out(1)}
         else:
-            ports = {"rx": In(PacketStream(width)), "tx": Out(PacketStream(width)),
+            ports = {"rx": In(FrameStream(width)), "tx": Out(PacketStream(width)),
                      "mac_counters": In(32).array(len(MAC_COUNTERS)),
                      "mac_rx_backlog": In(1)}
         super().__init__({**ports, "host": In(HostBusSignature())})
@@ -236,7 +245,8 @@ class KbtpTarget(wiring.Component):
         sm = m.submodules
         if self.mac:
             sm.mac = mac = GmiiMac(w, rx_depth=self.mac_rx_depth, tx_depth=self.mac_depth,
-                                   tx_start=self.mac_tx_start)
+                                   tx_start=self.mac_tx_start,
+                                   rx_cut_through=self.mac_rx_cut_through)
         else:
             # The MAC lives outside: its user-side streams and counters are our ports.
             mac = SimpleNamespace(rx=wiring.flipped(self.rx), tx=wiring.flipped(self.tx),
@@ -310,17 +320,20 @@ class KbtpTarget(wiring.Component):
         m.d.comb += icrcins.own_ip.eq(top.own_ip)
 
         # Receive path.
-        wiring.connect(m, mac.rx, ethrx.i)
+        if isinstance(mac, GmiiMac) and not self.mac_rx_cut_through:
+            frame_from_packets(m, mac.rx, ethrx.i)
+        else:
+            wiring.connect(m, mac.rx, ethrx.i)
         wiring.connect(m, ethrx.arp, arp.i)
         wiring.connect(m, arp.o, ethtx.arp)
         wiring.connect(m, ethrx.roce, qpf.i)
         wiring.connect(m, qpf.o, icrc.i)
         # The raw RX queue sees every beat the MAC hands over (it never stalls).
-        m.d.comb += [rawq.tap.valid.eq(mac.rx.valid & mac.rx.ready),
-                     rawq.tap.payload.eq(mac.rx.payload)]
+        m.d.comb += [rawq.tap.valid.eq(ethrx.i.valid & ethrx.i.ready),
+                     rawq.tap.payload.eq(ethrx.i.payload)]
         if self.udp_link:       # so does the UDP host link (its input is always ready)
-            m.d.comb += [udplink.i.valid.eq(mac.rx.valid & mac.rx.ready),
-                         udplink.i.payload.eq(mac.rx.payload)]
+            m.d.comb += [udplink.i.valid.eq(ethrx.i.valid & ethrx.i.ready),
+                         udplink.i.payload.eq(ethrx.i.payload)]
         # Register slices (skid buffers: valid, data and ready all from flops) where two
         # streaming blocks' combinational paths added up to the core clock's longest paths
         # (tools/depth.py on the ECPIX-5 netlist): the ICRC check's buffer -> the parser (and,

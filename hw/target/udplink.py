@@ -87,7 +87,7 @@ from hw.headers import ETHERTYPE_IPV4, EthernetHeader, IPv4Header, UDPHeader
 from hw.iface import REG_UDPLINK, HostBusSignature, counter_ports
 from hw.lib.fifo import PacketFifo
 from hw.lib.octets import be_value, lanes, octets_be
-from hw.lib.stream import PacketStream, keep_count, packet_layout
+from hw.lib.stream import FrameStream, PacketStream, keep_count, packet_layout
 from hw.net.ip import IP_PROTO_UDP
 from hw.target.hostlink import (SOF_REQUEST, HostLinkEngine, carries_data,
                                 response_words_max)
@@ -203,7 +203,9 @@ class UdpLinkRx(wiring.Component):
 
     Ports
     -----
-    i : In(PacketStream(width))      whole Ethernet frames (no FCS); ``ready`` is always 1
+    i : In(FrameStream(width))       whole Ethernet frames (no FCS); ``ready`` is always 1; a
+                                     frame with ``err`` on its last beat is discarded, uncounted
+                                     (the MAC counts it)
     o : Out(stream of :func:`stored_layout`)   committed datagrams
     own_mac, own_ip, host_mac, host_ip, host_port, enable : In
     cnt_* : Out(32)    :attr:`COUNTERS`
@@ -219,7 +221,7 @@ class UdpLinkRx(wiring.Component):
         #: Beats of the store: two of the largest datagrams (from the beat holding octet 42).
         self.depth = depth or 2 * -(-(_KH_AT % nl + MAX_PAYLOAD) // nl)
         self._max_packets = max_packets
-        members = {"i": In(PacketStream(width)), "o": Out(stream.Signature(stored_layout(width))),
+        members = {"i": In(FrameStream(width)), "o": Out(stream.Signature(stored_layout(width))),
                    "own_mac": In(48), "own_ip": In(32), "host_mac": In(48), "host_ip": In(32),
                    "host_port": In(16), "enable": In(1), **counter_ports(self.COUNTERS)}
         super().__init__(members)
@@ -351,10 +353,12 @@ class UdpLinkRx(wiring.Component):
         ]
         decide = Signal()                    # the cycle after a frame's last beat
         truncated = Signal()
+        frame_err = Signal()                 # the MAC's verdict on the frame (cut-through)
         m.d.sync += decide.eq(fire & last)
         with m.If(fire & last):
-            m.d.sync += truncated.eq(~seg.done
-                                     & (~seg.final | (seg.lane >= keep_count(i.p.keep))))
+            m.d.sync += [truncated.eq(~seg.done
+                                      & (~seg.final | (seg.lane >= keep_count(i.p.keep)))),
+                         frame_err.eq(i.p.err)]
         with m.If(decide):
             m.d.sync += lost.eq(0)
         with m.Elif(take & ~store.w.ready):
@@ -368,7 +372,7 @@ class UdpLinkRx(wiring.Component):
         kh_ok = ~kh_bad & (((kind == T_REQUEST) & (udp_len > _UDP + HEADER))
                            | ((kind == T_SYNC) & (udp_len == _UDP + HEADER)))
         sound = passed & length_ok & udp_ok & kh_ok        # rules 1-7 but the frame structure
-        good = sound & ~lost & walk_ok
+        good = sound & ~lost & walk_ok & ~frame_err
         m.d.comb += [
             store.w_commit.eq(decide & good),
             store.w_discard.eq(decide & ~good),
@@ -385,7 +389,7 @@ class UdpLinkRx(wiring.Component):
         }
         for c in self.COUNTERS:
             cnt = getattr(self, f"cnt_{c}")
-            with m.If(decide & outcome[c]):
+            with m.If(decide & ~frame_err & outcome[c]):
                 m.d.sync += cnt.eq(cnt + 1)
         return m
 
@@ -679,7 +683,7 @@ class UdpHostLink(wiring.Component):
 
     Ports
     -----
-    i : In(PacketStream(width))     received frames (always ready: a tap is enough)
+    i : In(FrameStream(width))      received frames (always ready: a tap is enough)
     o : Out(PacketStream(width))    response frames, for the transmit mux
     bus : Out(HostBusSignature)     master
     regs : In(HostBusSignature)     the register window (only accesses inside it)
@@ -694,7 +698,7 @@ class UdpHostLink(wiring.Component):
         self._width = width
         self.max_words, self.bus_timeout, self.base = max_words, bus_timeout, base
         self.rx_depth = rx_depth
-        members = {"i": In(PacketStream(width)), "o": Out(PacketStream(width)),
+        members = {"i": In(FrameStream(width)), "o": Out(PacketStream(width)),
                    "bus": Out(HostBusSignature()), "regs": In(HostBusSignature()),
                    "own_mac": In(48), "own_ip": In(32),
                    "host_mac": Out(48), "host_ip": Out(32), "host_port": Out(16),

@@ -23,6 +23,7 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.lib.stream import frame_from_packets
 from hw.iface import HostBusSignature
 from hw.net.xgmii import XgmiiMac
 from hw.target.target import MAC_COUNTERS, KbtpTarget
@@ -63,8 +64,10 @@ class XgmiiKbtpTarget(wiring.Component):
         if "mac" in kwargs:
             raise ValueError("XgmiiKbtpTarget has its own MAC")
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
+        # Receive stays store-and-forward at 10 Gb/s: XgmiiMac checks a frame whole before it
+        # hands it over (cut-through receive is GmiiMac's, issue 21).
         self.target = KbtpTarget(width, mac=False, mac_rx_depth=mac_rx_depth,
-                                 mac_tx_start=mac_tx_start, **kwargs)
+                                 mac_tx_start=mac_tx_start, mac_rx_cut_through=False, **kwargs)
         super().__init__({"xgmii_rxd": In(64), "xgmii_rxc": In(8),
                           "xgmii_txd": Out(64), "xgmii_txc": Out(8),
                           "host": In(HostBusSignature())})
@@ -77,7 +80,7 @@ class XgmiiKbtpTarget(wiring.Component):
         m.submodules.target = t = self.target
         m.d.comb += [mac.xgmii_rxd.eq(self.xgmii_rxd), mac.xgmii_rxc.eq(self.xgmii_rxc),
                      self.xgmii_txd.eq(mac.xgmii_txd), self.xgmii_txc.eq(mac.xgmii_txc)]
-        wiring.connect(m, mac.rx, t.rx)
+        frame_from_packets(m, mac.rx, t.rx)
         wiring.connect(m, t.tx, mac.tx)
         for k, name in enumerate(MAC_COUNTERS):
             m.d.comb += t.mac_counters[k].eq(getattr(mac, name))

@@ -94,6 +94,28 @@ def test_icrc_check_drops_packets_shorter_than_udp_length(width, idle, stall):
 
 
 @pytest.mark.parametrize("width", [8, 64])
+@pytest.mark.parametrize("idle,stall", SPEEDS)
+def test_icrc_check_is_the_commit_point(width, idle, stall):
+    """A packet whose frame the MAC found bad (``err`` on its last beat, issue 21's cut-through
+    receive) is dropped although its ICRC is good, counted neither ok nor bad (the MAC counts
+    it), and the next packet passes; nothing of it reaches the output."""
+    frames = pcap_roce_frames()
+    items, expect = [], []
+    for k, f in enumerate(frames):
+        meta = rx_meta_of(f)
+        beats = roce_rx_beats(f, width, meta)
+        if k % 3 == 1:
+            beats[-1] = {**beats[-1], "err": 1}
+        else:
+            expect.append(f[42:42 + meta["udp_length"] - 8])
+        items.append(beats)
+    got, cnt = _check_run(width, items, idle, stall)
+    assert [p for p, _ in got] == expect
+    assert cnt == {"ok": len(expect), "bad": 0, "overflow": 0}
+    assert len(expect) < len(frames)
+
+
+@pytest.mark.parametrize("width", [8, 64])
 def test_icrc_check_every_last_beat_length(width):
     """Packets of every length mod 8 (PadCnt 0, so not a multiple of 4: the last beat at width
     64 holds 1..8 octets), each with scapy's ICRC, and a copy with one octet flipped. A RoCE

@@ -137,22 +137,39 @@ def test_eth_ip_rx(width, idle, stall):
     rng = seeded(width * 7 + int(idle * 10))
     frames = make_frames(rng, 60 if width == 64 else 40)
     dut = EthIpRx(width)
-    beats = [beat for _, f in frames for beat in packet_to_beats(f, width)]
+    # A quarter of the frames come first with ``err`` on their last beat (a cut-through MAC's
+    # verdict: bad FCS), then as they are: a RoCE packet carries it on its own last beat, an
+    # ARP frame is not answered, and none of them is counted.
+    doubled, bad = [], []
+    for kf in frames:
+        if rng.random() < 0.25:
+            doubled.append(kf)
+            bad.append(True)
+        doubled.append(kf)
+        bad.append(False)
+    frames = doubled
+    beats = []
+    for (_, f), b in zip(frames, bad):
+        fb = packet_to_beats(f, width)
+        fb[-1] = {**fb[-1], "err": int(b)}
+        beats += fb
     out, counters = run_through(dut, beats, {"roce": dut.roce, "arp": dut.arp}, settle=200,
                                 idle=idle, stall=stall, rng=rng, counters=dut.COUNTERS,
                                 setup=[(dut.own_mac, OWN_MAC), (dut.own_ip, OWN_IP)])
     roce_out, arp_out = out["roce"], out["arp"]
 
     expect_roce, expect_arp, expect_cnt = [], [], {c: 0 for c in EthIpRx.COUNTERS}
-    for kind, f in frames:
+    expect_err = []
+    for (kind, f), b in zip(frames, bad):
         cls = reference_class(f)
-        expect_cnt[cls] += 1
+        expect_cnt[cls] += not b
         if cls == "roce":
             ulen = int.from_bytes(f[38:40], "big")
             expect_roce.append(f[42:42 + ulen - 8])
+            expect_err.append(int(b))
             if len(f) < 42 + ulen - 8:
-                expect_cnt["truncated"] += 1
-        elif cls == "arp":
+                expect_cnt["truncated"] += not b
+        elif cls == "arp" and not b:
             expect_arp.append(f[:42])
         if kind != "truncated":
             assert cls == kind.split("_")[0] or kind in ("roce_pad", "arp_unicast",
@@ -161,6 +178,8 @@ def test_eth_ip_rx(width, idle, stall):
                 (kind, cls)
     got_roce = split_packets(roce_out, width)
     assert [p for p, _ in got_roce] == expect_roce
+    assert [p.err for p in roce_out if p.last] == expect_err and 0 < sum(expect_err)
+    assert not any(p.err for p in roce_out if not p.last)
     assert [p for p, _ in split_packets(arp_out, width)] == expect_arp
     assert counters == expect_cnt
     # Sideband metadata equals scapy's reading of the same frames.

@@ -406,6 +406,158 @@ def test_gmii_rx_drains_a_word_a_cycle(width):
 
 
 # ---------------------------------------------------------------------------------------------
+# GMII receiver, cut-through (issue 21: the receive commit point is downstream)
+# ---------------------------------------------------------------------------------------------
+
+async def _frame_get(ctx, port, width):
+    """One frame from a FrameStream (ready high until its last beat, low after): (octets, err
+    of its last beat, cycles taken)."""
+    beats, cycles = [], 0
+    ctx.set(port.ready, 1)
+    async for _, _, valid, p in ctx.tick().sample(port.valid, port.payload):
+        cycles += 1
+        if valid:
+            beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+            if p.last:
+                ctx.set(port.ready, 0)
+                return beats_to_packet(beats, width), p.err, cycles
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_gmii_rx_cut_through_marks_bad_frames_at_their_last_beat(width):
+    """Every frame of five octets or more is passed on; the bad ones (bad FCS, runt, rx_er)
+    carry ``err`` on their last beat, the good ones do not, and the counters are those of the
+    store-and-forward receiver for the same frames."""
+    rng = random.Random(5)
+    dut = GmiiRx(depth=256, width=width, cut_through=True)
+    good = [rng.randbytes(n) for n in (60, 61, 64, 100)]
+    flip = {}
+
+    def bad_fcs(p):
+        f = bytearray(gmii_wire(p))
+        k = 8 + rng.randrange(len(f) - 8 - 4)                  # a data octet, not the FCS
+        f[k] ^= 1 << rng.randrange(8)
+        flip["frame"] = bytes(f[8:-4])
+        return bytes(f)
+
+    def runt(n):
+        body = rng.randbytes(n)
+        flip.setdefault("runts", []).append(body)
+        return bytes([0x55] * 7 + [0xD5]) + body + zlib.crc32(body).to_bytes(4, "little")
+
+    async def bench(ctx):
+        await gmii_drive(ctx, dut, gmii_wire(good[0]))
+        await gmii_drive(ctx, dut, bad_fcs(good[1]))
+        await gmii_drive(ctx, dut, gmii_wire(good[1]))
+        await gmii_drive(ctx, dut, runt(59))
+        await gmii_drive(ctx, dut, runt(3))
+        await gmii_drive(ctx, dut, gmii_wire(good[2]), er_at=30)
+        await gmii_drive(ctx, dut, gmii_wire(good[3]), ifg=1)
+        await ctx.tick().repeat(5)
+        assert ctx.get(dut.frames_ok) == 3
+        assert ctx.get(dut.fcs_errors) == 1
+        assert ctx.get(dut.runts) == 2
+        assert ctx.get(dut.rx_errors) == 1
+        assert ctx.get(dut.overflows) == 0
+
+    got = []
+
+    async def consumer(ctx):
+        for _ in range(7):
+            data, err, _ = await _frame_get(ctx, dut.o, width)
+            got.append((data, err))
+
+    run(dut, bench, consumer)
+    assert got == [(good[0], 0), (flip["frame"], 1), (good[1], 0), (flip["runts"][0], 1),
+                   (flip["runts"][1], 1), (good[2], 1), (good[3], 0)]
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_gmii_rx_cut_through_passes_octets_before_the_end(width):
+    """Cut-through, a frame's first beat leaves while its octets still arrive, and its last
+    beat (with the verdict) a fixed few cycles after rx_dv falls, whatever its length; store-
+    and-forward, the last beat comes a frame's words later. Printed per length."""
+    rng = random.Random(22)
+    lanes = width // 8
+    lens = [60, 61, 67, 100, 300]
+    lags = {}
+    for cut in (True, False):
+        dut = GmiiRx(depth=1024, width=width, cut_through=cut)
+        st = {"first": [], "last": [], "end": [], "cycle": 0, "dv": 0, "got": []}
+
+        async def clock(ctx, st=st, dut=dut):
+            beats = []
+            ctx.set(dut.o.ready, 1)
+            async for _, _, valid, p, dv in ctx.tick().sample(dut.o.valid, dut.o.payload,
+                                                             dut.rx_dv):
+                st["cycle"] += 1
+                if st["dv"] and not dv:
+                    st["end"].append(st["cycle"])
+                st["dv"] = dv
+                if valid:
+                    if not beats:
+                        st["first"].append(st["cycle"])
+                    beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+                    if p.last:
+                        st["last"].append(st["cycle"])
+                        st["got"].append((beats_to_packet(beats, width),
+                                          p.err if cut else 0))
+                        beats = []
+
+        pkts = [rng.randbytes(n) for n in lens]
+
+        async def bench(ctx, pkts=pkts, dut=dut, st=st):
+            for p in pkts:
+                await gmii_drive(ctx, dut, gmii_wire(p), ifg=12)
+                await ctx.tick().repeat(-(-len(p) // lanes) + 10)
+            assert st["got"] == [(p, 0) for p in pkts]
+
+        run(dut, bench, background=[clock])
+        lags[cut] = [lt - e for lt, e in zip(st["last"], st["end"])]
+        if cut:
+            # The first beat left before the frame's last octet arrived.
+            assert all(f < e for f, e in zip(st["first"], st["end"])), (st["first"], st["end"])
+    print(f"\nwidth {width}: frame octets {lens}; cycles from rx_dv low to the last beat: "
+          f"cut-through {lags[True]}, store-and-forward {lags[False]}")
+    assert len(set(lags[True])) == 1 and lags[True][0] <= 4, lags
+    words = [-(-n // lanes) for n in lens]
+    assert [s - c for s, c in zip(lags[False], lags[True])] == [w - 1 for w in words] or \
+        all(s >= c + w - 1 for s, c, w in zip(lags[False], lags[True], words)), lags
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_gmii_rx_cut_through_overflow_cuts_and_closes(width):
+    """A stalled reader: a frame that finds the buffer full is cut, and the reader gets its
+    last beat with ``err`` once there is room; a frame that starts before then is dropped whole;
+    both are counted as overflows; the frames before and after arrive intact."""
+    rng = random.Random(9)
+    dut = GmiiRx(depth=256, width=width, cut_through=True)
+    pkts = [rng.randbytes(100) for _ in range(5)]
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 0)
+        for p in pkts[:4]:
+            await gmii_drive(ctx, dut, gmii_wire(p))
+        # 256 octets: two frames, then the third is cut; the fourth starts while the cut
+        # frame's close is still owed (the buffer is full).
+        assert ctx.get(dut.frames_ok) == 2 and ctx.get(dut.overflows) == 2
+        for _ in range(3):
+            data, err, _ = await _frame_get(ctx, dut.o, width)
+            got.append((data, err))
+        await gmii_drive(ctx, dut, gmii_wire(pkts[4]))
+        data, err, _ = await _frame_get(ctx, dut.o, width)
+        got.append((data, err))
+        assert ctx.get(dut.frames_ok) == 3
+
+    run(dut, bench)
+    assert got[:2] == [(pkts[0], 0), (pkts[1], 0)]
+    cut_data, cut_err = got[2]
+    assert cut_err == 1 and pkts[2].startswith(cut_data[:-1]) and len(cut_data) < 100
+    assert got[3] == (pkts[4], 0)
+
+
+# ---------------------------------------------------------------------------------------------
 # TX -> RX loop, and the whole MAC at several widths
 # ---------------------------------------------------------------------------------------------
 

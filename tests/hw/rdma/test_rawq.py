@@ -120,6 +120,27 @@ def test_rx_queue_keeps_cm_frames_only(width):
 
 
 @pytest.mark.parametrize("width", [8, 64])
+def test_rx_queue_skips_frames_the_mac_found_bad(width):
+    """A CM frame whose last beat carries ``err`` (the cut-through MAC's bad-FCS verdict) is
+    neither queued nor counted as a queue drop; the same frame good is queued after it."""
+    dut = RawQueues(width)
+    req = cm_req()
+
+    async def bench(ctx):
+        ctx.set(dut.own_mac, MAC)
+        ctx.set(dut.own_ip, IPV4)
+        beats = packet_to_beats(req, width)
+        beats[-1] = {**beats[-1], "err": 1}
+        await stream_put(ctx, dut.tap, beats)
+        await ctx.tick().repeat(4)
+        await tap_frame(ctx, dut.tap, req, width)
+        assert await pop_frame(ctx, dut.bus) == req
+        assert await pop_frame(ctx, dut.bus) is None
+        assert ctx.get(dut.cnt_rx_frames) == 1 and ctx.get(dut.cnt_rx_drops) == 0
+    run(dut, bench)
+
+
+@pytest.mark.parametrize("width", [8, 64])
 def test_rx_queue_full_drops_and_counts(width):
     """512 octets hold one 322-octet REQ: the next two are dropped and counted, the queue
     keeps working once read."""

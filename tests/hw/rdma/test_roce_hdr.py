@@ -11,7 +11,7 @@ from scapy.layers.l2 import Ether
 from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.net.ip import EthIpRx, EthIpTx
 from hw.rdma.roce_hdr import RoceRxHeader, RoceRxParser, RoceTxBuilder, RoceTxHeader
-from hw.lib.stream import PacketStream
+from hw.lib.stream import FrameStream, PacketStream
 from sim.hdl import packet_to_beats, run_sim, run_through, split_packets, stream_collect, stream_put
 from sim.scapy_roce import (EXT_NAME, OPCODE_EXTS, dissect_roce, icrc_of, pcap_roce_frames,
                             random_ext_fields, roce_frame, roce_rx_beats, rx_meta_of, seeded)
@@ -239,7 +239,7 @@ class _RxChain(wiring.Component):
 
     def __init__(self, width):
         self._w = width
-        super().__init__({"i": In(PacketStream(width)),
+        super().__init__({"i": In(FrameStream(width)),
                           "hdr": Out(stream.Signature(RoceRxHeader)),
                           "payload": Out(PacketStream(width)),
                           "own_ip": In(32), "own_mac": In(48), "icrc_bad": Out(32)})
