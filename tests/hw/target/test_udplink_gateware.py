@@ -196,7 +196,8 @@ class Bench:
         self.sim.add_testbench(body)
         self.sim.run()
 
-    async def send(self, ctx, raw, *, gaps=0.0):
+    async def send(self, ctx, raw, *, gaps=0.0, err=0):
+        """One frame on ``i``; ``err``: on its last beat (a cut-through MAC's bad frame)."""
         i, nl = self.link.i, self.nl
         for k in range(0, len(raw), nl):
             chunk = raw[k:k + nl]
@@ -207,9 +208,11 @@ class Bench:
             ctx.set(i.p.data, int.from_bytes(chunk, "little"))
             ctx.set(i.p.keep, (1 << len(chunk)) - 1)
             ctx.set(i.p.last, k + nl >= len(raw))
+            ctx.set(i.p.err, err and k + nl >= len(raw))
             assert ctx.get(i.ready), "the endpoint's input must always be ready"
             await ctx.tick()
         ctx.set(i.valid, 0)
+        ctx.set(i.p.err, 0)
 
     async def replies(self, ctx, n, limit=20000):
         """Wait for ``n`` frames in ``out`` (in all); return them parsed."""
@@ -394,6 +397,28 @@ def test_sync_answers_expected_and_executes_nothing(width):
         assert (await b.replies(ctx, 5))[4] == (T_SYNC_RESPONSE, 7, (3).to_bytes(4, "big"))
         c = await b.counters(ctx)
         assert (c["sync"], c["executed"], c["frames_ok"]) == (2, 3, 3)
+
+    b.run(body)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_frame_the_mac_found_bad_runs_nothing(width):
+    """A request datagram whose frame ends with ``err`` (the cut-through MAC's verdict: bad FCS)
+    executes nothing, is answered by nothing and moves none of the link's counters (the MAC
+    counts it); the same request then runs once, as the sequence number it carries."""
+    b = Bench(width)
+
+    async def body(ctx):
+        await b.configure(ctx)
+        before = await b.counters(ctx)
+        await b.send(ctx, frame(kh(T_REQUEST, 0, req(Cmd.WRITE_REG, 0x08, 1, [0x5EED]))),
+                     err=1)
+        await ctx.tick().repeat(200)
+        assert b.out == [] and await b.counters(ctx) == before
+        (r,) = await b.exchange(ctx, 0, [req(Cmd.WRITE_REG, 0x08, 1, [0x5EED])])
+        assert r[1] == LinkStatus.OK
+        c = await b.counters(ctx)
+        assert (c["executed"], c["frames_ok"]) == (1, 1)
 
     b.run(body)
 
