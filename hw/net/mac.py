@@ -200,7 +200,8 @@ class GmiiRx(wiring.Component):
             m.d.comb += fcs.start.eq(1)
             m.d.sync += [count.eq(0), got_er.eq(0), overflow.eq(0), lane.eq(0)]
             if cut:
-                m.d.sync += [cut_frame.eq(closing), overflow.eq(closing)]
+                # (``refused``: a close is owed from this cycle on.)
+                m.d.sync += [cut_frame.eq(closing | refused), overflow.eq(closing | refused)]
 
         def put_octet(last):
             if cut:

@@ -64,7 +64,7 @@ from amaranth import *
 from amaranth.lib import crc, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.lib.stream import PacketStream, RegisterSlice, keep_count
+from hw.lib.stream import FrameStream, PacketStream, RegisterSlice, keep_count
 from hw.lib.fifo import PacketFifo
 from hw.net.mac import PREAMBLE, SFD, MIN_FRAME, IFG, cut_through_start
 
@@ -157,13 +157,19 @@ class XgmiiRx(wiring.Component):
     depth : int
         Frame buffer size in 64-bit beats (power of two). Frames longer than ``8 * depth``
         octets are dropped as overflows; so are frames arriving while the buffer is full.
+    cut_through : bool
+        As :class:`hw.net.mac.GmiiRx` ``cut_through``: every word is passed on once the next
+        shows it holds no FCS octet; the frame's last beat waits for the verdict (two cycles
+        after /T/) and carries it, ``err``. A frame the buffer cannot take is cut and closed
+        with an ``err`` beat once there is room; frames that start before then are dropped.
 
     Ports
     -----
     rxd : In(64); rxc : In(8)
         XGMII receive side, sampled on the ``sync`` clock (registered once inside).
-    o : Out(PacketStream(64))
-        Good frames, destination MAC first (lane 0), without FCS.
+    o : Out(PacketStream(64)), or Out(FrameStream(64)) with ``cut_through``
+        Good frames, destination MAC first (lane 0), without FCS (cut-through: every frame,
+        ``err`` on a bad one's last beat).
     frames_ok, fcs_errors, runts, rx_errors, overflows : Out(32)
         Frame counters (wrapping). A bad frame counts once, under the first of: ``rx_errors``
         (/E/ or another control character before /T/), ``runts`` (< 64 octets with FCS),
@@ -172,11 +178,11 @@ class XgmiiRx(wiring.Component):
         The buffer holds at least ``depth // 2`` beats (registered).
     """
 
-    def __init__(self, depth=4096):
-        self._depth = depth
+    def __init__(self, depth=4096, *, cut_through=False):
+        self._depth, self._cut = depth, cut_through
         super().__init__({
             "rxd": In(64), "rxc": In(8),
-            "o": Out(PacketStream(64)),
+            "o": Out(FrameStream(64) if cut_through else PacketStream(64)),
             "frames_ok": Out(32), "fcs_errors": Out(32), "runts": Out(32),
             "rx_errors": Out(32), "overflows": Out(32),
             "backlog": Out(1),
@@ -184,7 +190,8 @@ class XgmiiRx(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.fifo = fifo = PacketFifo(64, self._depth, registered_ready=True)
+        cut = self._cut
+        m.submodules.fifo = fifo = PacketFifo(64, self._depth, registered_ready=True, err=cut)
         m.submodules.crc = fcs = _fcs_crc()
         wiring.connect(m, wiring.flipped(self.o), fifo.r)
         m.d.sync += self.backlog.eq(fifo.level >= self._depth // 2)
@@ -297,14 +304,42 @@ class XgmiiRx(wiring.Component):
         w_data = Signal(64)
         w_keep = Signal(LANES)
         w_last = Signal()
-        m.d.comb += [
-            fifo.w.valid.eq(w_valid),
-            fifo.w.payload.data.eq(w_data),
-            fifo.w.payload.keep.eq(w_keep),
-            fifo.w.payload.last.eq(w_last),
-        ]
         lost = Signal()              # a beat offered now that the buffer cannot take
         m.d.comb += lost.eq(w_valid & ~fifo.w.ready)
+        # Cut-through (``cut``): every beat is published as it is written. The frame's last
+        # beat is stashed (``lb_*``) at its end and written with the verdict (``w_err``) two
+        # cycles later. A refused beat cuts the frame (``cut_frame``: no more of it is written)
+        # and owes the reader a last beat with ``err`` (``closing``), written in the first
+        # cycle with room and no other write; a frame that starts while one is owed is cut
+        # from its start.
+        w_err = Signal()
+        cut_frame = Signal()
+        closing = Signal()
+        close_now = Signal()
+        lb_data = Signal(64)
+        lb_keep = Signal(LANES)
+        lb_have = Signal()
+        if cut:
+            m.d.comb += [
+                close_now.eq(closing & ~w_valid & fifo.w.ready),
+                fifo.w_commit.eq(1),
+                fifo.w.valid.eq(w_valid | close_now),
+                fifo.w.payload.data.eq(w_data),
+                fifo.w.payload.keep.eq(Mux(close_now, 1, w_keep)),
+                fifo.w.payload.last.eq(w_last | close_now),
+                fifo.w.payload.err.eq(w_err | close_now),
+            ]
+            with m.If(lost):
+                m.d.sync += [cut_frame.eq(1), closing.eq(1), overflow.eq(1)]
+            with m.Elif(close_now):
+                m.d.sync += closing.eq(0)
+        else:
+            m.d.comb += [
+                fifo.w.valid.eq(w_valid),
+                fifo.w.payload.data.eq(w_data),
+                fifo.w.payload.keep.eq(w_keep),
+                fifo.w.payload.last.eq(w_last),
+            ]
 
         m.d.comb += fcs.data.eq(a_d & a_mask)
         # keep of the last beat by the lane of /T/: the held word's lanes 0 .. 3 + j (j <= 4),
@@ -317,13 +352,17 @@ class XgmiiRx(wiring.Component):
                 with m.If(a_start):
                     m.d.comb += fcs.start.eq(1)
                     m.d.sync += [hold_valid.eq(0), words.eq(0), overflow.eq(0)]
+                    if cut:
+                        # (``lost``: a close is owed from this cycle on.)
+                        m.d.sync += [cut_frame.eq(closing | lost), overflow.eq(closing | lost)]
                     m.next = "FRAME_DATA"
 
             with m.State("FRAME_DATA"):
                 # Every word goes into the CRC, the /T/ word with its lanes from /T/ on zeroed.
                 m.d.comb += fcs.valid.eq(1)
                 with m.If(~a_ctrl):
-                    m.d.comb += [w_valid.eq(hold_valid), w_data.eq(hold), w_keep.eq(0xFF)]
+                    m.d.comb += [w_valid.eq(hold_valid & ~cut_frame), w_data.eq(hold),
+                                 w_keep.eq(0xFF)]
                     m.d.sync += [hold.eq(a_d), hold_valid.eq(1)]
                     with m.If(words != MIN_FRAME // LANES):
                         m.d.sync += words.eq(words + 1)
@@ -333,13 +372,25 @@ class XgmiiRx(wiring.Component):
                     # End of frame at lane a_j (/T/, or an error if it is anything else).
                     # Octets a_j-4 .. a_j-1 of this word, counting back into the held word, are
                     # the FCS.
-                    m.d.comb += [w_valid.eq(hold_valid), w_data.eq(hold)]
-                    with m.If(a_j <= 4):
-                        m.d.comb += [w_keep.eq(end_keep[a_j]), w_last.eq(1)]
-                    with m.Else():
-                        m.d.comb += w_keep.eq(0xFF)
-                        m.d.sync += [tail.eq(a_d), tail_pending.eq(1),
-                                     tail_keep.eq(end_tail_keep[a_j])]
+                    if not cut:
+                        m.d.comb += [w_valid.eq(hold_valid), w_data.eq(hold)]
+                        with m.If(a_j <= 4):
+                            m.d.comb += [w_keep.eq(end_keep[a_j]), w_last.eq(1)]
+                        with m.Else():
+                            m.d.comb += w_keep.eq(0xFF)
+                            m.d.sync += [tail.eq(a_d), tail_pending.eq(1),
+                                         tail_keep.eq(end_tail_keep[a_j])]
+                    else:
+                        # The last beat waits for the verdict (``lb_*``); with /T/ in lane 5..7
+                        # the held word goes now, whole, and the /T/ word is the last beat.
+                        with m.If(a_j <= 4):
+                            m.d.sync += [lb_data.eq(hold), lb_keep.eq(end_keep[a_j]),
+                                         lb_have.eq(hold_valid & ~cut_frame)]
+                        with m.Else():
+                            m.d.comb += [w_valid.eq(hold_valid & ~cut_frame), w_data.eq(hold),
+                                         w_keep.eq(0xFF)]
+                            m.d.sync += [lb_data.eq(a_d), lb_keep.eq(end_tail_keep[a_j]),
+                                         lb_have.eq(~cut_frame & ~lost)]
                     m.d.sync += [
                         end_pending.eq(1), end_j.eq(a_j), end_err.eq(~a_term),
                         end_short.eq(words < MIN_FRAME // LANES),
@@ -362,23 +413,37 @@ class XgmiiRx(wiring.Component):
                 v_ovf.eq(end_ovf | lost),
             ]
 
-        # Two cycles after the end: commit or discard. A next frame writes nothing before the
-        # cycle after this one (its first data word is held back).
+        # Two cycles after the end: commit or discard (cut-through: the last beat with the
+        # verdict). A next frame writes nothing before the cycle after this one (its first data
+        # word is held back).
+        if cut:
+            with m.If(v_go & lb_have):
+                m.d.comb += [w_valid.eq(1), w_data.eq(lb_data), w_keep.eq(lb_keep),
+                             w_last.eq(1), w_err.eq(v_err | v_short | v_crc_bad | v_ovf)]
+            with m.If(v_go):
+                m.d.sync += lb_have.eq(0)
+
+        def drop():
+            if not cut:
+                m.d.comb += fifo.w_discard.eq(1)
+
         with m.If(v_go):
             with m.If(v_err):
-                m.d.comb += fifo.w_discard.eq(1)
+                drop()
                 m.d.sync += self.rx_errors.eq(self.rx_errors + 1)
             with m.Elif(v_short):
-                m.d.comb += fifo.w_discard.eq(1)
+                drop()
                 m.d.sync += self.runts.eq(self.runts + 1)
             with m.Elif(v_crc_bad):
-                m.d.comb += fifo.w_discard.eq(1)
+                drop()
                 m.d.sync += self.fcs_errors.eq(self.fcs_errors + 1)
-            with m.Elif(v_ovf):
-                m.d.comb += fifo.w_discard.eq(1)
+            with m.Elif(v_ovf | (lost if cut else 0)):
+                # (Cut-through: ``lost``, the last beat refused now; the close beat follows.)
+                drop()
                 m.d.sync += self.overflows.eq(self.overflows + 1)
             with m.Else():
-                m.d.comb += fifo.w_commit.eq(1)
+                if not cut:
+                    m.d.comb += fifo.w_commit.eq(1)
                 m.d.sync += self.frames_ok.eq(self.frames_ok + 1)
         return m
 
@@ -621,13 +686,16 @@ class XgmiiMac(wiring.Component):
     tx_start : int or None
         Cut-through transmit: octets of a frame in the FIFO before it starts (whole words);
         None: store-and-forward.
+    rx_cut_through : bool
+        Cut-through receive (:class:`XgmiiRx` ``cut_through``): ``rx`` is then a
+        :func:`~hw.lib.stream.FrameStream`, the verdict on each frame's last beat.
 
     Ports
     -----
     xgmii_rxd : In(64); xgmii_rxc : In(8); xgmii_txd : Out(64); xgmii_txc : Out(8)
         XGMII.
-    rx : Out(PacketStream(64))
-        Received good frames without FCS.
+    rx : Out(PacketStream(64)), or Out(FrameStream(64)) with ``rx_cut_through``
+        Received frames without FCS (only the good ones when store-and-forward).
     tx : In(PacketStream(64))
         Frames to send, without FCS (padded to 60 octets and FCS added here). A frame longer
         than ``tx_depth`` octets would stall the stream forever: keep frames within the MTU.
@@ -637,7 +705,8 @@ class XgmiiMac(wiring.Component):
         The receive buffer is at least half full (registered).
     """
 
-    def __init__(self, width=64, *, rx_depth=32768, tx_depth=8192, tx_start=None):
+    def __init__(self, width=64, *, rx_depth=32768, tx_depth=8192, tx_start=None,
+                 rx_cut_through=False):
         if width != 64:
             raise ValueError(f"width {width}: the XGMII MAC supports width 64 only")
         for name, depth in (("rx_depth", rx_depth), ("tx_depth", tx_depth)):
@@ -648,11 +717,11 @@ class XgmiiMac(wiring.Component):
             raise ValueError(f"tx_start {tx_start} is not within 1..tx_depth ({tx_depth}) "
                              f"octets")
         self._width, self._rx_depth, self._tx_depth = width, rx_depth, tx_depth
-        self._tx_start = tx_start
+        self._tx_start, self._rx_cut = tx_start, rx_cut_through
         super().__init__({
             "xgmii_rxd": In(64), "xgmii_rxc": In(8),
             "xgmii_txd": Out(64), "xgmii_txc": Out(8),
-            "rx": Out(PacketStream(width)),
+            "rx": Out(FrameStream(width) if rx_cut_through else PacketStream(width)),
             "tx": In(PacketStream(width)),
             "rx_frames_ok": Out(32), "rx_fcs_errors": Out(32), "rx_runts": Out(32),
             "rx_errors": Out(32), "rx_overflows": Out(32),
@@ -663,7 +732,8 @@ class XgmiiMac(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w = self._width
-        m.submodules.xgmii_rx = rx = XgmiiRx(self._rx_depth // (w // 8))
+        m.submodules.xgmii_rx = rx = XgmiiRx(self._rx_depth // (w // 8),
+                                             cut_through=self._rx_cut)
         cut = self._tx_start is not None
         m.submodules.xgmii_tx = tx = XgmiiTx(gated=cut)
         mark = -(-self._tx_start // (w // 8)) if cut else None

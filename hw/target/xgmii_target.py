@@ -64,10 +64,8 @@ class XgmiiKbtpTarget(wiring.Component):
         if "mac" in kwargs:
             raise ValueError("XgmiiKbtpTarget has its own MAC")
         self.mac_depth, self.mac_rx_depth = mac_depth, mac_rx_depth
-        # Receive stays store-and-forward at 10 Gb/s: XgmiiMac checks a frame whole before it
-        # hands it over (cut-through receive is GmiiMac's, issue 21).
         self.target = KbtpTarget(width, mac=False, mac_rx_depth=mac_rx_depth,
-                                 mac_tx_start=mac_tx_start, mac_rx_cut_through=False, **kwargs)
+                                 mac_tx_start=mac_tx_start, **kwargs)
         super().__init__({"xgmii_rxd": In(64), "xgmii_rxc": In(8),
                           "xgmii_txd": Out(64), "xgmii_txc": Out(8),
                           "host": In(HostBusSignature())})
@@ -76,11 +74,15 @@ class XgmiiKbtpTarget(wiring.Component):
         m = Module()
         m.submodules.mac = mac = XgmiiMac(64, rx_depth=self.mac_rx_depth,
                                           tx_depth=self.mac_depth,
-                                          tx_start=self.target.mac_tx_start)
+                                          tx_start=self.target.mac_tx_start,
+                                          rx_cut_through=self.target.mac_rx_cut_through)
         m.submodules.target = t = self.target
         m.d.comb += [mac.xgmii_rxd.eq(self.xgmii_rxd), mac.xgmii_rxc.eq(self.xgmii_rxc),
                      self.xgmii_txd.eq(mac.xgmii_txd), self.xgmii_txc.eq(mac.xgmii_txc)]
-        frame_from_packets(m, mac.rx, t.rx)
+        if t.mac_rx_cut_through:
+            wiring.connect(m, mac.rx, t.rx)
+        else:
+            frame_from_packets(m, mac.rx, t.rx)
         wiring.connect(m, t.tx, mac.tx)
         for k, name in enumerate(MAC_COUNTERS):
             m.d.comb += t.mac_counters[k].eq(getattr(mac, name))

@@ -15,7 +15,7 @@ from amaranth import Fragment, Module, Shape
 
 from hw.net.xgmii import (ERROR, IDLE, START, TERMINATE, XgmiiMac, XgmiiRx, XgmiiTx)
 import hw.net.xgmii as xgmii
-from sim.hdl import packet_put, run_bounded, split_packets, stream_collect
+from sim.hdl import beats_to_packet, packet_put, run_bounded, split_packets, stream_collect
 from tests.hw.net.frames import random_frame
 
 CLK = 6.4e-9
@@ -99,10 +99,11 @@ def counters(ctx, dut):
             ("frames_ok", "fcs_errors", "runts", "rx_errors", "overflows")}
 
 
-def rx_run(frames_octets, *, ifg=5, depth=512, backpressure=0.0, rng=None, settle=200):
+def rx_run(frames_octets, *, ifg=5, depth=512, backpressure=0.0, rng=None, settle=200,
+           cut=False):
     """Drive the frames into an XgmiiRx; return the packets it delivered, its counters, and the
-    /S/ lanes used."""
-    dut = XgmiiRx(depth)
+    /S/ lanes used. ``cut``: the receiver cuts through, and the packets are ``(octets, err)``."""
+    dut = XgmiiRx(depth, cut_through=cut)
     words, lanes = xgmii_encode(frames_octets, ifg)
     out, result = [], {}
 
@@ -117,6 +118,10 @@ def rx_run(frames_octets, *, ifg=5, depth=512, backpressure=0.0, rng=None, settl
         await stream_collect(ctx, dut.o, out, backpressure=backpressure, rng=rng)
 
     run(dut, bench, background=[sink], max_cycles=len(words) + settle + 100)
+    if cut:
+        ends = [p.err for p in out if p.last]
+        assert not any(p.err for p in out if not p.last)
+        return [(p, e) for (p, _), e in zip(split_packets(out, 64), ends)], result, lanes
     return [p for p, _ in split_packets(out, 64)], result, lanes
 
 
@@ -124,8 +129,9 @@ def rx_run(frames_octets, *, ifg=5, depth=512, backpressure=0.0, rng=None, settl
 # Receiver
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("ifg", [5, 12])
-def test_rx_every_length_both_lanes(ifg):
+def test_rx_every_length_both_lanes(ifg, cut):
     """Frames of 60..200 octets (+ FCS: every residue mod 8), back to back at the given minimum
     gap (5: the shortest a receiver may see, /T/ in lane 3 -> /S/ in lane 0 and /T/ in lane
     7 -> /S/ in lane 4; 12 rounded up to lane 0/4), all delivered byte for byte."""
@@ -133,7 +139,11 @@ def test_rx_every_length_both_lanes(ifg):
     lengths = list(range(60, 201))
     rng.shuffle(lengths)                        # every (start lane, length) pair mixes
     good = [random_frame(rng, n) for n in lengths]
-    got, cnt, lanes = rx_run([xgmii_frame(with_fcs(f)) for f in good], ifg=ifg, depth=2048)
+    got, cnt, lanes = rx_run([xgmii_frame(with_fcs(f)) for f in good], ifg=ifg, depth=2048,
+                             cut=cut)
+    if cut:
+        assert not any(e for _, e in got)
+        got = [p for p, _ in got]
     assert set(lanes) == {0, 4}
     # Every change of start lane happens, both ways and not.
     pairs = set(zip(lanes, lanes[1:]))
@@ -163,7 +173,10 @@ def test_rx_five_octet_gaps():
     assert cnt["frames_ok"] == len(frames)
 
 
-def test_rx_bad_frames_dropped_and_counted():
+@pytest.mark.parametrize("cut", [False, True])
+def test_rx_bad_frames_dropped_and_counted(cut):
+    """Store-and-forward, bad frames are dropped; cut-through, those of which any octet was
+    passed on end with ``err`` (the others leave nothing). Counted the same either way."""
     rng = random.Random(5)
     good = [random_frame(rng, n) for n in (60, 61, 100, 64, 150, 67, 90, 200)]
     plan = []                       # (octets, kind)
@@ -201,8 +214,15 @@ def test_rx_bad_frames_dropped_and_counted():
     plan.insert(5, (bad_pre, "ignored"))
     add_good(good[0])
 
-    got, cnt, _ = rx_run([o for o, _ in plan], ifg=5, depth=1024)
+    got, cnt, _ = rx_run([o for o, _ in plan], ifg=5, depth=1024, cut=cut)
     kinds = [k for _, k in plan]
+    if cut:
+        n_err = sum(e for _, e in got)
+        n_bad = len([k for k in kinds if k not in ("good", "ignored")])
+        # every FCS error and runt has octets to pass on; an error word may end a frame
+        # before its first data word
+        assert kinds.count("fcs") + kinds.count("runt") <= n_err <= n_bad, (n_err, n_bad)
+        got = [p for p, e in got if not e]
     assert got == [f for f in good] + [good[0]]
     assert cnt == {"frames_ok": kinds.count("good"), "fcs_errors": kinds.count("fcs"),
                    "runts": kinds.count("runt"), "rx_errors": kinds.count("rx_er"),
@@ -250,6 +270,48 @@ def test_rx_overflow_and_backlog():
 
     run(dut, bench, max_cycles=2000)
     assert got == [pkts[0], pkts[1], pkts[3]]
+
+
+def test_rx_cut_through_overflow_cuts_and_closes():
+    """Cut-through, a stalled reader: the frame that finds the buffer full is cut and its last
+    beat, with ``err``, is written once there is room; the frames that start before then are
+    dropped whole; all are counted as overflows, and the frames before and after arrive
+    intact."""
+    rng = random.Random(9)
+    dut = XgmiiRx(depth=32, cut_through=True)   # 256 octets
+    pkts = [random_frame(rng, 100) for _ in range(4)]
+    big = random_frame(rng, 300)
+    got = []
+
+    async def take(ctx):
+        ctx.set(dut.o.ready, 1)
+        beats = []
+        async for _, _, valid, p in ctx.tick().sample(dut.o.valid, dut.o.payload):
+            if valid:
+                beats.append({"data": p.data, "keep": p.keep, "last": p.last})
+                if p.last:
+                    ctx.set(dut.o.ready, 0)
+                    return beats_to_packet(beats, 64), p.err
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 0)
+        words, _ = xgmii_encode([xgmii_frame(with_fcs(p)) for p in pkts + [big]])
+        await drive_words(ctx, dut, words)
+        await ctx.tick().repeat(5)
+        c = counters(ctx, dut)
+        assert c["frames_ok"] == 2 and c["overflows"] == 3, c
+        for _ in range(3):
+            got.append(await take(ctx))
+        words, _ = xgmii_encode([xgmii_frame(with_fcs(pkts[3]))])
+        await drive_words(ctx, dut, words)
+        got.append(await take(ctx))
+        assert counters(ctx, dut)["frames_ok"] == 3
+
+    run(dut, bench, max_cycles=2000)
+    assert got[:2] == [(pkts[0], 0), (pkts[1], 0)]
+    cut_data, cut_err = got[2]
+    assert cut_err == 1 and len(cut_data) < 100 and pkts[2].startswith(cut_data[:-1])
+    assert got[3] == (pkts[3], 0)
 
 
 # ---------------------------------------------------------------------------------------------
