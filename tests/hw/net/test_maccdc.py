@@ -9,6 +9,7 @@ back-to-back frames (the core clock must keep up with the line).
 
 import random
 
+import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
@@ -20,9 +21,10 @@ CORE_PERIOD = 40e-9          # 625 MHz / 25, boards.cores.CORE_FREQ
 CNT = {name: k for k, name in enumerate(MAC_COUNTER_NAMES)}
 
 
-def make(width=64):
+def make(width=64, rx_cut_through=False):
     # The user side is "sync" here so that the stream helpers' ctx.tick() is the core clock.
-    dut = MacCdc(width, mac_domain="gmii", core_domain="sync", rx_depth=4096, tx_depth=2048)
+    dut = MacCdc(width, mac_domain="gmii", core_domain="sync", rx_depth=4096, tx_depth=2048,
+                 rx_cut_through=rx_cut_through)
     m = Module()
     m.submodules.dut = dut
     m.domains.sync = ClockDomain()
@@ -33,11 +35,27 @@ def make(width=64):
     return dut, sim
 
 
-def test_rx_frames_cross_and_bad_ones_are_counted():
+async def _frame_get(ctx, port, rng):
+    """One frame (octets, err) from a FrameStream, with random back-pressure."""
+    out, err = b"", 0
+    async for _, _, valid, ready, p in ctx.tick().sample(port.valid, port.ready, port.payload):
+        if valid and ready:
+            out += p.data.to_bytes(8, "little")[:bin(p.keep).count("1")]
+            if p.last:
+                ctx.set(port.ready, 0)
+                return out, p.err
+        ctx.set(port.ready, rng.random() >= 0.3)
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_rx_frames_cross_and_bad_ones_are_counted(cut):
+    """Store-and-forward the bad frame is dropped; cut-through (the ECPIX-5 core's) it crosses
+    with ``err`` on its last beat. Counted the same."""
     rng = random.Random(1)
-    dut, sim = make()
+    dut, sim = make(rx_cut_through=cut)
     pkts = [rng.randbytes(n) for n in (60, 61, 64, 67, 100, 333, 1514)]
     got = []
+    bad_frame = []
 
     async def gmii(ctx):
         for k, p in enumerate(pkts):
@@ -45,18 +63,26 @@ def test_rx_frames_cross_and_bad_ones_are_counted():
             if k == 2:
                 bad = bytearray(gmii_wire(p))
                 bad[20] ^= 0x10
+                bad_frame.append(bytes(bad[8:-4]))
                 await gmii_drive(ctx, dut, bad, domain="gmii")
 
     async def core(ctx):
-        for _ in pkts:
-            got.append(await packet_get(ctx, dut.rx, 64, backpressure=0.3, rng=rng))
+        for k in range(len(pkts) + cut):
+            if cut:
+                got.append(await _frame_get(ctx, dut.rx, rng))
+            else:
+                got.append(await packet_get(ctx, dut.rx, 64, backpressure=0.3, rng=rng))
         await ctx.tick().repeat(10)
         assert ctx.get(dut.counters[CNT["rx_frames_ok"]]) == len(pkts)
         assert ctx.get(dut.counters[CNT["rx_fcs_errors"]]) == 1
         assert ctx.get(dut.counters[CNT["rx_overflows"]]) == 0
 
     run_until_done(sim, [gmii, core], limit=1e-3)
-    assert got == pkts
+    if cut:
+        assert got == [(p, 0) for p in pkts[:3]] + [(bad_frame[0], 1)] + \
+            [(p, 0) for p in pkts[3:]]
+    else:
+        assert got == pkts
 
 
 def test_tx_frames_cross_with_fcs():
