@@ -32,7 +32,8 @@ from amaranth.lib.wiring import In, Out
 __all__ = [
     "ADDR_BITS", "MEM_DATA_BITS", "QPN_BITS", "QP_INDEX_BITS", "QPN_BASE", "qp_index_of",
     "MemReq", "MemRsp", "MemBusSignature",
-    "WrOp", "WcStatus", "RecvNotify", "RecvRepost", "WorkRequest", "WorkCompletion",
+    "WrOp", "WcStatus", "RecvNotify", "MSG_HEAD_OCTETS", "MsgHead", "RecvRepost",
+    "WorkRequest", "WorkCompletion",
     "Space", "HostBusSignature", "counter_ports",
 ]
 
@@ -129,6 +130,20 @@ RecvNotify = data.StructLayout({
     "length": 16,               # message length in octets
     "has_imm": 1, "imm": 32,
     "has_inv": 1, "inv_rkey": 32,
+})
+
+#: Octets of a single-packet message the responder hands its consumer on chip, beside the
+#: RecvNotify (:data:`MsgHead`): the KBTP engine decodes a request from them instead of reading
+#: them back from the receive buffer (hw/kbtp/decode.py ``MSG_WORDS``: a request's header and
+#: both descriptors, 56 octets). A DDR3 read on the ECPIX-5 is some 20 core cycles.
+MSG_HEAD_OCTETS = 56
+
+#: The first :data:`MSG_HEAD_OCTETS` octets of a message, big-endian (octet 0 the most
+#: significant, as hw/kbtp/movers.py WordReader gives them), with ``ok``: the message was one
+#: packet (a SEND Only); octets past its length are 0. Not ``ok``: read the receive buffer.
+MsgHead = data.StructLayout({
+    "ok": 1,
+    "octets": 8 * MSG_HEAD_OCTETS,
 })
 
 RecvRepost = data.StructLayout({

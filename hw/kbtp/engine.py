@@ -104,8 +104,9 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.headers import CommonHeader, Opcode, Status
-from hw.iface import (ADDR_BITS, HostBusSignature, MemBusSignature, QP_INDEX_BITS, REG_KBTP,
-                      RecvNotify, RecvRepost, WorkCompletion, WorkRequest, WrOp)
+from hw.iface import (ADDR_BITS, MSG_HEAD_OCTETS, HostBusSignature, MemBusSignature,
+                      QP_INDEX_BITS, REG_KBTP, RecvNotify, RecvRepost, WorkCompletion,
+                      WorkRequest, WrOp)
 from hw.lib.membus import MemArbiter
 from hw.kbtp.completion import Completion
 from hw.kbtp.context import CTX, CTX_DEPTH, ContextQueue, Ctx
@@ -118,6 +119,8 @@ from hw.kbtp.ring_alloc import Cmd, RingAllocator, RingOp
 
 __all__ = ["KbtpEngine", "ENGINE_ID", "FAST_OPS", "Cmd", "reg", "SCRATCH_SLOTS", "SLOT_SIZE",
            "read_window_for", "ranges_for"]
+
+assert 8 * MSG_WORDS <= MSG_HEAD_OCTETS, "the responder's on-chip head holds a request's octets"
 
 #: Fast-path opcodes, in counter order (op index 0, 1, 2).
 FAST_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.ALLOC_STORE)
@@ -160,6 +163,12 @@ class KbtpEngine(wiring.Component):
     Ports
     -----
     notify : In(stream.Signature(RecvNotify))
+    notify_head_ok : In(1)
+        With ``notify``'s payload: its message's first octets wait on ``head`` (the
+        responder's on-chip copy, hw/iface.py MsgHead); 0 (unconnected): read them from the
+        receive buffer.
+    head : In(stream.Signature(8 * MSG_HEAD_OCTETS))
+        Those octets, big-endian, one entry per notify with ``notify_head_ok``, taken with it.
     repost : Out(stream.Signature(RecvRepost))
     hostq : Out(stream.Signature(RecvNotify))     slow-path messages, as notified
     wr : Out(stream.Signature(WorkRequest))
@@ -192,6 +201,8 @@ class KbtpEngine(wiring.Component):
         self.returning = Signal()
         super().__init__({
             "notify": In(stream.Signature(RecvNotify)),
+            "notify_head_ok": In(1),
+            "head": In(stream.Signature(8 * MSG_HEAD_OCTETS)),
             "repost": Out(stream.Signature(RecvRepost)),
             "hostq": Out(stream.Signature(RecvNotify)),
             "wr": Out(stream.Signature(WorkRequest)),
@@ -212,6 +223,8 @@ class KbtpEngine(wiring.Component):
         kind = u.kind
         # (the session lookup is registered: it follows the QP ``cur`` holds next cycle)
         m.d.comb += regs.qp_next.eq(cur.qp)
+        head_ok = Signal()                  # ``cur``'s first octets came on chip: ``head``
+        head = Signal(8 * MSG_HEAD_OCTETS)
 
         # ================= front: take, decode, check, allocate, move or issue the data
         with m.FSM(name="front"):
@@ -220,10 +233,12 @@ class KbtpEngine(wiring.Component):
                 # free's retry (the ring allocator takes the commands and the retry when
                 # granted).
                 with m.If(~regs.cmd_valid & ring.idle & self.notify.valid & u.notify_free &
-                          ~q.full):
+                          ~q.full & (~self.notify_head_ok | self.head.valid)):
                     m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1),
-                                 regs.qp_next.eq(self.notify.payload.qp)]
-                    m.d.sync += cur.eq(self.notify.payload)
+                                 regs.qp_next.eq(self.notify.payload.qp),
+                                 self.head.ready.eq(self.notify_head_ok)]
+                    m.d.sync += [cur.eq(self.notify.payload), head_ok.eq(self.notify_head_ok),
+                                 head.eq(self.head.payload)]
                     m.next = "NOTIFIED"
                 with m.Else():
                     m.d.comb += u.f_grant.eq(1)
@@ -231,6 +246,10 @@ class KbtpEngine(wiring.Component):
             with m.State("NOTIFIED"):
                 with m.If(~cfg.ctrl[0] | ~sess.valid | (cur.length < CommonHeader.SIZE)):
                     m.next = "HOSTQ"
+                with m.Elif(head_ok):
+                    # The responder's copy of the message's first octets: no read back.
+                    m.d.sync += u.msg.eq(head[-64 * MSG_WORDS:])
+                    m.next = "CHECK"
                 with m.Else():
                     read(cur.addr, MSG_WORDS)
                     m.next = "READ_MSG"

@@ -19,8 +19,10 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemReq, QpRespCfg, RecvNotify
+from hw.iface import (ADDR_BITS, MSG_HEAD_OCTETS, QP_INDEX_BITS, MemReq, MsgHead, QpRespCfg,
+                      RecvNotify)
 from hw.lib.dma import WordWriter
+from hw.lib.octets import HeaderCapture
 from hw.lib.stream import PacketStream
 from hw.rdma.resp_common import PlaceCtx, ReqKind
 from hw.rdma.roce_hdr import RoceRxHeader
@@ -48,6 +50,7 @@ class PayloadPlacer(wiring.Component):
     payload : In(PacketStream(width))
     o : Out(stream of MemReq)           the writes
     notify : Out(stream of RecvNotify)
+    notify_head : Out(MsgHead)          with ``notify``: a SEND Only's first octets
     mr_inv_valid : Out(1), mr_inv_found : In(1)    to MrTable (the R_Key is the header's IETH)
     h : In(RoceRxHeader), kind : In(ReqKind), qi : In(QP_INDEX_BITS), qcfg : In(QpRespCfg)
         the packet in hand
@@ -63,7 +66,7 @@ class PayloadPlacer(wiring.Component):
         super().__init__({
             "payload": In(PacketStream(width)),
             "o": Out(stream.Signature(MemReq)),
-            "notify": Out(stream.Signature(RecvNotify)),
+            "notify": Out(stream.Signature(RecvNotify)), "notify_head": Out(MsgHead),
             "mr_inv_valid": Out(1), "mr_inv_found": In(1),
             "h": In(RoceRxHeader), "kind": In(ReqKind), "qi": In(QP_INDEX_BITS),
             "qcfg": In(QpRespCfg),
@@ -95,6 +98,20 @@ class PayloadPlacer(wiring.Component):
         nt = self.notify
         with m.If(nt.ready):
             m.d.sync += nt.valid.eq(0)
+
+        # The message's first octets as they go to memory (a packet's payload from octet 0,
+        # dense): handed on with the RecvNotify of a SEND Only (``notify_head``), so that the
+        # consumer need not read them back. Cleared when a packet is taken: octets past a short
+        # message's end read 0.
+        nl = self.width // 8
+        hpos = Signal(range(MSG_HEAD_OCTETS + nl + 1))
+        hfire = pay.valid & pay.ready & to_writer
+        head = HeaderCapture(MSG_HEAD_OCTETS, self.width, "msg_head").add(m, hpos, pay.p.data,
+                                                                         hfire)
+        with m.If(self.begin):
+            m.d.sync += [hpos.eq(0)] + [r.eq(0) for r in head.reg]
+        with m.Elif(hfire & (hpos < MSG_HEAD_OCTETS)):
+            m.d.sync += hpos.eq(hpos + nl)
 
         with m.If(self.load):
             m.d.sync += ctx.eq(self.ctx_in)
@@ -155,6 +172,9 @@ class PayloadPlacer(wiring.Component):
                 with m.If(~note_busy):
                     m.next = "IDLE"
                     with m.If(~inv_bad & needs_note):
+                        m.d.sync += [self.notify_head.ok.eq(k.send & k.only),
+                                     self.notify_head.octets.eq(
+                                         head.value(0, MSG_HEAD_OCTETS, now=False))]
                         m.d.sync += [nt.valid.eq(1), nt.p.qp.eq(self.qi),
                                      nt.p.addr.eq(ctx.send_addr),
                                      nt.p.length.eq(Mux(k.send, ctx.send_off, 0)),

@@ -74,8 +74,8 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.iface import (QP_INDEX_BITS, MemBusSignature, QpConfig, QpReadSignature, QpRespCfg,
-                      RecvNotify, RecvRepost, qp_index_of)
+from hw.iface import (QP_INDEX_BITS, MemBusSignature, MsgHead, QpConfig, QpReadSignature,
+                      QpRespCfg, RecvNotify, RecvRepost, qp_index_of)
 from hw.lib.stream import PacketStream
 from hw.rdma.qp import MrAccess, MrLookupSignature
 from hw.rdma.resp_admit import RespAdmit
@@ -118,6 +118,7 @@ class Responder(wiring.Component):
     mem : Out(MemBusSignature)
     tx : Out(stream of RespTx)            to the TX path
     notify : Out(stream of RecvNotify), repost : In(stream of RecvRepost)
+    notify_head : Out(MsgHead)            with ``notify``: a SEND Only's first octets, on chip
     qp_error : Out(1), qp_error_index : Out(QP_INDEX_BITS)   strobe on a fatal NAK
     rx_backlog : In(1)                    the MAC's receive buffer is half full (GmiiMac)
     cnt_* : Out(32)                       see :data:`COUNTERS`
@@ -137,7 +138,7 @@ class Responder(wiring.Component):
             "mr_inv_valid": Out(1), "mr_inv_rkey": Out(32), "mr_inv_found": In(1),
             "mem": Out(MemBusSignature()),
             "tx": Out(stream.Signature(RespTx)),
-            "notify": Out(stream.Signature(RecvNotify)),
+            "notify": Out(stream.Signature(RecvNotify)), "notify_head": Out(MsgHead),
             "repost": In(stream.Signature(RecvRepost)),
             "qp_error": Out(1), "qp_error_index": Out(QP_INDEX_BITS),
             "rx_backlog": In(1),
@@ -200,6 +201,7 @@ class Responder(wiring.Component):
         wiring.connect(m, seq.place, pl.ctl)
         wiring.connect(m, wiring.flipped(self.payload), pl.payload)
         wiring.connect(m, pl.notify, wiring.flipped(self.notify))
+        m.d.comb += self.notify_head.eq(pl.notify_head)
         m.d.comb += [pl.h.eq(h), pl.kind.eq(k), pl.qi.eq(qi), pl.qcfg.eq(qcfg),
                      pl.begin.eq(admit.taken), pl.empty.eq(self.hdr.p.payload_len == 0),
                      pl.load.eq(admit.ctl.start), pl.ctx_in.eq(store.ctx.place),

@@ -60,12 +60,13 @@ frames of the RC path (FrameMux at the EthIpTx output, at the datapath width).
 
 from types import SimpleNamespace
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.iface import (HostBusSignature, REG_KBTP, REG_MR, REG_QP, REG_TOP, REG_TRANSPORT,
-                     REG_UDPLINK, RecvNotify, RecvRepost, Space, WorkRequest)
+                     REG_UDPLINK, MSG_HEAD_OCTETS, RecvNotify, RecvRepost, Space,
+                     WorkRequest)
 from hw.net.icrc import IcrcCheck, IcrcInsert
 from hw.kbtp.engine import KbtpEngine, ranges_for, read_window_for
 from hw.lib.stream import (FrameStream, PacketStream, RecordMerge, RegisterSlice,
@@ -121,6 +122,9 @@ MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
 #: cover the cycles before its first words come. tests/hw/net/test_mac.py shows the start
 #: rule; ``make bench`` counts ``tx_underruns`` in every series.
 MAC_TX_START = 16
+#: Single-packet messages whose first octets wait on chip for the engine (the responder's
+#: MsgHead, hw/iface.py), in a FIFO beside the RecvNotify FIFO.
+HEAD_DEPTH = 16
 
 
 class KbtpTarget(wiring.Component):
@@ -395,12 +399,23 @@ class KbtpTarget(wiring.Component):
             # the responder then never waits for the engine. Without it a serial engine waiting
             # for the ACK of its own Send stalls the responder on the next notify, and the
             # in-order RespDemux holds that ACK behind it: a deadlock.
-            sm.nfy = nfy = fifo.SyncFIFOBuffered(
-                width=data.Layout.cast(RecvNotify).size, depth=self.notify_depth)
-            m.d.comb += [nfy.w_data.eq(resp.notify.payload), nfy.w_en.eq(resp.notify.valid),
-                         resp.notify.ready.eq(nfy.w_rdy),
-                         eng.notify.payload.eq(nfy.r_data), eng.notify.valid.eq(nfy.r_rdy),
-                         nfy.r_en.eq(eng.notify.ready)]
+            n_note = data.Layout.cast(RecvNotify).size
+            sm.nfy = nfy = fifo.SyncFIFOBuffered(width=n_note + 1, depth=self.notify_depth)
+            # Beside it, the first octets of up to HEAD_DEPTH single-packet messages (the
+            # responder's MsgHead): the engine decodes those without reading them back from the
+            # receive buffer. A notify whose head finds this FIFO full goes without one
+            # (``notify_head_ok`` 0), and the engine reads the buffer as before.
+            sm.nhd = nhd = fifo.SyncFIFOBuffered(width=8 * MSG_HEAD_OCTETS, depth=HEAD_DEPTH)
+            with_head = resp.notify_head.ok & nhd.w_rdy
+            m.d.comb += [nfy.w_data.eq(Cat(resp.notify.payload, with_head)),
+                         nfy.w_en.eq(resp.notify.valid), resp.notify.ready.eq(nfy.w_rdy),
+                         nhd.w_data.eq(resp.notify_head.octets),
+                         nhd.w_en.eq(resp.notify.valid & nfy.w_rdy & with_head),
+                         eng.notify.payload.eq(nfy.r_data[:n_note]),
+                         eng.notify_head_ok.eq(nfy.r_data[n_note]),
+                         eng.notify.valid.eq(nfy.r_rdy), nfy.r_en.eq(eng.notify.ready),
+                         eng.head.payload.eq(nhd.r_data), eng.head.valid.eq(nhd.r_rdy),
+                         nhd.r_en.eq(eng.head.ready)]
             wiring.connect(m, eng.hostq, hq.notify)
             sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
             wiring.connect(m, eng.wr, wrm.i[0])
