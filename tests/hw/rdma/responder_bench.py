@@ -259,7 +259,8 @@ def run(env, scenario, vcd=None):
         while True:
             rdy = env.rng.random() >= (env.bp if tx else env.notify_bp)
             ctx.set(port.ready, rdy)
-            _, _, valid, p = await ctx.tick().sample(port.valid, port.payload)
+            _, _, valid, p, head = await ctx.tick().sample(port.valid, port.payload,
+                                                           r.notify_head)
             if not tx and env.auto_repost:
                 ctx.set(r.repost.valid, 0)
             if rdy and valid:
@@ -269,6 +270,7 @@ def run(env, scenario, vcd=None):
                 else:
                     # The consumer copies the message out, then returns the buffer.
                     rec["data"] = env.mem(ctx, rec["addr"], rec["length"])
+                    rec["head"] = (head.ok, head.octets)      # the on-chip first octets
                     out.append(rec)
                     if env.auto_repost:
                         ctx.set(r.repost.p.qp, rec["qp"])

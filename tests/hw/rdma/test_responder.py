@@ -9,7 +9,7 @@ import random
 import pytest
 
 from hw.headers import BthOpcode as O
-from hw.iface import REG_MR
+from hw.iface import MSG_HEAD_OCTETS, REG_MR
 from hw.rdma.qp import MR_STRIDE
 from roce.rc import QPState, WcStatus
 from tests.hw.rdma.responder_bench import (DUT_IP, DUT_MAC, MEM_BYTES, PEER_IP, PEER_MAC, PMTU_CODE, Env,
@@ -192,6 +192,14 @@ def test_every_opcode(width, pmtu):
                 ({"inv_rkey": n["inv_rkey"]} if n["has_inv"] else {}) for n in orc.notes]
         assert got == want
         assert all(n["qp"] == 0 for n in env.notes)
+        # The first 56 octets of each SEND Only came on chip beside its notify (zeros past its
+        # end; hw/iface.py MsgHead), those of the three-packet SEND and the WRITE with
+        # Immediate did not.
+        assert [n["head"][0] for n in env.notes] == [1, 0, 1, 0, 1, 1]
+        for n in env.notes:
+            if n["head"][0]:
+                first = (n["data"] + bytes(MSG_HEAD_OCTETS))[:MSG_HEAD_OCTETS]
+                assert n["head"][1] == int.from_bytes(first, "big"), n
         ctl, _ = await bus_access(ctx, env.dut.bus, REG_MR + 3 * MR_STRIDE)
         assert ctl & 1 == 0, "SEND with Invalidate left MR 3 valid"
         c = env.counters(ctx)
