@@ -166,14 +166,25 @@ async def packet_put(ctx, stream, packet, width, *, idle=0.0, rng=None):
     await stream_put(ctx, stream, packet_to_beats(packet, width), idle=idle, rng=rng)
 
 
-async def packet_get(ctx, stream, width, *, backpressure=0.0, rng=None):
-    """Receive one packet from a ``PacketStream(width)``; returns bytes (keep rules checked)."""
+async def _packet_beats(ctx, stream, width, backpressure, rng):
     beats = []
     while True:
         p = await stream_get(ctx, stream, backpressure=backpressure, rng=rng)
         beats.append({"data": p.data, "keep": p.keep, "last": p.last})
         if p.last:
-            return beats_to_packet(beats, width)
+            return beats_to_packet(beats, width), p
+
+
+async def packet_get(ctx, stream, width, *, backpressure=0.0, rng=None):
+    """Receive one packet from a ``PacketStream(width)``; returns bytes (keep rules checked)."""
+    return (await _packet_beats(ctx, stream, width, backpressure, rng))[0]
+
+
+async def frame_get(ctx, stream, width, *, backpressure=0.0, rng=None):
+    """Receive one frame from a ``FrameStream(width)`` (a cut-through MAC's, hw/lib/stream.py);
+    returns ``(bytes, err of its last beat)``."""
+    octets, last = await _packet_beats(ctx, stream, width, backpressure, rng)
+    return octets, last.err
 
 
 def split_packets(payloads, width):

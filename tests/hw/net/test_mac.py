@@ -17,7 +17,7 @@ from amaranth.lib import data
 from hw.net.mac import GmiiRx, GmiiTx, GmiiMac
 from hw.lib.fifo import PacketFifo
 from hw.lib.width import StreamDownsizer, StreamUpsizer
-from sim.hdl import (beats_to_packet, gmii_drive, gmii_wire, packet_get, packet_put,
+from sim.hdl import (beats_to_packet, frame_get, gmii_drive, gmii_wire, packet_get, packet_put,
                      packet_to_beats, run_bounded, stream_get, stream_put)
 
 CLK = 8e-9
@@ -409,20 +409,6 @@ def test_gmii_rx_drains_a_word_a_cycle(width):
 # GMII receiver, cut-through (issue 21: the receive commit point is downstream)
 # ---------------------------------------------------------------------------------------------
 
-async def _frame_get(ctx, port, width):
-    """One frame from a FrameStream (ready high until its last beat, low after): (octets, err
-    of its last beat, cycles taken)."""
-    beats, cycles = [], 0
-    ctx.set(port.ready, 1)
-    async for _, _, valid, p in ctx.tick().sample(port.valid, port.payload):
-        cycles += 1
-        if valid:
-            beats.append({"data": p.data, "keep": p.keep, "last": p.last})
-            if p.last:
-                ctx.set(port.ready, 0)
-                return beats_to_packet(beats, width), p.err, cycles
-
-
 @pytest.mark.parametrize("width", [8, 64])
 def test_gmii_rx_cut_through_marks_bad_frames_at_their_last_beat(width):
     """Every frame of five octets or more is passed on; the bad ones (bad FCS, runt, rx_er)
@@ -464,7 +450,7 @@ def test_gmii_rx_cut_through_marks_bad_frames_at_their_last_beat(width):
 
     async def consumer(ctx):
         for _ in range(7):
-            data, err, _ = await _frame_get(ctx, dut.o, width)
+            data, err = await frame_get(ctx, dut.o, width)
             got.append((data, err))
 
     run(dut, bench, consumer)
@@ -543,10 +529,10 @@ def test_gmii_rx_cut_through_overflow_cuts_and_closes(width):
         # frame's close is still owed (the buffer is full).
         assert ctx.get(dut.frames_ok) == 2 and ctx.get(dut.overflows) == 2
         for _ in range(3):
-            data, err, _ = await _frame_get(ctx, dut.o, width)
+            data, err = await frame_get(ctx, dut.o, width)
             got.append((data, err))
         await gmii_drive(ctx, dut, gmii_wire(pkts[4]))
-        data, err, _ = await _frame_get(ctx, dut.o, width)
+        data, err = await frame_get(ctx, dut.o, width)
         got.append((data, err))
         assert ctx.get(dut.frames_ok) == 3
 

@@ -14,7 +14,7 @@ from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from hw.net.maccdc import MAC_COUNTER_NAMES, MacCdc
-from sim.hdl import gmii_drive, gmii_wire, packet_get, packet_put, run_until_done
+from sim.hdl import frame_get, gmii_drive, gmii_wire, packet_get, packet_put, run_until_done
 
 GMII_PERIOD = 8e-9
 CORE_PERIOD = 40e-9          # 625 MHz / 25, boards.cores.CORE_FREQ
@@ -33,18 +33,6 @@ def make(width=64, rx_cut_through=False):
     sim.add_clock(CORE_PERIOD, domain="sync")
     sim.add_clock(GMII_PERIOD, domain="gmii")
     return dut, sim
-
-
-async def _frame_get(ctx, port, rng):
-    """One frame (octets, err) from a FrameStream, with random back-pressure."""
-    out, err = b"", 0
-    async for _, _, valid, ready, p in ctx.tick().sample(port.valid, port.ready, port.payload):
-        if valid and ready:
-            out += p.data.to_bytes(8, "little")[:bin(p.keep).count("1")]
-            if p.last:
-                ctx.set(port.ready, 0)
-                return out, p.err
-        ctx.set(port.ready, rng.random() >= 0.3)
 
 
 @pytest.mark.parametrize("cut", [False, True])
@@ -69,7 +57,7 @@ def test_rx_frames_cross_and_bad_ones_are_counted(cut):
     async def core(ctx):
         for k in range(len(pkts) + cut):
             if cut:
-                got.append(await _frame_get(ctx, dut.rx, rng))
+                got.append(await frame_get(ctx, dut.rx, 64, backpressure=0.3, rng=rng))
             else:
                 got.append(await packet_get(ctx, dut.rx, 64, backpressure=0.3, rng=rng))
         await ctx.tick().repeat(10)

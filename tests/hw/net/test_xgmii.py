@@ -15,7 +15,7 @@ from amaranth import Fragment, Module, Shape
 
 from hw.net.xgmii import (ERROR, IDLE, START, TERMINATE, XgmiiMac, XgmiiRx, XgmiiTx)
 import hw.net.xgmii as xgmii
-from sim.hdl import beats_to_packet, packet_put, run_bounded, split_packets, stream_collect
+from sim.hdl import frame_get, packet_put, run_bounded, split_packets, stream_collect
 from tests.hw.net.frames import random_frame
 
 CLK = 6.4e-9
@@ -283,16 +283,6 @@ def test_rx_cut_through_overflow_cuts_and_closes():
     big = random_frame(rng, 300)
     got = []
 
-    async def take(ctx):
-        ctx.set(dut.o.ready, 1)
-        beats = []
-        async for _, _, valid, p in ctx.tick().sample(dut.o.valid, dut.o.payload):
-            if valid:
-                beats.append({"data": p.data, "keep": p.keep, "last": p.last})
-                if p.last:
-                    ctx.set(dut.o.ready, 0)
-                    return beats_to_packet(beats, 64), p.err
-
     async def bench(ctx):
         ctx.set(dut.o.ready, 0)
         words, _ = xgmii_encode([xgmii_frame(with_fcs(p)) for p in pkts + [big]])
@@ -301,10 +291,10 @@ def test_rx_cut_through_overflow_cuts_and_closes():
         c = counters(ctx, dut)
         assert c["frames_ok"] == 2 and c["overflows"] == 3, c
         for _ in range(3):
-            got.append(await take(ctx))
+            got.append(await frame_get(ctx, dut.o, 64))
         words, _ = xgmii_encode([xgmii_frame(with_fcs(pkts[3]))])
         await drive_words(ctx, dut, words)
-        got.append(await take(ctx))
+        got.append(await frame_get(ctx, dut.o, 64))
         assert counters(ctx, dut)["frames_ok"] == 3
 
     run(dut, bench, max_cycles=2000)
