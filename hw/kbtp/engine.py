@@ -8,14 +8,16 @@ The responder has written a SEND message into a receive buffer and tells us with
 responder's on-chip copy when one comes with the notify (a SEND Only, ``notify_head_ok`` and
 ``head``: hw/iface.py MsgHead; hw/target/target.py's HEAD_DEPTH FIFO), else reads them over its
 own memory-bus master (7 words; on the ECPIX-5 a DDR3 read of some 20 core cycles, which the
-copy saves), and either runs it (fast path: LOAD, STORE, ALLOC_STORE of a QP whose session the host driver has
-configured here) or pushes the notify beat unchanged into ``hostq`` (slow path: HELLO, FREE, BIND,
-GOODBYE, anything else, any QP without a session, messages shorter than the common header). For
-slow-path messages the host returns the receive buffer itself.
+copy saves), and either runs it (fast path: LOAD, STORE, ALLOC_STORE of a QP whose session
+the host driver has configured here) or pushes the notify beat unchanged into ``hostq``
+(slow path: HELLO, FREE, BIND, GOODBYE, anything else, any QP without a session, messages
+shorter than the common header). For slow-path messages the host returns the receive buffer
+itself.
 
 Fast path, in the golden model's order (model/target.py Readings 6-10)::
 
-    FRONT: the message's 7 words (on chip, or read) -> decode (codec strictness: MALFORMED / TOO_LARGE)
+    FRONT: the message's 7 words (on chip, or read)
+      -> decode (codec strictness: MALFORMED / TOO_LARGE)
       -> handle range -> table entry -> Block Size -> Generation -> VALID/SEALED/ALREADY_BOUND
       -> [ALLOC_STORE: quota, ring empty, masked FetchAdd on Head, slot poll, consume]
       -> data: RDMA WRITE to the initiator (LOAD) | inline copy | RDMA READ into the block,

@@ -102,8 +102,10 @@ class EthIpRx(wiring.Component):
     The input may come cut-through (:func:`~hw.lib.stream.FrameStream`: the frame's verdict,
     ``err``, on its last beat). A RoCE packet's last beat therefore leaves only with the frame's
     last beat, carrying its ``err`` (a packet that ends before its frame, at Ethernet padding,
-    gets an empty last beat then); an ARP frame leaves only after a last beat without ``err``.
-    The counters count the frames that end without ``err`` (the MAC counts the others). Everything else is dropped and counted by the first failing check, in this order:
+    has its last beat held until then); an ARP frame leaves only after a last beat without
+    ``err``. The counters count the frames that end without ``err`` (the MAC counts the others).
+
+    Everything else is dropped and counted by the first failing check, in this order:
     EtherType, destination MAC (ours; broadcast also for ARP), IPv4 format (version 4, IHL 5, no
     fragment), header checksum, destination IP, protocol UDP, UDP port 4791, lengths
     (UDP length >= 24, IPv4 total length = 20 + UDP length).
