@@ -24,6 +24,7 @@ from hw.iface import HostBusSignature
 from hw.lib.stream import RegisterSlice, frame_from_packets
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
+from hw.target.target import ACK_HOLD
 from hw.target.udplink import HostBusRegister
 
 
@@ -304,10 +305,14 @@ class KbtpCore(wiring.Component):
         # keeps 4: its 128 KiB of memory hold the pool and no more receive buffers (each QP
         # has its own, RecvBuffers).
         n_qp = SHIPPED_QPS if dram is not None else 4
+        # No ACK hold with the DDR3 (KbtpTarget ``ack_hold``): a LOAD's WRITE comes some 50
+        # core cycles after its request's ACK (a table entry and the payload from the DDR3),
+        # when the ACK's frame (94 octet times, 31 core cycles) has left; holding the ACK
+        # would only delay it. The block-RAM variant answers within the hold.
         kwargs = dict(width=64, n_qp=n_qp, n_mr=8, mem_words=mem_words,
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
                       mac_rx_depth=memory.mac_rx_bytes, mac_tx_start=BOARD_TX_START,
-                      engine=True, udp_link=True)
+                      engine=True, udp_link=True, ack_hold=0 if dram is not None else ACK_HOLD)
         kwargs.update(overrides)
         return kwargs
 

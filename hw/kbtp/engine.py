@@ -183,6 +183,8 @@ class KbtpEngine(wiring.Component):
     host_done : In(1), host_done_qp : In(QP_INDEX_BITS)
         one-cycle strobe: the host returned a receive buffer of QP ``host_done_qp`` (its
         RecvRepost), i.e. it has finished a message the engine forwarded to it.
+    busy : Out(1)
+        a request is in the front, in the context queue or in the back: an answer may follow.
 
     Per-connection order: a message of a QP that still has a message at the host is not taken
     until the host has finished it (``host_done``), so "FREE h; ALLOC_STORE h" on one
@@ -215,6 +217,7 @@ class KbtpEngine(wiring.Component):
             "mem": Out(MemBusSignature()),
             "bus": In(HostBusSignature()),
             "host_done": In(1), "host_done_qp": In(QP_INDEX_BITS),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -232,7 +235,7 @@ class KbtpEngine(wiring.Component):
         head = Signal(8 * MSG_HEAD_OCTETS)
 
         # ================= front: take, decode, check, allocate, move or issue the data
-        with m.FSM(name="front"):
+        with m.FSM(name="front") as front_fsm:
             with m.State("IDLE"):
                 # Host commands first, then a message (with a free context slot), then a deferred
                 # free's retry (the ring allocator takes the commands and the retry when
@@ -379,7 +382,7 @@ class KbtpEngine(wiring.Component):
         # ================= back: in request order, the READ's result, entry, completion
         h, bres = u.head, u.bres
         bst = _Steps(m, u, u.back_bus, (u.entry, cpl))
-        with m.FSM(name="back"):
+        with m.FSM(name="back") as back_fsm:
             with m.State("IDLE"):
                 with m.If(q.head_valid):
                     m.d.sync += h.eq(q.head_rd)
@@ -438,6 +441,10 @@ class KbtpEngine(wiring.Component):
                 with m.If(self.repost.valid & self.repost.ready):
                     m.d.comb += [regs.finished.eq(1), q.pop.eq(1)]
                     m.next = "IDLE"
+        # A request in hand, queued or being finished: an answer may still come (the target's
+        # AckHold keeps a transport ACK back meanwhile).
+        m.d.comb += self.busy.eq(~front_fsm.ongoing("IDLE") | ~q.empty |
+                                 ~back_fsm.ongoing("IDLE"))
         return m
 
     def _blocks(self, m):

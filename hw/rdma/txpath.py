@@ -1,4 +1,5 @@
 # Ref: roce-layouts.md §1.3 (IPv4 fields), §2 (BTH), §3 (opcodes).
+#      §6.5, §6.7 (ACKs, the retransmission timer: AckHold);
 #      (RespTx / TxReq); hw/iface.py (MemBusSignature, QpTxCfg); hw/rdma/roce_hdr.py.
 """Transmit path of the RC transport: merges packet requests of the responder and the requester.
 
@@ -21,13 +22,13 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.headers import RETH, AETH, AtomicAckETH, ImmDt, IETH
+from hw.headers import RETH, AETH, AtomicAckETH, BthOpcode, ImmDt, IETH
 from hw.iface import ADDR_BITS, QP_INDEX_BITS, MemBusSignature, QpReadSignature, QpTxCfg
 from hw.rdma.roce_hdr import RoceTxHeader
 from hw.lib.dma import DmaReader
 from hw.lib.stream import PacketStream
 
-__all__ = ["TxReq", "TxPath", "connect_fields"]
+__all__ = ["TxReq", "TxPath", "AckHold", "connect_fields"]
 
 #: One packet to send (superset of the responder's ``RespTx``, same names and shapes).
 TxReq = data.StructLayout({
@@ -149,4 +150,62 @@ class TxPath(wiring.Component):
         with m.If(self.hdr.valid & self.hdr.ready):
             m.d.sync += [busy.eq(0), ip_id.eq(ip_id + 1),
                          self.cnt_packets.eq(self.cnt_packets + 1)]
+        return m
+
+
+class AckHold(wiring.Component):
+    """Holds a plain ACK of the responder back while an answer of ours may still come: a KBTP
+    answer goes on the wire ahead of the transport ACK of its request.
+
+    Why: a LOAD's request (a SEND) is ACKed by the responder as soon as its payload is placed,
+    12 to 20 cycles before the engine hands the LOAD's RDMA WRITE over (a STORE's COMPLETION,
+    after the copy, some 40 more). The ACK then held the wire for its whole frame (94 octet
+    times with preamble and gap) and the answer behind it: at one octet a cycle that was most
+    of a LOAD's answer time in the one-clock targets (issue 21). The two directions of an RC
+    connection are independent (the ACK answers the initiator's requests, the WRITE is one of
+    ours), and an ACK may come late: the initiator waits for it up to its retransmission timer
+    (roce-layouts.md §6.5, §6.7: milliseconds, against ``delay`` cycles here).
+
+    What is held: a record with opcode ACKNOWLEDGE and an ACK syndrome (AETH syndrome bits
+    7..5 = 0). NAKs, READ responses and ATOMIC ACKNOWLEDGEs pass at once. A held ACK goes at
+    the first of: ``other`` (a packet of another source taken by the TX path) has strobed since
+    it was offered; ``expect`` is low after its first ``grace`` cycles (the engine has nothing
+    in hand: no answer is coming; ``grace`` covers the RecvNotify, which follows the ACK by
+    the last payload write's acceptance); ``delay`` cycles. Records keep their order: one
+    behind a held ACK waits with it (so a QP's responses stay in PSN order).
+
+    Ports
+    -----
+    i : In(stream of RespTx-like records)  from the responder (a layout with ``opcode`` and
+        ``aeth``)
+    o : Out(the same)                      to the TX path
+    other : In(1)                          another source's packet was taken this cycle
+    expect : In(1)                         an answer may still come (the engine is busy or has
+                                           a RecvNotify waiting)
+    """
+
+    def __init__(self, layout, delay, grace=8):
+        if not 1 <= grace <= delay:
+            raise ValueError(f"AckHold: need 1 <= grace ({grace}) <= delay ({delay})")
+        self.delay, self.grace = delay, grace
+        super().__init__({"i": In(stream.Signature(layout)), "o": Out(stream.Signature(layout)),
+                          "other": In(1), "expect": In(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i, self.o
+        waited = Signal(range(self.delay + 1))
+        released = Signal()
+        plain_ack = ((i.p.opcode == BthOpcode.ACKNOWLEDGE) & (i.p.aeth.syndrome[5:8] == 0))
+        hold = (i.valid & plain_ack & ~released & (waited != self.delay) &
+                (self.expect | (waited < self.grace)))
+        m.d.comb += [o.p.eq(i.p), o.valid.eq(i.valid & ~hold), i.ready.eq(o.ready & ~hold)]
+        with m.If(o.valid & o.ready):
+            m.d.sync += [waited.eq(0), released.eq(0)]
+        with m.Elif(o.valid):
+            m.d.sync += released.eq(1)      # offered: it stays offered until taken
+        with m.Elif(hold):
+            m.d.sync += waited.eq(waited + 1)
+            with m.If(self.other):
+                m.d.sync += released.eq(1)
         return m

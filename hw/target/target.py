@@ -84,7 +84,8 @@ from hw.rdma.requester import RespDemux, Requester
 from hw.rdma.responder import COUNTERS as RESP_COUNTERS
 from hw.rdma.responder import Responder
 from hw.rdma.roce_hdr import RoceRxParser, RoceTxBuilder
-from hw.rdma.txpath import TxPath, connect_fields
+from hw.rdma.resp_common import RespTx
+from hw.rdma.txpath import AckHold, TxPath, connect_fields
 
 __all__ = ["KbtpTarget", "TOP_COUNTERS", "RESP_COUNTERS", "REQ_COUNTERS", "REQ_STATUS",
            "REQ_COUNTER_BASE", "HOST_WR_TAG", "MAC_COUNTERS"]
@@ -122,6 +123,13 @@ MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
 #: cover the cycles before its first words come. tests/hw/net/test_mac.py shows the start
 #: rule; ``make bench`` counts ``tx_underruns`` in every series.
 MAC_TX_START = 16
+#: Cycles at most a plain transport ACK waits while the engine may still answer (hw/rdma/
+#: txpath.py AckHold), so that a LOAD's RDMA WRITE or a STORE's COMPLETION is not sent behind
+#: the ACK of its request: the engine hands them over 12 to 70 cycles after the ACK in the
+#: one-clock targets at 64 octets (tools/bench.py, latency), 2 us at 125 MHz against the
+#: initiator's ACK timeout of milliseconds. 0: no hold (the ECPIX-5 core, whose answers come
+#: after the ACK has left).
+ACK_HOLD = 256
 #: Single-packet messages whose first octets wait on chip for the engine (the responder's
 #: MsgHead, hw/iface.py), in a FIFO beside the RecvNotify FIFO.
 HEAD_DEPTH = 16
@@ -169,6 +177,10 @@ class KbtpTarget(wiring.Component):
         the MAC passes a frame's octets on as they come and gives its verdict on the last
         beat; the ICRC check is the commit point (issue 21). With ``mac=False`` the MAC
         outside reads it from here (boards.cores.KbtpCore); ``rx`` is a FrameStream either way.
+    ack_hold : int
+        Cycles a plain transport ACK of the responder may wait for the requester's next packet
+        (:class:`~hw.rdma.txpath.AckHold`; default :data:`ACK_HOLD`; 0: none), so that the
+        engine's answer to a request goes on the wire before the request's ACK.
     mac_rx_depth : int
         Octets of the MAC's receive frame buffer (a power of two; ``mac=False``: of the MAC
         outside). The engine keeps no more RDMA READ data out than it holds besides one largest
@@ -211,8 +223,9 @@ class KbtpTarget(wiring.Component):
                  queue_depth=16, engine=True, n_ranges=None, raw_rx_octets=4096,
                  raw_tx_octets=4096, raw_rx_frames=16, notify_depth=None, mac=True,
                  mac_depth=8192, mac_rx_depth=32768, mac_tx_start=MAC_TX_START, ram=None,
-                 udp_link=False, mac_rx_cut_through=True):
+                 udp_link=False, mac_rx_cut_through=True, ack_hold=ACK_HOLD):
         self.width, self.n_qp, self.n_mr, self.mem_words = width, n_qp, n_mr, mem_words
+        self.ack_hold = ack_hold
         self.init = list(init)
         self.clk_hz, self.timer_scale, self.sq_depth = clk_hz, timer_scale, sq_depth
         self.own_mac, self.own_ip = own_mac, own_ip
@@ -354,7 +367,13 @@ class KbtpTarget(wiring.Component):
         wiring.connect(m, dmx.req_payload, req.rsp_payload)
 
         # Transmit path.
-        connect_fields(m, resp.tx, txp.src[0])
+        if self.ack_hold:
+            sm.ack_hold = hold = AckHold(RespTx, self.ack_hold)
+            wiring.connect(m, resp.tx, hold.i)
+            connect_fields(m, hold.o, txp.src[0])
+            m.d.comb += hold.other.eq(txp.src[1].valid & txp.src[1].ready)
+        else:
+            connect_fields(m, resp.tx, txp.src[0])
         wiring.connect(m, req.tx, txp.src[1])
         wiring.connect(m, txp.hdr, bld.hdr)
         wiring.connect(m, txp.payload, bld.payload)
@@ -417,6 +436,9 @@ class KbtpTarget(wiring.Component):
                          eng.head.payload.eq(nhd.r_data), eng.head.valid.eq(nhd.r_rdy),
                          nhd.r_en.eq(eng.head.ready)]
             wiring.connect(m, eng.hostq, hq.notify)
+            if self.ack_hold:
+                # An answer may come: a notify waiting, or a request in the engine.
+                m.d.comb += hold.expect.eq(nfy.r_rdy | eng.busy)
             sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
             wiring.connect(m, eng.wr, wrm.i[0])
             wiring.connect(m, hq.wr, wrm.i[1])
@@ -428,12 +450,18 @@ class KbtpTarget(wiring.Component):
             # The engine holds a QP's next message while the host works on one of it.
             m.d.comb += [eng.host_done.eq(hq.repost.valid & hq.repost.ready),
                          eng.host_done_qp.eq(hq.repost.payload.qp)]
-            to_host = req.wc.payload.wr_id[15]
-            m.d.comb += [eng.wc.payload.eq(req.wc.payload), hq.wc.payload.eq(req.wc.payload),
+            # (a register stage: the WorkCompletion's decode in the engine, its locks, scratch
+            # slots and context queue, ran on from the requester's FIFO in one cycle, among
+            # the ECPIX-5 core clock's deepest paths, tools/depth.py)
+            sm.wc_slice = wcs = RegisterSlice(signature=req.wc.signature)
+            wiring.connect(m, req.wc, wcs.i)
+            wc = wcs.o
+            to_host = wc.payload.wr_id[15]
+            m.d.comb += [eng.wc.payload.eq(wc.payload), hq.wc.payload.eq(wc.payload),
                          hq.wc.payload.wr_id[15].eq(0),
-                         eng.wc.valid.eq(req.wc.valid & ~to_host),
-                         hq.wc.valid.eq(req.wc.valid & to_host),
-                         req.wc.ready.eq(Mux(to_host, hq.wc.ready, eng.wc.ready))]
+                         eng.wc.valid.eq(wc.valid & ~to_host),
+                         hq.wc.valid.eq(wc.valid & to_host),
+                         wc.ready.eq(Mux(to_host, hq.wc.ready, eng.wc.ready))]
         else:
             wiring.connect(m, resp.notify, hq.notify)
             wiring.connect(m, hq.repost, resp.repost)
