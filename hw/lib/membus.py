@@ -219,11 +219,14 @@ class MemArbiter(wiring.Component):
                         # Its lock bit may be undriven (X in a Verilog simulator): not passed.
                         m.d.comb += out.payload.lock.eq(0)
         is_read = ~out.payload.we
-        # A read needs room to remember where its response goes.
+        # A read needs room to remember where its response goes. Each master's ready from its
+        # own request's `we`, not from the granted request's (a mux over every master's
+        # payload): no path from one master's request into another's ready, for the core clock.
         room = ~is_read | route.w_rdy
         m.d.comb += out.valid.eq(asks.bit_select(grant, 1) & room)
         for i in range(n):
-            m.d.comb += self.masters[i].req.ready.eq((grant == i) & room & out.ready)
+            room_i = self.masters[i].req.payload.we | route.w_rdy
+            m.d.comb += self.masters[i].req.ready.eq((grant == i) & room_i & out.ready)
         take = out.valid & out.ready
         m.d.comb += [route.w_data.eq(grant), route.w_en.eq(take & is_read)]
 
