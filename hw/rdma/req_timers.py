@@ -9,23 +9,25 @@ Whether a timer is running at all is the QP record's ``timer_on`` bit, not this 
 
 Design
 ------
-One free-running counter ``now`` of :func:`timer_bits` bits. A start of QP ``i`` at cycle k
-writes the deadline ``now + cycles`` into row ``i`` of a memory (one row per QP) and clears the
-flip-flop ``zero[i]`` (``cycles == 0``, ACK code 0, sets it instead), seen by the FSM from cycle
-k+1. A sweep reads one row per cycle, QP 0, 1, ..., n_qp-1, 0, ...; the row read at cycle t
+One free-running counter ``now`` of :func:`timer_bits` bits. A start of QP ``i`` at cycle k is
+registered; at cycle k+1 it writes the deadline, ``now + cycles`` of cycle k, into row ``i`` of a
+memory (one row per QP) and clears the flip-flop ``expired[i]`` (``cycles == 0``, ACK code 0,
+sets it instead). ``zero[i]`` is ``expired[i]``, except at k+1, where it is already what the
+start makes it: the FSM sees the start from cycle k+1. A sweep reads one row per cycle, QP 0, 1, ..., n_qp-1, 0, ...; the row read at cycle t
 arrives at t+1, where ``now - deadline`` >= 0 (the sign bit of the difference, modulo
 2**width) sets ``zero[i]`` for cycle t+2. ``zero[i]`` then stays set until QP i's next start.
 
 Timing against the old down-counters (a counter loaded with ``cycles`` at cycle k read 0 from
 cycle k+1+cycles on): ``zero[i]`` is never early (the compare at cycle t >= k+cycles is the
-first that can set it) and at most n_qp-1 cycles late (every row is compared once every n_qp
+first that can set it) and at most n_qp-1 cycles late (n_qp for a timer of one cycle, whose first
+compare the write of its deadline suppresses) (every row is compared once every n_qp
 cycles; tests/hw/rdma/test_req_timers.py holds it to n_qp+1). ``zero`` is all 1 at reset, as
 the counters were 0 at reset.
 
 A restart of QP i while the sweep is on i must not let the old deadline set ``zero[i]``: the
-read port is transparent to the write port (a start and the sweep's read of the same row in one
-cycle return the new deadline), and a start wins over the compare of the row read the cycle
-before (both would act on the same clock edge).
+read port is transparent to the write port (a deadline written and the sweep's read of the
+same row in one cycle return the new deadline), and the registered start wins over the compare
+of the row read the cycle before (which holds the old deadline).
 
 Width
 -----
@@ -135,10 +137,21 @@ class RetryTimers(wiring.Component):
         now = Signal(w)
         m.d.sync += now.eq(now + 1)
 
+        # A start acts a cycle later, from registers (``pend*``): the control FSM's decision,
+        # the code tables, the adder ``now + value`` and the decoder of the QP index were one
+        # path into the memory's write data and the ``expired`` flip-flops, among the core
+        # clock's deepest on the ECPIX-5 (tools/depth.py). ``zero`` shows the pending start's
+        # QP as the start left it, so the FSM sees the same as before from cycle k+1; the
+        # deadline is the same, ``now + value`` of the start's cycle (``then``).
+        pend, pend_index, pend_value, pend_zero = (Signal(), Signal.like(c.index), Signal(w),
+                                                   Signal())
+        then = Signal(w)
+        m.d.sync += [pend.eq(start), pend_index.eq(c.index), pend_value.eq(value),
+                     pend_zero.eq(value == 0), then.eq(now)]
         m.submodules.deadlines = mem = memory.Memory(shape=w, depth=nq, init=[])
         wr = mem.write_port()
         rd = mem.read_port(transparent_for=(wr,))
-        m.d.comb += [wr.en.eq(start), wr.addr.eq(c.index), wr.data.eq(now + value)]
+        m.d.comb += [wr.en.eq(pend), wr.addr.eq(pend_index), wr.data.eq(then + pend_value)]
 
         sweep = Signal(range(nq))           # the row read this cycle
         swept = Signal(range(nq))           # the row in rd.data
@@ -148,10 +161,12 @@ class RetryTimers(wiring.Component):
         m.d.comb += late.eq(now - rd.data)  # >= 0: the deadline is reached
 
         expired = Signal(nq, init=(1 << nq) - 1)
-        m.d.comb += self.zero.eq(expired)
         for i in range(nq):
-            with m.If(start & (c.index == i)):
-                m.d.sync += expired[i].eq(value == 0)
+            mine = pend & (pend_index == i)
+            m.d.comb += self.zero[i].eq(Mux(mine, pend_zero, expired[i]))
+            with m.If(mine):
+                # (wins over the compare of the row read the cycle before: the old deadline)
+                m.d.sync += expired[i].eq(pend_zero)
             with m.Elif(~late[-1] & (swept == i)):
                 m.d.sync += expired[i].eq(1)
         return m
