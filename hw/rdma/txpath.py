@@ -169,10 +169,12 @@ class AckHold(wiring.Component):
     What is held: a record with opcode ACKNOWLEDGE and an ACK syndrome (AETH syndrome bits
     7..5 = 0). NAKs, READ responses and ATOMIC ACKNOWLEDGEs pass at once. A held ACK goes at
     the first of: ``other`` (a packet of another source taken by the TX path) has strobed since
-    it was offered; ``expect`` is low after its first ``grace`` cycles (the engine has nothing
-    in hand: no answer is coming; ``grace`` covers the RecvNotify, which follows the ACK by
-    the last payload write's acceptance); ``delay`` cycles. Records keep their order: one
-    behind a held ACK waits with it (so a QP's responses stay in PSN order).
+    it was offered; ``expect`` has been low for ``grace`` cycles in a row while it waited (no
+    answer is coming: the RecvNotify, which follows the ACK by the last payload write's
+    acceptance, and a WorkRequest on its way through the requester's queues leave ``expect``
+    low for a few cycles, which ``grace`` covers); ``delay`` cycles. Once offered it stays
+    offered until taken. Records keep their order: one behind a held ACK waits with it (so a
+    QP's responses stay in PSN order).
 
     Ports
     -----
@@ -181,10 +183,11 @@ class AckHold(wiring.Component):
     o : Out(the same)                      to the TX path
     other : In(1)                          another source's packet was taken this cycle
     expect : In(1)                         an answer may still come (the engine is busy or has
-                                           a RecvNotify waiting)
+                                           a RecvNotify waiting, a WorkRequest or packet of
+                                           the requester is on its way)
     """
 
-    def __init__(self, layout, delay, grace=8):
+    def __init__(self, layout, delay, grace=16):
         if not 1 <= grace <= delay:
             raise ValueError(f"AckHold: need 1 <= grace ({grace}) <= delay ({delay})")
         self.delay, self.grace = delay, grace
@@ -195,17 +198,18 @@ class AckHold(wiring.Component):
         m = Module()
         i, o = self.i, self.o
         waited = Signal(range(self.delay + 1))
+        quiet = Signal(range(self.grace + 1))       # cycles in a row without ``expect``
         released = Signal()
         plain_ack = ((i.p.opcode == BthOpcode.ACKNOWLEDGE) & (i.p.aeth.syndrome[5:8] == 0))
         hold = (i.valid & plain_ack & ~released & (waited != self.delay) &
-                (self.expect | (waited < self.grace)))
+                (quiet != self.grace))
         m.d.comb += [o.p.eq(i.p), o.valid.eq(i.valid & ~hold), i.ready.eq(o.ready & ~hold)]
         with m.If(o.valid & o.ready):
-            m.d.sync += [waited.eq(0), released.eq(0)]
+            m.d.sync += [waited.eq(0), quiet.eq(0), released.eq(0)]
         with m.Elif(o.valid):
             m.d.sync += released.eq(1)      # offered: it stays offered until taken
         with m.Elif(hold):
-            m.d.sync += waited.eq(waited + 1)
+            m.d.sync += [waited.eq(waited + 1), quiet.eq(Mux(self.expect, 0, quiet + 1))]
             with m.If(self.other):
                 m.d.sync += released.eq(1)
         return m

@@ -436,13 +436,14 @@ class KbtpTarget(wiring.Component):
                          eng.head.payload.eq(nhd.r_data), eng.head.valid.eq(nhd.r_rdy),
                          nhd.r_en.eq(eng.head.ready)]
             wiring.connect(m, eng.hostq, hq.notify)
-            if self.ack_hold:
-                # An answer may come: a notify waiting, or a request in the engine.
-                m.d.comb += hold.expect.eq(nfy.r_rdy | eng.busy)
             sm.wrm = wrm = RecordMerge(WorkRequest, 2, tag="wr_id")
             wiring.connect(m, eng.wr, wrm.i[0])
             wiring.connect(m, hq.wr, wrm.i[1])
             wiring.connect(m, wrm.o, req.wr)
+            if self.ack_hold:
+                # An answer may come: a notify waiting, a request in the engine, a
+                # WorkRequest into the requester or a packet out of it.
+                m.d.comb += hold.expect.eq(nfy.r_rdy | eng.busy | wrm.o.valid | req.tx.valid)
             sm.rpm = rpm = RecordMerge(RecvRepost, 2)
             wiring.connect(m, eng.repost, rpm.i[0])
             wiring.connect(m, hq.repost, rpm.i[1])

@@ -80,6 +80,25 @@ def test_rc_exchange(vt):
     print(f"\nvltarget rc exchange: {figs}")
 
 
+def test_answers_leave_before_their_acks(vt):
+    """hw/rdma/txpath.py AckHold in the one-clock target (KbtpTarget ``ack_hold``): a LOAD's
+    RDMA WRITE and an inline STORE's COMPLETION leave on the wire before the transport ACK of
+    their request, and the ACK still comes. Timed on the harness's GMII output (tools/bench.py
+    ``Bench.latency``: the frames' first octets)."""
+    from tools import bench
+    b = bench.Bench(vt, 64, mtus=(1024,), n_init=1, max_blocks=8)
+    b.bring_up()
+    bench._bind_one(b, 0, b.sess[0].handle_base, b.block_size)
+    hs = {0: b.sess[0].handle_base}
+    for op in ("LOAD", "STORE_INLINE", "STORE_READ"):
+        for _ in range(2):
+            x, = b.latency([0], op, hs)
+            print(f"\n{op}: answer {x['from_last']} cycles after the request's last octet, "
+                  f"its ACK {x['ack_from_last']}")
+            assert x["ack_from_last"] is not None, op
+            assert 0 < x["from_last"] < x["ack_from_last"], (op, x)
+
+
 def test_speed(vt):
     """cycles/s idle and for a 64 KiB RDMA WRITE from the peer into target memory (an MR the
     test programs), data read back over the host bus and compared with the peer's buffer."""
