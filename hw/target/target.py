@@ -9,7 +9,7 @@ Data flow::
                  |                                -> RoceRxParser                 |
                                                   -> RespDemux -+-> Responder --+ |
                                                                 +-> Requester -+| |
-                      TxPath (src 0 responder, src 1 requester) <--------------++ |
+    TxPath (src 0 responder through AckHold, src 1 requester) <----------------++ |
                         -> RoceTxBuilder -> IcrcInsert -> EthIpTx.roce            |
                                                           EthIpTx.arp <-----------+
                                         EthIpTx.o -> FrameMux -> GmiiMac.tx -> GMII tx
@@ -178,9 +178,11 @@ class KbtpTarget(wiring.Component):
         beat; the ICRC check is the commit point (issue 21). With ``mac=False`` the MAC
         outside reads it from here (boards.cores.KbtpCore); ``rx`` is a FrameStream either way.
     ack_hold : int
-        Cycles a plain transport ACK of the responder may wait for the requester's next packet
-        (:class:`~hw.rdma.txpath.AckHold`; default :data:`ACK_HOLD`; 0: none), so that the
-        engine's answer to a request goes on the wire before the request's ACK.
+        Cycles at most a plain transport ACK of the responder waits while the engine may still
+        answer (:class:`~hw.rdma.txpath.AckHold`; default :data:`ACK_HOLD`; 0: none), so that
+        the engine's answer to a request goes on the wire before the request's ACK. Without
+        the engine (``engine=False``) an ACK waits only AckHold's ``grace`` cycles, or for the
+        requester's next packet.
     mac_rx_depth : int
         Octets of the MAC's receive frame buffer (a power of two; ``mac=False``: of the MAC
         outside). The engine keeps no more RDMA READ data out than it holds besides one largest
