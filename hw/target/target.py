@@ -125,11 +125,13 @@ MAC_COUNTERS = tuple(port for blk, port in TOP_COUNTERS if blk == "mac")
 MAC_TX_START = 16
 #: Cycles at most a plain transport ACK waits while the engine may still answer (hw/rdma/
 #: txpath.py AckHold), so that a LOAD's RDMA WRITE or a STORE's COMPLETION is not sent behind
-#: the ACK of its request: the engine hands them over 12 to 70 cycles after the ACK in the
-#: one-clock targets at 64 octets (tools/bench.py, latency), 2 us at 125 MHz against the
-#: initiator's ACK timeout of milliseconds. 0: no hold (the ECPIX-5 core, whose answers come
-#: after the ACK has left).
-ACK_HOLD = 256
+#: the ACK of its request: the engine hands them over 12 to 70 cycles after the ACK at 64
+#: octets in the one-clock targets, an inline STORE of 1024 octets 293 (1.3 cycles an octet
+#: at width 8; tools/bench.py, latency). A hold that ends just before the answer puts the ACK
+#: in its way (256 cost such a STORE 40 cycles), so the bound is the largest inline STORE's
+#: copy and more: 8192 cycles, 66 us at 125 MHz, against the initiator's ACK timeout of
+#: milliseconds. 0: no hold (the ECPIX-5 core, whose answers come after the ACK has left).
+ACK_HOLD = 8192
 #: Single-packet messages whose first octets wait on chip for the engine (the responder's
 #: MsgHead, hw/iface.py), in a FIFO beside the RecvNotify FIFO.
 HEAD_DEPTH = 16
