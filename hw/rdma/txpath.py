@@ -167,14 +167,17 @@ class AckHold(wiring.Component):
     (roce-layouts.md §6.5, §6.7: milliseconds, against ``delay`` cycles here).
 
     What is held: a record with opcode ACKNOWLEDGE and an ACK syndrome (AETH syndrome bits
-    7..5 = 0). NAKs, READ responses and ATOMIC ACKNOWLEDGEs pass at once. A held ACK goes at
-    the first of: ``other`` (a packet of another source taken by the TX path) has strobed since
-    it was offered; ``expect`` has been low for ``grace`` cycles in a row while it waited (no
-    answer is coming: the RecvNotify, which follows the ACK by the last payload write's
-    acceptance, and a WorkRequest on its way through the requester's queues leave ``expect``
-    low for a few cycles, which ``grace`` covers); ``delay`` cycles. Once offered it stays
-    offered until taken. Records keep their order: one behind a held ACK waits with it (so a
-    QP's responses stay in PSN order).
+    7..5 = 0), taken from the responder at once into a register, so the responder goes on with
+    the next packet (a responder that waited for its ACK to be taken would stop the receive
+    path for the hold: with holds of thousands of cycles, inline STOREs of 4 KiB at width 8
+    ran at a third of the wire's rate). NAKs, READ responses and ATOMIC ACKNOWLEDGEs pass at
+    once. The held ACK goes at the first of: another record of the responder's waits behind
+    it (order kept: a QP's responses stay in PSN order); ``other`` (a packet of another
+    source taken by the TX path) has strobed while it waited; ``expect`` has been low for
+    ``grace`` cycles in a row (no answer is coming: the RecvNotify, which follows the ACK by
+    the last payload write's acceptance, and a WorkRequest on its way through the
+    requester's queues leave ``expect`` low for a few cycles, which ``grace`` covers);
+    ``delay`` cycles. Once offered it stays offered until taken.
 
     Ports
     -----
@@ -197,18 +200,25 @@ class AckHold(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
+        held = Signal()
+        rec = Signal.like(i.p)
         waited = Signal(range(self.delay + 1))
         quiet = Signal(range(self.grace + 1))       # cycles in a row without ``expect``
         released = Signal()
         plain_ack = ((i.p.opcode == BthOpcode.ACKNOWLEDGE) & (i.p.aeth.syndrome[5:8] == 0))
-        hold = (i.valid & plain_ack & ~released & (waited != self.delay) &
-                (quiet != self.grace))
-        m.d.comb += [o.p.eq(i.p), o.valid.eq(i.valid & ~hold), i.ready.eq(o.ready & ~hold)]
-        with m.If(o.valid & o.ready):
-            m.d.sync += [waited.eq(0), quiet.eq(0), released.eq(0)]
+        go = held & (released | (waited == self.delay) | (quiet == self.grace) | i.valid)
+        m.d.comb += [o.p.eq(Mux(held, rec, i.p)),
+                     o.valid.eq(Mux(held, go, i.valid & ~plain_ack)),
+                     i.ready.eq(~held & (plain_ack | o.ready))]
+        with m.If(~held):
+            with m.If(i.valid & plain_ack):
+                m.d.sync += [held.eq(1), rec.eq(i.p), waited.eq(0), quiet.eq(0),
+                             released.eq(0)]
+        with m.Elif(o.valid & o.ready):
+            m.d.sync += held.eq(0)
         with m.Elif(o.valid):
             m.d.sync += released.eq(1)      # offered: it stays offered until taken
-        with m.Elif(hold):
+        with m.Else():
             m.d.sync += [waited.eq(waited + 1), quiet.eq(Mux(self.expect, 0, quiet + 1))]
             with m.If(self.other):
                 m.d.sync += released.eq(1)
