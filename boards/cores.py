@@ -24,7 +24,6 @@ from hw.iface import HostBusSignature
 from hw.lib.stream import RegisterSlice, frame_from_packets
 from hw.net.rgmii import GmiiSignature
 from hw.target.hostlink import HostBusDemoTarget
-from hw.target.target import ACK_HOLD
 from hw.target.udplink import HostBusRegister
 
 
@@ -312,7 +311,7 @@ class KbtpCore(wiring.Component):
         kwargs = dict(width=64, n_qp=n_qp, n_mr=8, mem_words=mem_words,
                       own_mac=DEFAULT_MAC, own_ip=DEFAULT_IP, clk_hz=core_freq, mac=False,
                       mac_rx_depth=memory.mac_rx_bytes, mac_tx_start=BOARD_TX_START,
-                      engine=True, udp_link=True, ack_hold=0 if dram is not None else ACK_HOLD)
+                      engine=True, udp_link=True, **({"ack_hold": 0} if dram is not None else {}))
         kwargs.update(overrides)
         return kwargs
 

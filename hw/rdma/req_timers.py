@@ -13,15 +13,16 @@ One free-running counter ``now`` of :func:`timer_bits` bits. A start of QP ``i``
 registered; at cycle k+1 it writes the deadline, ``now + cycles`` of cycle k, into row ``i`` of a
 memory (one row per QP) and clears the flip-flop ``expired[i]`` (``cycles == 0``, ACK code 0,
 sets it instead). ``zero[i]`` is ``expired[i]``, except at k+1, where it is already what the
-start makes it: the FSM sees the start from cycle k+1. A sweep reads one row per cycle, QP 0, 1, ..., n_qp-1, 0, ...; the row read at cycle t
-arrives at t+1, where ``now - deadline`` >= 0 (the sign bit of the difference, modulo
-2**width) sets ``zero[i]`` for cycle t+2. ``zero[i]`` then stays set until QP i's next start.
+start makes it: the FSM sees the start from cycle k+1. A sweep reads one row per cycle, QP 0,
+1, ..., n_qp-1, 0, ...; the row read at cycle t arrives at t+1, where ``now - deadline`` >= 0
+(the sign bit of the difference, modulo 2**width) sets ``zero[i]`` for cycle t+2. ``zero[i]``
+then stays set until QP i's next start.
 
 Timing against the old down-counters (a counter loaded with ``cycles`` at cycle k read 0 from
 cycle k+1+cycles on): ``zero[i]`` is never early (the compare at cycle t >= k+cycles is the
-first that can set it) and at most n_qp-1 cycles late (n_qp for a timer of one cycle, whose first
-compare the write of its deadline suppresses) (every row is compared once every n_qp
-cycles; tests/hw/rdma/test_req_timers.py holds it to n_qp+1). ``zero`` is all 1 at reset, as
+first that can set it) and at most n_qp-1 cycles late: every row is compared once every n_qp
+cycles (n_qp late for a timer of one cycle, whose first compare the write of its deadline
+suppresses); tests/hw/rdma/test_req_timers.py holds it to n_qp+1. ``zero`` is all 1 at reset, as
 the counters were 0 at reset.
 
 A restart of QP i while the sweep is on i must not let the old deadline set ``zero[i]``: the
