@@ -231,8 +231,7 @@ class KbtpEngine(wiring.Component):
         kind = u.kind
         # (the session lookup is registered: it follows the QP ``cur`` holds next cycle)
         m.d.comb += regs.qp_next.eq(cur.qp)
-        head_ok = Signal()                  # ``cur``'s first octets came on chip: ``head``
-        head = Signal(8 * MSG_HEAD_OCTETS)
+        head_ok = Signal()                  # ``cur``'s first octets came on chip, into ``u.msg``
 
         # ================= front: take, decode, check, allocate, move or issue the data
         with m.FSM(name="front") as front_fsm:
@@ -245,8 +244,11 @@ class KbtpEngine(wiring.Component):
                     m.d.comb += [self.notify.ready.eq(1), regs.started.eq(1),
                                  regs.qp_next.eq(self.notify.payload.qp),
                                  self.head.ready.eq(self.notify_head_ok)]
-                    m.d.sync += [cur.eq(self.notify.payload), head_ok.eq(self.notify_head_ok),
-                                 head.eq(self.head.payload)]
+                    m.d.sync += [cur.eq(self.notify.payload), head_ok.eq(self.notify_head_ok)]
+                    # The responder's copy of the message's first octets goes straight into
+                    # the decoder's register (no copy of it held here: 448 flip-flops fewer).
+                    with m.If(self.notify_head_ok):
+                        m.d.sync += u.msg.eq(self.head.payload[-64 * MSG_WORDS:])
                     m.next = "NOTIFIED"
                 with m.Else():
                     m.d.comb += u.f_grant.eq(1)
@@ -255,8 +257,7 @@ class KbtpEngine(wiring.Component):
                 with m.If(~cfg.ctrl[0] | ~sess.valid | (cur.length < CommonHeader.SIZE)):
                     m.next = "HOSTQ"
                 with m.Elif(head_ok):
-                    # The responder's copy of the message's first octets: no read back.
-                    m.d.sync += u.msg.eq(head[-64 * MSG_WORDS:])
+                    # ``u.msg`` holds the responder's copy since the take: no read back.
                     m.next = "CHECK"
                 with m.Else():
                     read(cur.addr, MSG_WORDS)

@@ -101,17 +101,34 @@ class PayloadPlacer(wiring.Component):
 
         # The message's first octets as they go to memory (a packet's payload from octet 0,
         # dense): handed on with the RecvNotify of a SEND Only (``notify_head``), so that the
-        # consumer need not read them back. Cleared when a packet is taken: octets past a short
-        # message's end read 0.
+        # consumer need not read them back. Cleared when a packet is taken (``clear_due``):
+        # octets past a short message's end read 0. ``notify_head.octets`` are these
+        # flip-flops themselves (no copy): they stay as they are while a notify waits
+        # (``hold``, from the cycle that raises it), and the clear waits for it. A packet that
+        # brings payload before its clear, or while a notify waits, is ``spoiled``: its notify
+        # goes without a head (``ok`` 0) and the consumer reads the receive buffer. (With the
+        # target's RecvNotify FIFO as deep as the receive buffers a notify waits one cycle.)
         nl = self.width // 8
         hpos = Signal(range(MSG_HEAD_OCTETS + nl + 1))
+        noting = Signal()                   # this cycle raises ``notify``
+        hold = nt.valid | noting
+        clear_due, spoiled = Signal(), Signal()
         hfire = pay.valid & pay.ready & to_writer
-        head = HeaderCapture(MSG_HEAD_OCTETS, self.width, "msg_head").add(m, hpos, pay.p.data,
-                                                                         hfire)
+        head = HeaderCapture(MSG_HEAD_OCTETS, self.width, "msg_head").add(
+            m, hpos, pay.p.data, hfire & ~hold & ~clear_due)
         with m.If(self.begin):
-            m.d.sync += [hpos.eq(0)] + [r.eq(0) for r in head.reg]
+            m.d.sync += [clear_due.eq(1), spoiled.eq(0)]
+        with m.If(clear_due):
+            with m.If(hfire):
+                m.d.sync += spoiled.eq(1)
+            with m.If(~hold):
+                m.d.sync += [clear_due.eq(0), hpos.eq(0)] + [r.eq(0) for r in head.reg]
         with m.Elif(hfire & (hpos < MSG_HEAD_OCTETS)):
-            m.d.sync += hpos.eq(hpos + nl)
+            with m.If(hold):
+                m.d.sync += spoiled.eq(1)
+            with m.Else():
+                m.d.sync += hpos.eq(hpos + nl)
+        m.d.comb += self.notify_head.octets.eq(head.value(0, MSG_HEAD_OCTETS, now=False))
 
         with m.If(self.load):
             m.d.sync += ctx.eq(self.ctx_in)
@@ -172,9 +189,9 @@ class PayloadPlacer(wiring.Component):
                 with m.If(~note_busy):
                     m.next = "IDLE"
                     with m.If(~inv_bad & needs_note):
-                        m.d.sync += [self.notify_head.ok.eq(k.send & k.only),
-                                     self.notify_head.octets.eq(
-                                         head.value(0, MSG_HEAD_OCTETS, now=False))]
+                        m.d.comb += noting.eq(1)
+                        m.d.sync += self.notify_head.ok.eq(k.send & k.only & ~spoiled &
+                                                          ~clear_due)
                         m.d.sync += [nt.valid.eq(1), nt.p.qp.eq(self.qi),
                                      nt.p.addr.eq(ctx.send_addr),
                                      nt.p.length.eq(Mux(k.send, ctx.send_off, 0)),
