@@ -51,9 +51,18 @@ test-fast: $(VENV)/.installed
 # writes boards/timing_records/ecpix5.json, the record `make test` checks the tree's netlist
 # against (boards/timing.py): commit it with any change of the gateware. `make test-scale`: the DDR3
 # system bench at issue 22's pool scale, 65,536 handles (~18 min; the suite: 16,384).
-.PHONY: timing test-scale
+.PHONY: timing seeds test-scale
 timing: install
 	$(PY) -m boards timing --board ecpix5
+
+# `make seeds SEEDS=4-9 JOBS=2`: one synthesis, then place and route at each seed, JOBS at once
+# (build/seeds/s<N>/ecpix5), a line of clocks per seed (boards/seeds.py); a seed that met every
+# clock is recorded with `python -m boards timing --from-build build/seeds/s<N>` once
+# boards/ecpix5.py's nextpnr_seed is N. Default: the board's seed and the next two.
+SEEDS ?=
+JOBS  ?= 2
+seeds: install
+	$(PY) -m boards seeds --board ecpix5 $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS)
 
 test-scale: install
 	KBTP_POOL_HANDLES=65536 $(PY) -m pytest -q -n 0 -s tests/system/test_ddr3.py

@@ -1,9 +1,10 @@
 # Ref: boards/build.py, boards/report.py (build / program / synth-check; exit status on timing);
 #      boards/timing.py (timing records).
-"""``python -m boards {build,synth-check,timing,program,elaborate,list} ...``
+"""``python -m boards {build,synth-check,timing,seeds,program,elaborate,list} ...``
 
 Exit status: 0 when every clock meets its constraint (build, synth-check, timing: then its
-record is written), 1 when one misses or the tools fail, 2 on usage errors.
+record is written; seeds: at one seed at least), 1 when one misses or the tools fail, 2 on
+usage errors.
 """
 
 import argparse
@@ -41,6 +42,17 @@ def main(argv=None):
     p.add_argument("--from-build", metavar="DIR", default=None,
                    help="record the finished build in DIR/<board> (its report.json and input "
                    "files) instead of building")
+    p = sub.add_parser("seeds", help="synthesise once, place and route at several seeds (in "
+                       "parallel), print each seed's clocks (boards/seeds.py)")
+    p.add_argument("--board", choices=sorted(BOARDS), default="ecpix5")
+    p.add_argument("--core", choices=sorted(CORES), default=None,
+                   help=f"default: the most complete available ({default_core_name()})")
+    p.add_argument("--seeds", default=None,
+                   help="e.g. 4-9 or 4,7,11 (default: the board's seed and the next two)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
+    p.add_argument("--first", action="store_true",
+                   help="stop at the first seed that meets every clock")
+    p.add_argument("--build-root", default=None, help="default: <repo>/build (runs in seeds/)")
     sub.add_parser("list", help="boards and cores")
     args = ap.parse_args(argv)
 
@@ -57,6 +69,17 @@ def main(argv=None):
         elaborate(args.board, args.core)
         print(f"elaborated {args.board} with core {args.core or default_core_name()}")
         return 0
+    if args.cmd == "seeds":
+        from .seeds import format_table, parse_seeds, seed_search
+        first = BOARDS[args.board].nextpnr_seed
+        try:
+            seeds = parse_seeds(args.seeds or f"{first}-{first + 2}")
+        except ValueError as exc:
+            ap.error(str(exc))
+        reports = seed_search(args.board, seeds, core=args.core, jobs=args.jobs,
+                              build_root=args.build_root, first=args.first)
+        print(format_table(seeds, reports, args.board))
+        return 0 if any(r and r["timing_met"] and not r.get("error") for r in reports) else 1
     if args.cmd == "timing":
         return timing(args.board, args.build_root, args.from_build)
     if args.cmd == "program":

@@ -140,7 +140,9 @@ MSG_HEAD_OCTETS = 56
 
 #: The first :data:`MSG_HEAD_OCTETS` octets of a message, big-endian (octet 0 the most
 #: significant, as hw/kbtp/movers.py WordReader gives them), with ``ok``: the message was one
-#: packet (a SEND Only); octets past its length are 0. Not ``ok``: read the receive buffer.
+#: packet (a SEND Only); octets past its length are 0. Not ``ok`` (another kind of message, or
+#: one whose payload came while the previous notify waited: hw/rdma/resp_place.py): read the
+#: receive buffer.
 MsgHead = data.StructLayout({
     "ok": 1,
     "octets": 8 * MSG_HEAD_OCTETS,
