@@ -46,7 +46,7 @@ ECPIX5 = BoardSpec(
     # Seed 4 since 2026-12-07: the netlist with cut-through transmit and the READ depth missed
     # the core clock at seed 3 (39.31 MHz at 41.67, a 22.6 ns route in the requester) and the
     # GMII clock at seed 5 (123.00 MHz, the transmit downsizer into its slice); seed 4 met every
-    # clock (nextpnr alone on seed 3's netlist: core 43.38, GMII 134.17). Stop 59's netlist
+    # clock (nextpnr alone on seed 3's netlist: core 43.38, GMII 134.17). 3909978's netlist
     # (cut-through receive, the 56-octet message head on chip) diverged in router2 at seeds 4
     # to 10 (1.15M wires); without the responder's and the engine's 448-bit copies of that head
     # (1.13M wires, 893 flip-flops fewer) seed 4 routed at iteration 154 with every clock met
