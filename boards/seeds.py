@@ -16,7 +16,6 @@ stopped as ``build`` stops it (:func:`boards.build.router_diverged`).
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -118,12 +117,15 @@ class _Run:
 
 
 def seed_search(board, seeds, *, core=None, jobs=2, build_root=None, first=False,
-                period=20.0, log=print):
+                period=20.0, log=None):
     """Synthesise ``board``'s ``core`` once (a pack-only build in ``<root>/synth``), then place
     and route it at each of ``seeds``, ``jobs`` runs at a time, in ``<root>/s<seed>/<board>``
     (``root``: ``build_root``/seeds). ``first``: stop at the first seed that meets every clock
     (the runs still going are ended). Returns the reports, in the order of ``seeds``; seeds
     not run (``first``) have none."""
+    if log is None:
+        def log(line):
+            print(line, flush=True)
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     if not seeds:
@@ -148,38 +150,42 @@ def seed_search(board, seeds, *, core=None, jobs=2, build_root=None, first=False
     device = f"{platform.device}-{platform.speed}{platform.package}"
     todo, running, reports = list(seeds), [], {}
     done_first = False
-    while todo or running:
-        while todo and len(running) < jobs and not done_first:
-            seed = todo.pop(0)
-            out = root / f"s{seed}" / board
-            _write(out, _at_seed(plan.files, seed), netlist_dir)
-            log(f"seed {seed}: place and route in {out}")
-            running.append(_Run(seed, out, env))
-        if done_first:
-            todo.clear()
-        time.sleep(period if running else 0)
-        for run in list(running):
-            rc = run.check()
-            if rc is None:
-                continue
-            running.remove(run)
-            error = run.error or (None if rc == 0 else f"build script failed with status {rc}")
-            rep = make_report(run.out, board=board, core=core_name, device=device,
-                              build_time_s=time.monotonic() - run.t0,
-                              memory=_memory_of(spec, top.core))
-            rep.update(error=error, seed=run.seed, stage="full", tool_cpu_time_s=None,
-                       inputs=sorted(plan.files),
-                       core_params={k: v for k, v in (params or {}).items()
-                                    if k != "init"} or None)
-            (run.out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
-            reports[run.seed] = rep
-            met = rep["timing_met"] and not error
-            log(f"seed {run.seed}: " + ("every clock met" if met else error or "timing missed"))
-            if met and first:
-                done_first = True
-                for other in running:
-                    other.error = f"stopped: seed {run.seed} met every clock first"
-                    other.stop()
+    try:
+        while todo or running:
+            while todo and len(running) < jobs and not done_first:
+                seed = todo.pop(0)
+                out = root / f"s{seed}" / board
+                _write(out, _at_seed(plan.files, seed), netlist_dir)
+                log(f"seed {seed}: place and route in {out}")
+                running.append(_Run(seed, out, env))
+            if done_first:
+                todo.clear()
+            time.sleep(period if running else 0)
+            for run in list(running):
+                rc = run.check()
+                if rc is None:
+                    continue
+                running.remove(run)
+                error = run.error or (None if rc == 0 else f"build script failed with status {rc}")
+                rep = make_report(run.out, board=board, core=core_name, device=device,
+                                  build_time_s=time.monotonic() - run.t0,
+                                  memory=_memory_of(spec, top.core))
+                rep.update(error=error, seed=run.seed, stage="full", tool_cpu_time_s=None,
+                           inputs=sorted(plan.files),
+                           core_params={k: v for k, v in (params or {}).items()
+                                        if k != "init"} or None)
+                (run.out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+                reports[run.seed] = rep
+                met = rep["timing_met"] and not error
+                log(f"seed {run.seed}: " + ("every clock met" if met else error or "timing missed"))
+                if met and first:
+                    done_first = True
+                    for other in running:
+                        other.error = f"stopped: seed {run.seed} met every clock first"
+                        other.stop()
+    finally:
+        for run in running:        # an exception or ^C: no nextpnr left behind
+            run.stop()
     return [reports.get(s) for s in seeds]
 
 
