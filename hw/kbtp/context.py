@@ -30,7 +30,10 @@ still in it (the hazards, issue 20):
 * ``empty``: nothing in flight; the front hands a slow-path message to the host only then.
 
 The READ's WorkCompletion comes back tagged with its context's index (``WR_CTX | idx``,
-hw/kbtp/movers.py): ``wc`` marks that context done, with its status.
+hw/kbtp/movers.py): ``wc`` marks that context done, with its status. An inline store's copy
+runs beside the front's next request (hw/kbtp/engine.py); ``copied`` marks its context done.
+Until then a plain context of a copy is not passed by a later STORE by READ of its QP (that
+READ's data might land before the copy's last word).
 
 Why a hand-written queue rather than amaranth.lib.fifo: the back needs the head's index (to
 look up its WorkCompletion) and the front the index it will push at (the READ's tag), and the
@@ -59,6 +62,7 @@ class Ctx(enum.Enum, shape=2):
     RESULT = 0      # the answer is known (an error, a LOAD sent): complete
     ENTRY = 1       # data in the block (inline, or none): entry update, then OK
     READ = 2        # data by RDMA READ: wait for its WorkCompletion, then ENTRY (or INTERNAL)
+    COPY = 3        # inline data being copied into the block: wait for the copy, then ENTRY
 
 
 #: One request between the stages.
@@ -85,6 +89,8 @@ class ContextQueue(wiring.Component):
     pop : In(1)                         the back has finished the head
     wc : In(1), wc_idx : In(CTX_BITS), wc_ok : In(1)
         a READ's WorkCompletion for context ``wc_idx``
+    copied : In(1), copied_idx : In(CTX_BITS)
+        the inline copy of context ``copied_idx`` (a :attr:`Ctx.COPY`) has written its last word
     probe : In(ADDR_BITS), probe_qp : In(QP_INDEX_BITS), pass_any : In(1),
     pass_same_qp : In(1), entry_hit : Out(1), alloc_pending : Out(1)
         the hazards (module docstring)
@@ -99,6 +105,7 @@ class ContextQueue(wiring.Component):
             "head_valid": Out(1), "head_rd": Out(CTX), "head_done": Out(1), "head_ok": Out(1),
             "pop": In(1),
             "wc": In(1), "wc_idx": In(CTX_BITS), "wc_ok": In(1),
+            "copied": In(1), "copied_idx": In(CTX_BITS),
             "probe": In(ADDR_BITS), "probe_qp": In(QP_INDEX_BITS), "pass_any": In(1),
             "pass_same_qp": In(1), "entry_hit": Out(1), "alloc_pending": Out(1),
         })
@@ -109,8 +116,9 @@ class ContextQueue(wiring.Component):
         # (LUT RAM on the ECP5: one 16-deep row of cells per 4 bits)
         m.submodules.ctxs = ctxs = memory.Memory(shape=CTX, depth=n, init=[])
         wp, rp = Signal(CTX_BITS), Signal(CTX_BITS)
-        valid, writes, plain, alloc, done, ok = (
-            Signal(n, name=x) for x in ("valid", "writes", "plain", "alloc", "done", "ok"))
+        valid, writes, plain, alloc, copying, done, ok = (
+            Signal(n, name=x) for x in ("valid", "writes", "plain", "alloc", "copying", "done",
+                                        "ok"))
         eaddr = Array(Signal(ADDR_BITS, name=f"eaddr{i}") for i in range(n))
         qps = Array(Signal(QP_INDEX_BITS, name=f"qp{i}") for i in range(n))
         w = ctxs.write_port()
@@ -125,7 +133,8 @@ class ContextQueue(wiring.Component):
                      self.entry_hit.eq(Cat(
                          valid[i] & writes[i] & (eaddr[i] == self.probe) &
                          ~(plain[i] & (self.pass_any |
-                                       (self.pass_same_qp & (qps[i] == self.probe_qp))))
+                                       (self.pass_same_qp & (qps[i] == self.probe_qp) &
+                                        ~(copying[i] & ~done[i]))))
                          for i in range(n)).any()),
                      self.alloc_pending.eq((valid & alloc).any())]
         for i in range(n):
@@ -133,11 +142,14 @@ class ContextQueue(wiring.Component):
                 m.d.sync += [valid[i].eq(1), writes[i].eq(c.kind != Ctx.RESULT),
                              plain[i].eq(~c.req.seal & ~c.req.is_alloc),
                              alloc[i].eq((c.kind == Ctx.READ) & c.req.is_alloc),
+                             copying[i].eq(c.kind == Ctx.COPY),
                              eaddr[i].eq(c.entry_addr), qps[i].eq(c.qp)]
             with m.If(self.pop & (rp == i)):
                 m.d.sync += [valid[i].eq(0), done[i].eq(0), ok[i].eq(0)]
             with m.If(self.wc & (self.wc_idx == i)):
                 m.d.sync += [done[i].eq(1), ok[i].eq(self.wc_ok)]
+            with m.If(self.copied & (self.copied_idx == i)):
+                m.d.sync += [done[i].eq(1), ok[i].eq(1)]
         with m.If(self.push):
             m.d.sync += wp.eq(wp + 1)
         with m.If(self.pop):

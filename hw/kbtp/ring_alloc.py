@@ -32,11 +32,16 @@ against a concurrent locking FetchAdd master.
 Operations
 ----------
 ALLOC (``start`` with ``op`` = :attr:`RingOp.ALLOC`)
-    Read Tail, read Head; if Tail ticket == Head ticket the ring is empty (``empty``, the
+    Read Tail and Head (both requested before the first answer); if Tail ticket == Head ticket the ring is empty (``empty``, the
     engine answers NO_SPACE); else masked FetchAdd on Head (the old value's ticket t is ours),
     then re-read slot t mod N until its Sequence == t and its Block Offset is not all ones,
     take the Block Offset (``block``) and write all ones into it (consume). While the slot
     waits for its free, pending host commands and a deferred free are served from the poll.
+    *Speculative* (``spec`` with ``start``; the shared ring only): the engine starts it beside
+    its read of the request's table entry, before it knows whether the request allocates. The
+    unit reads Tail and Head and waits for ``go`` (on as above) or ``cancel`` (back to idle,
+    nothing written). Nothing else writes the shared ring's Head and Tail meanwhile: every
+    update of them is this unit's (the same reason its Head read needs no lock there).
 RETURN (``op`` = :attr:`RingOp.RETURN`, ``block_in``, ``ring``)
     A block the engine took and could not fill (its RDMA READ failed) goes back to the ring it
     came from (model/target.py Readings 10): first the deferred free, if any, is finished (its
@@ -63,6 +68,11 @@ parts : In(PART_CFG).array(ENGINE_PARTS); part_order : In(5)
     The partition rings (PART<p>_RING / _HEAD / _TAIL, PART_ORDER).
 start : In(1), op : In(RingOp), ring : In(RING_BITS), block_in : In(64)
     Operation request and its ring, held until ``ack``.
+spec : In(1)
+    With ``start``: the ALLOC is speculative (ignored for RETURN and partition rings).
+go : In(1), cancel : In(1)
+    One-cycle strobes, one of them once per speculative ALLOC, any cycle after its ``ack``:
+    carry it out / drop it (no ``done`` then).
 ack : Out(1)
     The request is taken this cycle (the unit was idle).
 done : Out(1)
@@ -125,6 +135,7 @@ class RingAllocator(wiring.Component):
             "tail_addr": In(ADDR_BITS), "masked": In(1),
             "parts": In(PART_CFG).array(ENGINE_PARTS), "part_order": In(5),
             "start": In(1), "op": In(RingOp), "ring": In(RING_BITS), "block_in": In(64),
+            "spec": In(1), "go": In(1), "cancel": In(1),
             "le": In(1),
             "ack": Out(1), "done": Out(1), "empty": Out(1), "block": Out(64),
             "occupancy": Out(32), "stall": Out(1),
@@ -185,16 +196,20 @@ class RingAllocator(wiring.Component):
         ticket = Signal(32)         # the allocation's Head ticket
         slot_off = Signal(32)       # ... and its slot's offset
 
-        # Read routine: up to 2 words from rd_addr into rbuf.
+        # Read routine: up to 2 words into rbuf, the first from rd_addr, the second from
+        # rd_next (rd_addr + 8 for a slot; the Head for an allocation's Tail, so that both
+        # counters wait for one read latency, not two: a DDR3 read is some 12 core cycles).
         rd_addr = Signal(ADDR_BITS)
+        rd_next = Signal(ADDR_BITS)
         rd_issue = Signal(2)        # words still to request
         rd_wait = Signal(2)         # responses still to come
-        RET = ["A_TAIL_GOT", "A_HEAD_CHK", "A_SLOT_CHK", "FR_TAIL_W", "FR_SLOT_CHK"]
+        RET = ["A_HEAD_CHK", "A_SLOT_CHK", "FR_TAIL_W", "FR_SLOT_CHK"]
         rd_ret = Signal(range(len(RET)))
-        rd_lock = Signal()          # the read is a partition Head's, locked up to its write
+        rd_lock = Signal()          # the last word read is a partition Head's, locked up to its write
 
-        def read(addr, words, ret, lock=0):
-            return [rd_addr.eq(addr), rd_issue.eq(words), rd_wait.eq(words),
+        def read(addr, words, ret, lock=0, second=None):
+            return [rd_addr.eq(addr), rd_next.eq(addr + 8 if second is None else second),
+                    rd_issue.eq(words), rd_wait.eq(words),
                     rd_ret.eq(RET.index(ret)), rd_lock.eq(lock)]
 
         sl_seq = be_field(rbuf, 16, RingSlot, "sequence")
@@ -230,12 +245,24 @@ class RingAllocator(wiring.Component):
         m.d.comb += [self.block.eq(block_r), self.empty.eq(empty_r), self.occupancy.eq(occ_r),
                      self.cmd_result.eq(res_r), self.deferred.eq(deferred)]
 
+        # A speculative allocation (``spec`` with ``start``, shared ring only) reads Tail and
+        # Head and then waits for the engine's verdict: ``go`` (the request passed its checks:
+        # on as any allocation) or ``cancel`` (it did not: back to IDLE, nothing written).
+        # Either may come at any time after ``ack``; ``held`` remembers it.
+        held, v_go, v_cancel = Signal(), Signal(), Signal()
+        with m.If(self.go):
+            m.d.sync += v_go.eq(1)
+        with m.If(self.cancel):
+            m.d.sync += v_cancel.eq(1)
         with m.FSM(name="ring"):
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(1)
                 with m.If(self.start):
                     m.d.comb += self.ack.eq(1)
-                    m.d.sync += [a_ring.eq(self.ring), c_ring.eq(self.ring)]
+                    m.d.sync += [a_ring.eq(self.ring), c_ring.eq(self.ring),
+                                 held.eq(self.spec & (self.op == RingOp.ALLOC) &
+                                         (self.ring == 0)),
+                                 v_go.eq(0), v_cancel.eq(0)]
                     with m.If(self.op == RingOp.ALLOC):
                         m.next = "A_TAIL_RD"
                     with m.Else():
@@ -250,30 +277,35 @@ class RingAllocator(wiring.Component):
                     m.next = "READ"
 
             with m.State("READ"):
-                m.d.comb += req.payload.lock.eq(rd_lock)
-                read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET)
+                # (the lock is the last word's: an allocation's Tail read is not locked)
+                m.d.comb += req.payload.lock.eq(rd_lock & (rd_issue == 1))
+                read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET,
+                           next_addr=rd_next)
 
             # -------- ALLOC: ring-empty check, masked FetchAdd on Head, slot poll, consume
             with m.State("A_TAIL_RD"):
-                m.d.sync += read(ar.tail, 1, "A_TAIL_GOT")
-                m.next = "READ"
-
-            with m.State("A_TAIL_GOT"):
-                m.d.sync += tail_ticket.eq(bswap64(rbuf[:64])[32:])
-                # A partition's Head is FetchAdded by its initiator too (RDMA atomics, whose
-                # read and write the responder locks): our read of it is locked up to our
-                # write, so that no FetchAdd falls between them.
-                m.d.sync += read(ar.head, 1, "A_HEAD_CHK", lock=a_part)
+                # Tail, then Head, both requested before the first answer (the bus keeps
+                # their order). A partition's Head is FetchAdded by its initiator too (RDMA
+                # atomics, whose read and write the responder locks): our read of it is
+                # locked up to our write, so that no FetchAdd falls between them.
+                m.d.sync += read(ar.tail, 2, "A_HEAD_CHK", lock=a_part, second=ar.head)
                 m.next = "READ"
 
             with m.State("A_HEAD_CHK"):
+                # (rbuf: Tail in the high word, Head, ``ctr``, in the low one)
                 # Empty: no ticket left before Tail. On a partition ring the initiator may
                 # have taken more tickets than the ring holds (Head past Tail): empty too.
                 occ = Signal(32)
-                m.d.comb += occ.eq(tail_ticket - ctr_ticket)
-                m.d.sync += occ_r.eq(occ)
-                with m.If((occ == 0) | occ[31]):
-                    m.d.sync += empty_r.eq(1)
+                m.d.comb += [tail_ticket.eq(bswap64(rbuf[64:])[32:]),
+                             occ.eq(tail_ticket - ctr_ticket)]
+                with m.If(held & (v_cancel | self.cancel)):
+                    # (the shared ring: no lock to end; Tail and Head were only read)
+                    m.d.sync += held.eq(0)
+                    m.next = "IDLE"
+                with m.Elif(held & ~(v_go | self.go)):
+                    pass                    # the verdict is not in yet
+                with m.Elif((occ == 0) | occ[31]):
+                    m.d.sync += [occ_r.eq(occ), held.eq(0), empty_r.eq(1)]
                     with m.If(a_part):
                         m.next = "A_UNLOCK"
                     with m.Else():
@@ -284,7 +316,7 @@ class RingAllocator(wiring.Component):
                                  req.payload.wstrb.eq(0xFF)]
                     with m.If(req.ready):
                         m.d.sync += [ticket.eq(ctr_ticket), slot_off.eq(ctr_off),
-                                     empty_r.eq(0),
+                                     empty_r.eq(0), occ_r.eq(occ), held.eq(0),
                                      read(ar.base + ctr_off, 2, "A_SLOT_CHK")]
                         m.next = "READ"
 

@@ -45,16 +45,17 @@ def be_field(buf, total, struct, name, base=0):
     raise KeyError(name)
 
 
-def read_words(m, mem, addr, issue, wait, buf, ret, states):
+def read_words(m, mem, addr, issue, wait, buf, ret, states, next_addr=None):
     """The body of a master's word-read FSM state, shared by the KBTP engine and the ring
     allocator: request ``issue`` words from ``addr`` on, shift each response into ``buf``
     (big-endian octets, the newest word in the low 64 bits); with the last response (``wait``
-    counts the responses still to come) go to state ``states[ret]``."""
+    counts the responses still to come) go to state ``states[ret]``. ``next_addr``: the address
+    that follows each word requested (default ``addr + 8``, consecutive words)."""
     req, rsp = mem.req, mem.rsp
     m.d.comb += [req.valid.eq(issue != 0), req.payload.addr.eq(addr), req.payload.we.eq(0),
                  rsp.ready.eq(1)]
     with m.If(req.valid & req.ready):
-        m.d.sync += [issue.eq(issue - 1), addr.eq(addr + 8)]
+        m.d.sync += [issue.eq(issue - 1), addr.eq(addr + 8 if next_addr is None else next_addr)]
     with m.If(rsp.valid):
         m.d.sync += [buf.eq(Cat(bswap64(rsp.payload.rdata), buf[:-64])), wait.eq(wait - 1)]
         with m.If(wait == 1):

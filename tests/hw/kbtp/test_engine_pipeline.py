@@ -13,7 +13,8 @@ New behaviour: test_reads_overlap, test_other_qp_overlaps (fail on the serial en
 _quota_back, (c) test_slow_path_waits_for_pipeline, (d) COMPLETION order, in all of them.
 STOREs into one handle (hw/kbtp/context.py ``entry_hit``): past a STORE without SEAL, a STORE
 by READ of the same QP goes on (test_stores_into_one_handle_overlap); an inline STORE
-(test_inline_store_waits_for_read_of_same_handle), anything after a STORE with SEAL
+(test_inline_store_waits_for_read_of_same_handle) and a STORE by READ after an inline copy
+still running (test_read_store_waits_for_inline_copy_of_same_handle), anything after a STORE with SEAL
 (test_store_after_sealing_store_waits) and another QP's STORE (test_other_qp_store_waits) wait.
 """
 
@@ -21,7 +22,7 @@ from host import codec
 from host.config import ENTRY_SIZE
 from host.policy import SEALED, VALID, decode_entry
 from hw.headers import Opcode, Status
-from hw.iface import WcStatus, WrOp
+from hw.iface import MSG_HEAD_OCTETS, WcStatus, WrOp
 from hw.kbtp.movers import WR_CHUNK, WR_CTX
 from hw.kbtp.engine import Cmd, KbtpEngine, reg
 from model.target import AccessError, InitiatorMemory
@@ -48,11 +49,14 @@ class Pipe(Wire):
         super().__init__(top, imems)
         self.now, self.seq = 0, 0
         self.notifies, self.wcs, self.reposts, self.host, self.done = [], [], [], [], []
+        self.head, self.heads = False, []   # head: the first 56 octets on chip (MsgHead)
 
     def post(self, ctx, q, raw):
         k = self.n[q] = self.n.get(q, 0) + 1
         addr = RECV_BASE + 1024 * q + 256 * (k % 4)
         ram_write(ctx, self.top.ram, addr, raw)
+        # as the responder gives them: big-endian, zeros past the message's end
+        self.heads.append(int.from_bytes((raw + bytes(MSG_HEAD_OCTETS))[:MSG_HEAD_OCTETS], "big"))
         self.notifies.append({"qp": q, "addr": addr, "length": len(raw)})
         return self.notifies[-1]
 
@@ -75,6 +79,10 @@ class Pipe(Wire):
                     ctx.set(sig, v)
                 if nv:
                     ctx.set(eng.notify.payload, self.notifies[0])
+                ctx.set(eng.head.valid, nv and self.head)
+                ctx.set(eng.notify_head_ok, nv and self.head)
+                if nv and self.head:
+                    ctx.set(eng.head.payload, self.heads[0])
                 if cv:
                     ctx.set(eng.wc.payload, self.wcs[0])
                 _, _, n_ok, c_ok, wv, w, rv, r, hv, h = await ctx.tick().sample(
@@ -84,6 +92,7 @@ class Pipe(Wire):
                 ev = []
                 if nv and n_ok:
                     ev.append(f"notify taken {self.notifies.pop(0)}")
+                    self.heads.pop(0)
                 if cv and c_ok:
                     ev.append(f"WC {self.wcs.pop(0)}")
                 if wv:
@@ -103,7 +112,7 @@ class Pipe(Wire):
                     print(f"  cycle {self.now:5}: {e}")
             return until()
         finally:
-            for sig in outs:
+            for sig in (*outs, eng.head.valid, eng.notify_head_ok):
                 ctx.set(sig, 0)
 
     def finish(self, ctx, qp=None):
@@ -466,6 +475,42 @@ def test_inline_store_waits_for_read_of_same_handle():
         assert [codec.decode(x[1]).request_id for x in wire.answers(0)[1]] == [2, 3]
         assert ram_read(ctx, top.ram, blk, len(c)) == c, "the READ's data landed over C"
         assert entry_of(ctx, top, model, h)["data_length"] == len(c)
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_read_store_waits_for_inline_copy_of_same_handle():
+    """The other order: an inline STORE without SEAL, then a STORE by READ of the same handle
+    and QP. The copy runs beside the front (hw/kbtp/engine.py), so the READ's entry read must
+    wait for it (hw/kbtp/context.py: a plain context passes a later READ of its QP only once
+    its copy is done): else the READ's data could land under the copy's last words."""
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    wire.head = True        # (the message's head on chip: its front reaches the READ sooner)
+    h = model.session_of("y").handle_base
+    c, b = bytes((7 * i + 3) & 0xFF for i in range(128)), bytes(range(100, 164))
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        put(model, imems[0], "y", SRC, b)
+        s1 = build(Opcode.STORE, flags=INLINE, rid=2, handle=h, length=len(c), inline=c)
+        s2 = read_raw(Opcode.STORE, h, 3, len(b), seal=False)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(x) for x in split(want)[1]] == [Status.OK, Status.OK]
+        blk = block_of(model, h)
+        wire.post(ctx, 0, s1)
+        wire.post(ctx, 0, s2)
+        assert await wire.go(ctx, 3000, until=lambda: wire.issued(WrOp.READ))
+        got = ram_read(ctx, top.ram, blk, len(c))
+        print(f"cycle {wire.now}: READ issued (cycle {wire.issued(WrOp.READ)[0]['cycle']}); "
+              f"block holds the inline data: {got == c}")
+        assert got == c, "the READ of the same handle went out before the inline copy ended"
+        await wire.drain(ctx, 2)
+        assert wire.answers(0) == split(want)
+        assert [codec.decode(x[1]).request_id for x in wire.answers(0)[1]] == [2, 3]
+        assert ram_read(ctx, top.ram, blk, len(c)) == b + c[len(b):]
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)

@@ -555,8 +555,9 @@ class UnitHarness(RingHarness):
     cycles), an ALLOC or a RETURN of the block the last ALLOC took whenever no operation is
     outstanding (held until ``ack``), ``grant`` free in every cycle, host commands as in
     RingHarness (``cmd_valid`` from the command's acceptance to its Tail write, the same rules
-    for when the host may issue one), and the host's late writes. An allocation takes 13
-    cycles here instead of the engine's 39, so the bounded proof reaches whole allocations.
+    for when the host may issue one), and the host's late writes; an ALLOC speculative or not,
+    and a speculative one's ``go`` and ``cancel`` free in every cycle. An allocation takes
+    fewer cycles here than in the engine, so the bounded proof reaches whole allocations.
 
     Parameters: as RingHarness; ``unit_cls`` is the allocator class (a mutant for the
     negative tests).
@@ -568,10 +569,14 @@ class UnitHarness(RingHarness):
         self.i_start = Signal()             # the engine asks for an operation now
         self.i_op = Signal()                # ... a RETURN (if it holds a block), else ALLOC
         self.i_grant = Signal()
+        self.i_spec = Signal()              # ... a speculative ALLOC (the engine's, beside its
+        self.i_go = Signal()                # entry read), then its verdict, free in every
+        self.i_cancel = Signal()            # cycle (both: cancel wins)
 
     def ports(self):
         return [self.cd.clk, self.i_mem_ready, self.i_bus_op, self.i_bus_arg, self.i_host_go,
-                self.i_start, self.i_op, self.i_grant, self.i_head, self.i_occ, self.i_hv,
+                self.i_start, self.i_op, self.i_grant, self.i_spec, self.i_go, self.i_cancel,
+                self.i_head, self.i_occ, self.i_hv,
                 self.i_hdist, self.i_hblk, *self.i_blk, *self.i_rsv]
 
     def _phases(self, m):
@@ -587,15 +592,17 @@ class UnitHarness(RingHarness):
                      u.head_addr.eq(HEAD_ADDR), u.tail_addr.eq(TAIL_ADDR), u.masked.eq(1),
                      u.grant.eq(self.i_grant & run)]
         # One operation at a time, requested until ack, outstanding until done.
-        op_v, op_ret, op_busy = Signal(), Signal(), Signal()
+        op_v, op_ret, op_busy, op_spec = Signal(), Signal(), Signal(), Signal()
         with m.If(run & self.i_start & ~op_v & ~op_busy):
-            m.d.sync += [op_v.eq(1), op_ret.eq(self.i_op & g.got_v)]
-        m.d.comb += [u.start.eq(op_v), u.op.eq(op_ret), u.block_in.eq(g.got_blk)]
+            m.d.sync += [op_v.eq(1), op_ret.eq(self.i_op & g.got_v), op_spec.eq(self.i_spec)]
+        m.d.comb += [u.start.eq(op_v), u.op.eq(op_ret), u.block_in.eq(g.got_blk),
+                     u.spec.eq(op_spec), u.go.eq(self.i_go & op_busy),
+                     u.cancel.eq(self.i_cancel & op_busy)]
         with m.If(u.ack):
             m.d.sync += [op_v.eq(0), op_busy.eq(1), g.got_v.eq(0)]
             with m.If(op_ret):
                 m.d.sync += g.ret_pending.eq(1)
-        with m.If(u.done):
+        with m.If(u.done | (op_busy & u.idle)):     # (idle again: a cancelled speculation)
             m.d.sync += op_busy.eq(0)
         self._chk(m, ~u.ack | op_v)
         self._chk(m, ~u.done | op_busy)
