@@ -33,7 +33,10 @@ The READ's WorkCompletion comes back tagged with its context's index (``WR_CTX |
 hw/kbtp/movers.py): ``wc`` marks that context done, with its status. An inline store's copy
 runs beside the front's next request (hw/kbtp/engine.py); ``copied`` marks its context done.
 Until then a plain context of a copy is not passed by a later STORE by READ of its QP (that
-READ's data might land before the copy's last word).
+READ's data might land before the copy's last word). A later inline STORE passes a plain
+context whose data comes by copy, or that has none (``pass_ordered``): the engine runs one copy
+at a time, in the front's order, so the later copy lands after the earlier one, as in the
+serial order, whichever QP they are of.
 
 Why a hand-written queue rather than amaranth.lib.fifo: the back needs the head's index (to
 look up its WorkCompletion) and the front the index it will push at (the READ's tag), and the
@@ -92,7 +95,7 @@ class ContextQueue(wiring.Component):
     copied : In(1), copied_idx : In(CTX_BITS)
         the inline copy of context ``copied_idx`` (a :attr:`Ctx.COPY`) has written its last word
     probe : In(ADDR_BITS), probe_qp : In(QP_INDEX_BITS), pass_any : In(1),
-    pass_same_qp : In(1), entry_hit : Out(1), alloc_pending : Out(1)
+    pass_same_qp : In(1), pass_ordered : In(1), entry_hit : Out(1), alloc_pending : Out(1)
         the hazards (module docstring)
     """
 
@@ -107,7 +110,8 @@ class ContextQueue(wiring.Component):
             "wc": In(1), "wc_idx": In(CTX_BITS), "wc_ok": In(1),
             "copied": In(1), "copied_idx": In(CTX_BITS),
             "probe": In(ADDR_BITS), "probe_qp": In(QP_INDEX_BITS), "pass_any": In(1),
-            "pass_same_qp": In(1), "entry_hit": Out(1), "alloc_pending": Out(1),
+            "pass_same_qp": In(1), "pass_ordered": In(1), "entry_hit": Out(1),
+            "alloc_pending": Out(1),
         })
 
     def elaborate(self, platform):
@@ -116,9 +120,9 @@ class ContextQueue(wiring.Component):
         # (LUT RAM on the ECP5: one 16-deep row of cells per 4 bits)
         m.submodules.ctxs = ctxs = memory.Memory(shape=CTX, depth=n, init=[])
         wp, rp = Signal(CTX_BITS), Signal(CTX_BITS)
-        valid, writes, plain, alloc, copying, done, ok = (
-            Signal(n, name=x) for x in ("valid", "writes", "plain", "alloc", "copying", "done",
-                                        "ok"))
+        valid, writes, plain, alloc, copying, ordered, done, ok = (
+            Signal(n, name=x) for x in ("valid", "writes", "plain", "alloc", "copying",
+                                        "ordered", "done", "ok"))
         eaddr = Array(Signal(ADDR_BITS, name=f"eaddr{i}") for i in range(n))
         qps = Array(Signal(QP_INDEX_BITS, name=f"qp{i}") for i in range(n))
         w = ctxs.write_port()
@@ -134,7 +138,8 @@ class ContextQueue(wiring.Component):
                          valid[i] & writes[i] & (eaddr[i] == self.probe) &
                          ~(plain[i] & (self.pass_any |
                                        (self.pass_same_qp & (qps[i] == self.probe_qp) &
-                                        ~(copying[i] & ~done[i]))))
+                                        ~(copying[i] & ~done[i])) |
+                                       (self.pass_ordered & ordered[i])))
                          for i in range(n)).any()),
                      self.alloc_pending.eq((valid & alloc).any())]
         for i in range(n):
@@ -143,6 +148,7 @@ class ContextQueue(wiring.Component):
                              plain[i].eq(~c.req.seal & ~c.req.is_alloc),
                              alloc[i].eq((c.kind == Ctx.READ) & c.req.is_alloc),
                              copying[i].eq(c.kind == Ctx.COPY),
+                             ordered[i].eq((c.kind == Ctx.COPY) | (c.kind == Ctx.ENTRY)),
                              eaddr[i].eq(c.entry_addr), qps[i].eq(c.qp)]
             with m.If(self.pop & (rp == i)):
                 m.d.sync += [valid[i].eq(0), done[i].eq(0), ok[i].eq(0)]

@@ -546,6 +546,7 @@ class KbtpEngine(wiring.Component):
                      q.probe.eq(u.eaddr), q.probe_qp.eq(qp),
                      q.pass_any.eq(req.is_load | req.is_alloc),
                      q.pass_same_qp.eq(req.is_store & ~req.inline & (req.dd_len != 0)),
+                     q.pass_ordered.eq(req.is_store & req.inline & (req.dd_len != 0)),
                      q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
                      q.wc_ok.eq(issuer.ctx_ok),
                      q.copied.eq(copy.done), q.copied_idx.eq(u.copy_idx)]

@@ -185,7 +185,7 @@ class RingAllocator(wiring.Component):
                                      (Const(1, 64) << (cr.order + 3))[:64], 0))]
         ctr = Signal(64)            # counter value read (little-endian memory = value)
         ctr_new = Signal(64)
-        rbuf = Signal(128)          # the read routine's buffer (big-endian octets)
+        rbuf = Signal(256)          # the read routine's buffer (big-endian octets)
         m.d.comb += ctr.eq(bswap64(rbuf[:64]))     # the last counter read
         m.d.comb += ctr_new.eq(masked_add_value(ctr, add_data, add_mask, 64))
         ctr_ticket = ctr[32:]
@@ -196,26 +196,44 @@ class RingAllocator(wiring.Component):
         ticket = Signal(32)         # the allocation's Head ticket
         slot_off = Signal(32)       # ... and its slot's offset
 
-        # Read routine: up to 2 words into rbuf, the first from rd_addr, the second from
-        # rd_next (rd_addr + 8 for a slot; the Head for an allocation's Tail, so that both
-        # counters wait for one read latency, not two: a DDR3 read is some 12 core cycles).
-        rd_addr = Signal(ADDR_BITS)
-        rd_next = Signal(ADDR_BITS)
-        rd_issue = Signal(2)        # words still to request
-        rd_wait = Signal(2)         # responses still to come
+        # Read routine: up to 4 words into rbuf (the last in its low 64 bits), from rd_addr,
+        # then rd_next, rd_next2, rd_next3 (consecutive words for a slot; for an allocation
+        # Tail then Head, after its predicted slot's two words if any: all of them wait for
+        # one read latency together, not one each; a DDR3 read is some 18 core cycles at the
+        # ECPIX-5's core clock, more behind the other masters' traffic).
+        rd_addr, rd_next, rd_next2, rd_next3 = (Signal(ADDR_BITS, name=n) for n in
+                                                ("rd_addr", "rd_next", "rd_next2", "rd_next3"))
+        rd_issue = Signal(3)        # words still to request
+        rd_wait = Signal(3)         # responses still to come
         RET = ["A_HEAD_CHK", "A_SLOT_CHK", "FR_TAIL_W", "FR_SLOT_CHK"]
         rd_ret = Signal(range(len(RET)))
         rd_lock = Signal()          # the last word read is a partition Head's, locked up to its write
 
-        def read(addr, words, ret, lock=0, second=None):
-            return [rd_addr.eq(addr), rd_next.eq(addr + 8 if second is None else second),
-                    rd_issue.eq(words), rd_wait.eq(words),
+        def read(addr, words, ret, lock=0, then=()):
+            # (consecutive words: rd_next = addr + 8; the later ones are not used then)
+            nxt = list(then) + [addr + 8] * (3 - len(then))
+            return [rd_addr.eq(addr), rd_next.eq(nxt[0]), rd_next2.eq(nxt[1]),
+                    rd_next3.eq(nxt[2]), rd_issue.eq(words), rd_wait.eq(words),
                     rd_ret.eq(RET.index(ret)), rd_lock.eq(lock)]
 
-        sl_seq = be_field(rbuf, 16, RingSlot, "sequence")
+        # The shared ring's next slot, predicted: the slot after the one the last allocation
+        # took (its ticket + 1) is read with Tail and Head; when Head shows that ticket (nothing
+        # else writes the shared Head), the allocation polls that read instead of reading the
+        # slot after its Head write. Reading a slot before holding its ticket is safe: a slot
+        # that shows ticket t's block keeps it until the holder of t consumes it (a free of the
+        # same slot waits for that), and one that does not yet is polled again.
+        pred_v = Signal()           # a prediction exists (an allocation of the shared ring ran)
+        pred_off = Signal(32)       # its slot offset
+        pred_rd = Signal()          # this allocation read the predicted slot ...
+        pred_at = Signal(ADDR_BITS)     # ... at this address (rbuf[128:256])
+        slot_at = Signal(ADDR_BITS)
+        m.d.comb += slot_at.eq(ar.base + ctr_off)
+
+        sl_seq = be_field(rbuf[:128], 16, RingSlot, "sequence")
         sl_boff = Signal(64)     # (little-endian with ADDR_LE structures)
-        m.d.comb += sl_boff.eq(Mux(self.le, bswap64(be_field(rbuf, 16, RingSlot, "block_offset")),
-                                   be_field(rbuf, 16, RingSlot, "block_offset")))
+        m.d.comb += sl_boff.eq(Mux(self.le,
+                                   bswap64(be_field(rbuf[:128], 16, RingSlot, "block_offset")),
+                                   be_field(rbuf[:128], 16, RingSlot, "block_offset")))
 
         # Free routine state.
         fr_cmd = Signal()           # the free is a host command (else a RETURN)
@@ -281,6 +299,8 @@ class RingAllocator(wiring.Component):
                 m.d.comb += req.payload.lock.eq(rd_lock & (rd_issue == 1))
                 read_words(m, self.mem, rd_addr, rd_issue, rd_wait, rbuf, rd_ret, RET,
                            next_addr=rd_next)
+                with m.If(req.valid & req.ready):
+                    m.d.sync += [rd_next.eq(rd_next2), rd_next2.eq(rd_next3)]
 
             # -------- ALLOC: ring-empty check, masked FetchAdd on Head, slot poll, consume
             with m.State("A_TAIL_RD"):
@@ -288,7 +308,14 @@ class RingAllocator(wiring.Component):
                 # their order). A partition's Head is FetchAdded by its initiator too (RDMA
                 # atomics, whose read and write the responder locks): our read of it is
                 # locked up to our write, so that no FetchAdd falls between them.
-                m.d.sync += read(ar.tail, 2, "A_HEAD_CHK", lock=a_part, second=ar.head)
+                # On the shared ring with a prediction, the predicted slot's two words first.
+                with m.If(pred_v & ~a_part):
+                    m.d.sync += [read(ar.base + pred_off, 4, "A_HEAD_CHK",
+                                      then=(ar.base + pred_off + 8, ar.tail, ar.head)),
+                                 pred_rd.eq(1), pred_at.eq(ar.base + pred_off)]
+                with m.Else():
+                    m.d.sync += [read(ar.tail, 2, "A_HEAD_CHK", lock=a_part, then=(ar.head,)),
+                                 pred_rd.eq(0)]
                 m.next = "READ"
 
             with m.State("A_HEAD_CHK"):
@@ -296,7 +323,7 @@ class RingAllocator(wiring.Component):
                 # Empty: no ticket left before Tail. On a partition ring the initiator may
                 # have taken more tickets than the ring holds (Head past Tail): empty too.
                 occ = Signal(32)
-                m.d.comb += [tail_ticket.eq(bswap64(rbuf[64:])[32:]),
+                m.d.comb += [tail_ticket.eq(bswap64(rbuf[64:128])[32:]),
                              occ.eq(tail_ticket - ctr_ticket)]
                 with m.If(held & (v_cancel | self.cancel)):
                     # (the shared ring: no lock to end; Tail and Head were only read)
@@ -316,9 +343,18 @@ class RingAllocator(wiring.Component):
                                  req.payload.wstrb.eq(0xFF)]
                     with m.If(req.ready):
                         m.d.sync += [ticket.eq(ctr_ticket), slot_off.eq(ctr_off),
-                                     empty_r.eq(0), occ_r.eq(occ), held.eq(0),
-                                     read(ar.base + ctr_off, 2, "A_SLOT_CHK")]
-                        m.next = "READ"
+                                     empty_r.eq(0), occ_r.eq(occ), held.eq(0)]
+                        with m.If(~a_part):
+                            # the next allocation's slot: ticket + 1 (mod N, in octets)
+                            m.d.sync += [pred_v.eq(1),
+                                         pred_off.eq((ctr_off + 16) & ((n_slots << 4) - 1))]
+                        with m.If(pred_rd & (slot_at == pred_at)):
+                            # the predicted slot is ours: its words are already here
+                            m.d.sync += rbuf[:128].eq(rbuf[128:])
+                            m.next = "A_SLOT_CHK"
+                        with m.Else():
+                            m.d.sync += read(slot_at, 2, "A_SLOT_CHK")
+                            m.next = "READ"
 
             with m.State("A_UNLOCK"):
                 # The locked read's write: the Head as it was (the lock ends with it).

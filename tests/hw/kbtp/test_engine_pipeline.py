@@ -12,7 +12,8 @@ New behaviour: test_reads_overlap, test_other_qp_overlaps (fail on the serial en
 (a) test_load_waits_for_store_of_same_handle, (b) test_failed_alloc_read_gives_block_back /
 _quota_back, (c) test_slow_path_waits_for_pipeline, (d) COMPLETION order, in all of them.
 STOREs into one handle (hw/kbtp/context.py ``entry_hit``): past a STORE without SEAL, a STORE
-by READ of the same QP goes on (test_stores_into_one_handle_overlap); an inline STORE
+by READ of the same QP goes on (test_stores_into_one_handle_overlap), and so does an inline STORE
+past an inline one (test_inline_stores_into_one_handle_overlap); an inline STORE
 (test_inline_store_waits_for_read_of_same_handle) and a STORE by READ after an inline copy
 still running (test_read_store_waits_for_inline_copy_of_same_handle), anything after a STORE with SEAL
 (test_store_after_sealing_store_waits) and another QP's STORE (test_other_qp_store_waits) wait.
@@ -511,6 +512,42 @@ def test_read_store_waits_for_inline_copy_of_same_handle():
         assert wire.answers(0) == split(want)
         assert [codec.decode(x[1]).request_id for x in wire.answers(0)[1]] == [2, 3]
         assert ram_read(ctx, top.ram, blk, len(c)) == b + c[len(b):]
+        compare_image(ctx, top.ram, model)
+
+    simulate(top, bench)
+
+
+def test_inline_stores_into_one_handle_overlap():
+    """Two inline STOREs without SEAL into one handle: the second does not wait for the first's
+    entry update and RecvRepost (hw/kbtp/context.py ``pass_ordered``): its copy starts when
+    the first's copy ends (one copy at a time, in order), so its first word is in the block by
+    the first request's RecvRepost. Answers, entry and block are the model's."""
+    model, top, imems = setup()
+    wire = Pipe(top, imems)
+    wire.head = True
+    h = model.session_of("y").handle_base
+    a, b = bytes((5 * i + 1) & 0xFF for i in range(128)), bytes(range(200, 240))
+
+    async def bench(ctx):
+        await configure(ctx, top.eng, model, ["y"])
+        await through(ctx, wire, model, alloc_raw(h, 1, b"unsealed" * 2, seal=False))
+        s1 = build(Opcode.STORE, flags=INLINE, rid=2, handle=h, length=len(a), inline=a)
+        s2 = build(Opcode.STORE, flags=INLINE, rid=3, handle=h, length=len(b), inline=b)
+        want = norm_model(model.receive("y", s1)) + norm_model(model.receive("y", s2))
+        assert [status_of(x) for x in split(want)[1]] == [Status.OK, Status.OK]
+        blk = block_of(model, h)
+        n = len(wire.reposts)
+        wire.post(ctx, 0, s1)
+        wire.post(ctx, 0, s2)
+        assert await wire.go(ctx, 3000, auto=True, until=lambda: len(wire.reposts) > n)
+        first = ram_read(ctx, top.ram, blk, 8)
+        print(f"cycle {wire.now}: the first STORE's RecvRepost; the block starts "
+              f"{first.hex()} (the second STORE's data {b[:8].hex()}, the first's {a[:8].hex()})")
+        assert first == b[:8], "the second inline STORE waited for the first's entry update"
+        await wire.drain(ctx, n + 2)
+        assert wire.answers(0) == split(want)
+        assert ram_read(ctx, top.ram, blk, len(a)) == b + a[len(b):]
+        assert entry_of(ctx, top, model, h)["data_length"] == len(b)
         compare_image(ctx, top.ram, model)
 
     simulate(top, bench)
