@@ -42,13 +42,17 @@ its request order ("A target processes the requests of one connection in order";
 all QPs, so a QP's COMPLETION also waits behind an earlier READ of another QP). One ring
 allocator (hw/kbtp/ring_alloc.py), started by the front (ALLOC) and the back (RETURN), makes the
 ring counters atomic for free: every counter update, the host's included, goes through it.
+An ALLOC_STORE on the shared ring starts its allocation beside its table entry's read
+(speculative: the allocator reads Tail, Head and the slot it predicts, then waits for the entry
+check's go or cancel), so the front waits for one DDR3 round trip where it waited for three.
 
 What a request in the queue has not done yet, the front must not see undone (the hazards,
 tests/hw/kbtp/test_engine_pipeline.py):
 
 * a table entry a queued STORE / ALLOC_STORE will write is not read until it is written (a
   LOAD after a STORE of the same handle sees the stored block), except past a STORE without
-  SEAL where no later answer depends on it (hw/kbtp/context.py says when);
+  SEAL where no later answer depends on it (hw/kbtp/context.py says when; an inline STORE
+  passes such a STORE whose data is copied too, since the copies run one at a time in order);
 * an ALLOC_STORE that finds the ring empty or its quota used up waits while an earlier
   ALLOC_STORE's READ may still fail and give its block and quota back (model Readings 10);
 * a slow-path message goes to the host only when the queue is empty (its connection's order;

