@@ -23,8 +23,8 @@ Fast path, in the golden model's order (model/target.py Readings 6-10)::
       -> data: RDMA WRITE to the initiator (LOAD) | inline copy, started | RDMA READ into the
          block, handed to the requester -> a context into the queue
     BACK, in the order the front took them:
-      [READ: its WorkCompletion | inline: the copy's last word] -> entry update (Data Length + Block Offset before Flags +
-      Generation) -> completion (COMPLETION Send / Send with Invalidate, or record by
+      [READ: its WorkCompletion | inline: the copy's last word] -> entry update (Data Length
+      + Block Offset before Flags + Generation) -> completion (COMPLETION Send / Send with Invalidate, or record by
       WRITE_IMM) -> RecvRepost
 
 Two stages (issue 20), each an FSM, joined by a queue of CTX_DEPTH request contexts
@@ -33,8 +33,8 @@ network: a LOAD's WRITE and a store's READ are handed to the requester and the f
 next message. Nor does it wait for an inline store's copy: the copy (InlineCopy, on a bus
 master of its own, one copy at a time) moves the data while the front takes the next message,
 decodes it, reads its entry and allocates its block; the back updates the entry when the copy
-has written its last word (on the ECPIX-5's DDR3 a 64-octet copy is a read latency and 16
-words, some 30 core cycles that an ALLOC_STORE inline no longer adds to the front's time).
+has written its last word (on the ECPIX-5's DDR3 a 64-octet copy is 8 reads, a read latency
+of 18 core cycles and 8 writes, some 35 core cycles that the front no longer waits for).
 The back waits only where the draft needs a result: a store's RDMA READ before
 its entry update and COMPLETION, and the record's WRITE_IMM (a failed one falls back to a
 Send). It finishes requests in the front's order, so each connection's COMPLETIONs leave in
