@@ -24,8 +24,8 @@ Fast path, in the golden model's order (model/target.py Readings 6-10)::
          block, handed to the requester -> a context into the queue
     BACK, in the order the front took them:
       [READ: its WorkCompletion | inline: the copy's last word] -> entry update (Data Length
-      + Block Offset before Flags + Generation) -> completion (COMPLETION Send / Send with Invalidate, or record by
-      WRITE_IMM) -> RecvRepost
+      + Block Offset before Flags + Generation) -> completion (COMPLETION Send / Send with
+      Invalidate, or record by WRITE_IMM) -> RecvRepost
 
 Two stages (issue 20), each an FSM, joined by a queue of CTX_DEPTH request contexts
 (hw/kbtp/context.py). The front takes one request at a time, all QPs, and never waits for the
