@@ -34,8 +34,8 @@ against a concurrent locking FetchAdd master.
 Operations
 ----------
 ALLOC (``start`` with ``op`` = :attr:`RingOp.ALLOC`)
-    Read Tail and Head (both requested before the first answer); if Tail ticket == Head ticket the ring is empty (``empty``, the
-    engine answers NO_SPACE); else masked FetchAdd on Head (the old value's ticket t is ours),
+    Read Tail and Head (both requested before the first answer); if Tail ticket == Head
+    ticket the ring is empty (``empty``, the engine answers NO_SPACE); else masked FetchAdd on Head (the old value's ticket t is ours),
     then re-read slot t mod N until its Sequence == t and its Block Offset is not all ones,
     take the Block Offset (``block``) and write all ones into it (consume). While the slot
     waits for its free, pending host commands and a deferred free are served from the poll.
@@ -209,7 +209,7 @@ class RingAllocator(wiring.Component):
         rd_wait = Signal(3)         # responses still to come
         RET = ["A_HEAD_CHK", "A_SLOT_CHK", "FR_TAIL_W", "FR_SLOT_CHK"]
         rd_ret = Signal(range(len(RET)))
-        rd_lock = Signal()          # the last word read is a partition Head's, locked up to its write
+        rd_lock = Signal()          # the last word is a partition Head's, locked up to its write
 
         def read(addr, words, ret, lock=0, then=()):
             # (consecutive words: rd_next = addr + 8; the later ones are not used then)
