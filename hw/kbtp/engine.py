@@ -384,10 +384,9 @@ class KbtpEngine(wiring.Component):
                 with m.Elif(req.inline):
                     # The copy runs on its own bus master beside the next request; the back
                     # updates the entry when it has written its last word (one copy at a time).
-                    with m.If(~u.copying):
+                    with m.If(~u.copy.busy):
                         m.d.comb += u.copy.start.eq(1)
-                        m.d.sync += [u.copying.eq(1), u.copy_idx.eq(q.push_idx),
-                                     kind.eq(Ctx.COPY)]
+                        m.d.sync += [u.copy_idx.eq(q.push_idx), kind.eq(Ctx.COPY)]
                         m.next = "PUSH"
                 with m.Else():
                     # The RDMA READ: the back stage waits for its WorkCompletion, not us (the
@@ -523,7 +522,7 @@ class KbtpEngine(wiring.Component):
                             f_cmd_valid=Signal(), f_cmd_ready=Signal(), issuer_back=Signal(),
                             disp=Signal(Dispatch), d_res=Signal(RESULT),
                             eaddr=Signal(ADDR_BITS),
-                            copying=Signal(), copy_idx=Signal(range(CTX_DEPTH)),
+                            copy_idx=Signal(range(CTX_DEPTH)),
                             spec_on=Signal())
         qp, baddr, h = u.cur.qp, Signal(ADDR_BITS), u.head
         m.d.comb += [
@@ -554,8 +553,6 @@ class KbtpEngine(wiring.Component):
                      q.wc.eq(issuer.release_ctx), q.wc_idx.eq(issuer.ctx_idx),
                      q.wc_ok.eq(issuer.ctx_ok),
                      q.copied.eq(copy.done), q.copied_idx.eq(u.copy_idx)]
-        with m.If(copy.done):
-            m.d.sync += u.copying.eq(0)
         self._in_flight(m, u, baddr)
         # The WorkIssuer: the front's data transfer (LOAD writes the block to the initiator,
         # STORE and ALLOC_STORE read the initiator's data into it), or the back's completion

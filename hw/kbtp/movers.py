@@ -89,19 +89,21 @@ class InlineCopy(wiring.Component):
     -----
     start : In(1), src, dst : In(ADDR_BITS), length : In(32)
     done : Out(1)       with the last write
+    busy : Out(1)       from the cycle after ``start`` to the cycle after ``done``
     mem : Out(MemBusSignature())
     """
 
     def __init__(self, burst=16):
         self.burst = burst
         super().__init__({"start": In(1), "src": In(ADDR_BITS), "dst": In(ADDR_BITS),
-                          "length": In(32), "done": Out(1), "mem": Out(MemBusSignature())})
+                          "length": In(32), "done": Out(1), "busy": Out(1),
+                          "mem": Out(MemBusSignature())})
 
     def elaborate(self, platform):
         m = Module()
         req, rsp = self.mem.req, self.mem.rsp
         m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=self.burst)
-        busy = Signal()
+        busy = self.busy
         reading = Signal()          # the read half of a burst (else its write half)
         src = Signal(ADDR_BITS)
         dst = Signal(ADDR_BITS)

@@ -35,7 +35,8 @@ Operations
 ----------
 ALLOC (``start`` with ``op`` = :attr:`RingOp.ALLOC`)
     Read Tail and Head (both requested before the first answer); if Tail ticket == Head
-    ticket the ring is empty (``empty``, the engine answers NO_SPACE); else masked FetchAdd on Head (the old value's ticket t is ours),
+    ticket the ring is empty (``empty``, the engine answers NO_SPACE); else masked FetchAdd on
+    Head (the old value's ticket t is ours),
     then re-read slot t mod N until its Sequence == t and its Block Offset is not all ones,
     take the Block Offset (``block``) and write all ones into it (consume). While the slot
     waits for its free, pending host commands and a deferred free are served from the poll.
