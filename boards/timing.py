@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 __all__ = ["RECORD_DIR", "TOOLS", "tool_versions", "plan_digest", "record_path", "make_record",
-           "read_record", "files_of"]
+           "read_record", "files_of", "normal_input"]
 
 RECORD_DIR = Path(__file__).resolve().parent / "timing_records"
 
@@ -45,7 +45,9 @@ _BLOCK_COMMENT = re.compile(rb"/\*.*?\*/", re.S)
 _LINE_COMMENT = re.compile(rb"//[^\n]*")
 
 
-def _normal(name, content):
+def normal_input(name, content):
+    """A build input file's octets as the digest sees them: an RTLIL file without its source
+    locations, a Verilog file without its comments, anything else as it is."""
     data = content.encode() if isinstance(content, str) else bytes(content)
     if name.endswith(".il"):
         return _SRC_ATTR.sub(b"", data)
@@ -64,7 +66,8 @@ def plan_digest(files, tools=None):
     and of the tool versions."""
     h = hashlib.sha256(json.dumps(tools or tool_versions(), sort_keys=True).encode())
     for name in sorted(set(files) - _NOT_INPUTS):
-        h.update(name.encode() + b"\0" + hashlib.sha256(_normal(name, files[name])).digest())
+        h.update(name.encode() + b"\0"
+                 + hashlib.sha256(normal_input(name, files[name])).digest())
     return h.hexdigest()
 
 

