@@ -19,8 +19,8 @@ from .cores import CORES, default_core_name
 from .report import format_report, make_report
 from .top import BoardTop
 
-__all__ = ["have_tools", "tool_env", "elaborate", "build_plan", "build", "program", "BUILD_ROOT",
-           "router_diverged"]
+__all__ = ["have_tools", "tool_env", "elaborate", "build_plan", "build", "write_report", "program",
+           "BUILD_ROOT", "router_diverged"]
 
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build"
 
@@ -206,14 +206,24 @@ def build(board, core=None, *, build_root=None, seed=None, pack_only=False):
     elapsed = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return write_report(out, board=board, core=core, spec=spec, platform=platform, top=top,
+                        files=plan.files, seed=seed, stage="pack" if pack_only else "full",
+                        error=error, build_time_s=elapsed, tool_cpu_time_s=round(cpu, 1))
+
+
+def write_report(out, *, board, core, spec, platform, top, files, seed, stage, error,
+                 build_time_s, tool_cpu_time_s):
+    """The report of a build in ``out`` (boards/report.py's, with the build's error, seed,
+    stage, tools' CPU time, input files and the core's parameters), also written to
+    ``out``/report.json: :func:`build`'s and each seed run's of boards/seeds.py."""
     report = make_report(out, board=board, core=core,
                          device=f"{platform.device}-{platform.speed}{platform.package}",
-                         build_time_s=elapsed, memory=_memory_of(spec, top.core))
+                         build_time_s=build_time_s, memory=_memory_of(spec, top.core))
     report["error"] = error
     report["seed"] = seed
-    report["stage"] = "pack" if pack_only else "full"
-    report["tool_cpu_time_s"] = round(cpu, 1)
-    report["inputs"] = sorted(plan.files)
+    report["stage"] = stage
+    report["tool_cpu_time_s"] = tool_cpu_time_s
+    report["inputs"] = sorted(files)
     # The core's own parameters where it reports them (KbtpCore: the KbtpTarget arguments).
     params = getattr(top.core, "target_kwargs", None)
     report["core_params"] = {k: v for k, v in (params or {}).items() if k != "init"} or None

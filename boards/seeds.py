@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 from . import BOARDS
-from .build import BUILD_ROOT, _memory_of, _prepare, _top, build, router_diverged, tool_env
-from .report import make_report
+from .build import BUILD_ROOT, _prepare, _top, build, router_diverged, tool_env, write_report
 from .timing import normal_input
 
 __all__ = ["parse_seeds", "seed_search", "format_table"]
@@ -146,8 +145,6 @@ def seed_search(board, seeds, *, core=None, jobs=2, build_root=None, first=False
             raise RuntimeError(f"{netlist_dir / name} is not the plan's {name}")
     env = dict(tool_env(), YOSYS="true")    # the netlist is made: skip Yosys in the script
     env["ECPPACK"] = env.get("ECPPACK", "true")
-    params = getattr(top.core, "target_kwargs", None)
-    device = f"{platform.device}-{platform.speed}{platform.package}"
     todo, running, reports = list(seeds), [], {}
     done_first = False
     try:
@@ -167,14 +164,10 @@ def seed_search(board, seeds, *, core=None, jobs=2, build_root=None, first=False
                     continue
                 running.remove(run)
                 error = run.error or (None if rc == 0 else f"build script failed with status {rc}")
-                rep = make_report(run.out, board=board, core=core_name, device=device,
-                                  build_time_s=time.monotonic() - run.t0,
-                                  memory=_memory_of(spec, top.core))
-                rep.update(error=error, seed=run.seed, stage="full", tool_cpu_time_s=None,
-                           inputs=sorted(plan.files),
-                           core_params={k: v for k, v in (params or {}).items()
-                                        if k != "init"} or None)
-                (run.out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+                rep = write_report(run.out, board=board, core=core_name, spec=spec,
+                                   platform=platform, top=top, files=plan.files, seed=run.seed,
+                                   stage="full", error=error,
+                                   build_time_s=time.monotonic() - run.t0, tool_cpu_time_s=None)
                 reports[run.seed] = rep
                 met = rep["timing_met"] and not error
                 log(f"seed {run.seed}: " + ("every clock met" if met else error or "timing missed"))
