@@ -319,9 +319,6 @@ class Bench:
         n_mr = p["n_mr"]
         self.block_size, self.n_init = block_size, n_init
         mem = p["mem_words"] * 8
-        # Max Inline: at most ``max_inline``, less where the target's memory is small (each
-        # QP's receive buffers hold the longest request): the largest that leaves room for
-        # two blocks beside SIZING_CREDITS buffers per QP.
         # Handles per initiator: the table's 256 shared by the QPs the driver sets up (a power
         # of two): one initiator has all 256, so that an ALLOC_STORE series is not cut at 63
         # operations (64 handles, one the bench's own) where SERIES_FACTOR asks for more: at 10
@@ -329,6 +326,9 @@ class Bench:
         # operation over 63 operations, less than its frames take on the wire (4,304: the fill
         # again); 4,415.1 over 255.
         hpi = 1 << ((256 // n_qp).bit_length() - 1)
+        # Max Inline: at most ``max_inline``, less where the target's memory is small (each
+        # QP's receive buffers hold the longest request): the largest that leaves room for
+        # two blocks beside SIZING_CREDITS buffers per QP.
         while True:
             base = dict(block_size=block_size, num_handles=256, handles_per_initiator=hpi,
                         table_base_handle=0x4000, pool_to_base=0x150000,
