@@ -33,8 +33,8 @@ network: a LOAD's WRITE and a store's READ are handed to the requester and the f
 next message. Nor does it wait for an inline store's copy: the copy (InlineCopy, on a bus
 master of its own, one copy at a time) moves the data while the front takes the next message,
 decodes it, reads its entry and allocates its block; the back updates the entry when the copy
-has written its last word (on the ECPIX-5's DDR3 a 64-octet copy is 8 reads, a read latency
-of 18 core cycles and 8 writes, some 35 core cycles that the front no longer waits for).
+has written its last word (on the ECPIX-5's DDR3 a 64-octet copy is 8 reads, a round trip
+of 18 core cycles when idle, 8 writes: some 35 core cycles the front no longer waits for).
 The back waits only where the draft needs a result: a store's RDMA READ before
 its entry update and COMPLETION, and the record's WRITE_IMM (a failed one falls back to a
 Send). It finishes requests in the front's order, so each connection's COMPLETIONs leave in
