@@ -108,6 +108,30 @@ def load_cycles(depth, outstanding, addr=0x10003):
     return res["cycles"], res["ok"]
 
 
+async def _start_copy(ctx, cp, src, dst, length):
+    """Start ``cp`` on ``length`` octets (one cycle of ``start``)."""
+    ctx.set(cp.src, src)
+    ctx.set(cp.dst, dst)
+    ctx.set(cp.length, length)
+    ctx.set(cp.start, 1)
+    await ctx.tick()
+    ctx.set(cp.start, 0)
+
+
+async def _copy(ctx, cp, src, dst, length, limit):
+    """Start ``cp`` on ``length`` octets and tick until its ``done``; the cycles from the start
+    to ``done``, the copy idle afterwards."""
+    await _start_copy(ctx, cp, src, dst, length)
+    n = 1
+    while not ctx.get(cp.done):
+        await ctx.tick()
+        n += 1
+        assert n < limit, "InlineCopy hung"
+    await ctx.tick()
+    assert not ctx.get(cp.busy)
+    return n
+
+
 def copy_cycles(burst, outstanding, src=0x8000, dst=0x20000):
     """InlineCopy of ``LENGTH`` octets: cycles from start to done, and whether the block holds
     the source words."""
@@ -118,19 +142,7 @@ def copy_cycles(burst, outstanding, src=0x8000, dst=0x20000):
     async def tb(ctx):
         _fill(ctx, dram, src // 8, LENGTH // 8)
         await ctx.tick().repeat(4)
-        ctx.set(cp.src, src)
-        ctx.set(cp.dst, dst)
-        ctx.set(cp.length, LENGTH)
-        ctx.set(cp.start, 1)
-        await ctx.tick()
-        ctx.set(cp.start, 0)
-        n = 1
-        while not ctx.get(cp.done):
-            await ctx.tick()
-            n += 1
-            assert n < 20 * LENGTH, "InlineCopy hung"
-        await ctx.tick()
-        res["cycles"] = n
+        res["cycles"] = await _copy(ctx, cp, src, dst, LENGTH, 20 * LENGTH)
         res["ok"] = all(ctx.get(dram.mem.data[dst // 8 + k]) == _word(src // 8 + k)
                         for k in range(LENGTH // 8))
     _run(m, tb)
@@ -225,19 +237,7 @@ def test_inline_copy_lengths(length, src, dst):
         for k in range(-1, words + 1):
             ctx.set(dram.mem.data[dst // 8 + k], old)
         await ctx.tick().repeat(4)
-        ctx.set(cp.src, src)
-        ctx.set(cp.dst, dst)
-        ctx.set(cp.length, length)
-        ctx.set(cp.start, 1)
-        await ctx.tick()
-        ctx.set(cp.start, 0)
-        n = 1
-        while not ctx.get(cp.done):
-            await ctx.tick()
-            n += 1
-            assert n < 200 + 20 * words, "InlineCopy hung"
-        await ctx.tick()
-        assert not ctx.get(cp.busy)
+        await _copy(ctx, cp, src, dst, length, 200 + 20 * words)
         res["got"] = [ctx.get(dram.mem.data[dst // 8 + k]) for k in range(-1, words + 1)]
     _run(m, tb)
     want = [old] + [_word(src // 8 + k) for k in range(words)] + [old]
@@ -266,12 +266,7 @@ def contended_copy(hold, src=0x8000, dst=0x20000, fill=0x30000):
     async def tb(ctx):
         _fill(ctx, dram, src // 8, WORDS)
         await ctx.tick().repeat(4)
-        ctx.set(cp.src, src)
-        ctx.set(cp.dst, dst)
-        ctx.set(cp.length, LENGTH)
-        ctx.set(cp.start, 1)
-        await ctx.tick()
-        ctx.set(cp.start, 0)
+        await _start_copy(ctx, cp, src, dst, LENGTH)
         n, k, copied = 1, 0, False
         while not (copied and k == WORDS):
             if k < WORDS:
