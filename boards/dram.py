@@ -18,10 +18,17 @@ clock, with the costs a master sees on the bus:
   and after every refresh) first closes and opens a row: the port takes no request for ``miss``
   more cycles and the request's answer comes ``miss`` cycles later;
 - **refresh**: every ``refi`` core cycles the port takes no request for ``rfc`` cycles, and
-  every bank is closed afterwards.
+  every bank is closed afterwards;
+- **command rate**: the controller moves one DDR3 burst (a 16-octet native word, of which a
+  bus word is half) per ``read_ctrl`` / ``write_ctrl`` controller cycles, so above twice the
+  controller's clock divided by that the port takes fewer than one request a core cycle: at the
+  ECPIX-5's 41.67 MHz core clock, 3 reads in 5 cycles. (Until 2026-12-07 the model took one
+  request every cycle at any clock, which was LiteDRAM's rate at the 25 MHz core clock the
+  model was made for, and 1.75 times it at 41.67 MHz: tests/boards/test_litedram.py measured
+  256 reads streamed in 467 core cycles through the real controller, the model in 282.)
 
-Reads answer in order, at most one per cycle; a write takes one cycle of the port (plus a
-miss). Addresses map as LiteDRAM's ROW_BANK_COL does on this module with its 16-octet native
+Reads answer in order, at most one per cycle; a request takes the port for its command's
+share of the controller's time (plus a miss). Addresses map as LiteDRAM's ROW_BANK_COL does on this module with its 16-octet native
 port: octets 0-3 of the byte address within the native word, column bits 4-10 (a 2 KiB page),
 bank bits 11-13, row bits 14 and up.
 
@@ -48,10 +55,11 @@ read latencies it measures there (open row, row miss) must be this model's ``hit
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
-from amaranth import Cat, ClockSignal, Instance, Module, Signal
+from amaranth import Cat, ClockSignal, Instance, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
@@ -79,15 +87,27 @@ def dram_address(addr):
 
 @dataclass(frozen=True)
 class DramCycles:
-    """The model's figures in core cycles (see the module docstring)."""
+    """The model's figures in core cycles (see the module docstring). The command rate in
+    integer units: a core cycle is ``tick`` units, a read takes the port for ``read_cost``
+    units and a write for ``write_cost``; the port takes a request while it owes less than a
+    cycle. The defaults (1, 1, 1) take one request a cycle."""
     hit: int
     miss: int
     refi: int
     rfc: int
+    tick: int = 1
+    read_cost: int = 1
+    write_cost: int = 1
 
     def __post_init__(self):
         if self.hit < 3 or self.miss < 0 or self.rfc < 1 or self.refi <= self.rfc:
             raise ValueError(f"impossible DRAM timing {self}")
+        if min(self.tick, self.read_cost, self.write_cost) < 1:
+            raise ValueError(f"impossible DRAM command rate {self}")
+
+    def per_request(self, we):
+        """Core cycles a request takes the port for when streaming (at least 1)."""
+        return max(1.0, (self.write_cost if we else self.read_cost) / self.tick)
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,10 @@ class DramTiming:
     size_bytes : int            capacity (the target memory of a core with this DRAM)
     cdc_ctrl : int              controller cycles of the crossings (each crossing's
                                 synchroniser runs in the clock it enters)
+    read_ctrl, write_ctrl : Fraction
+                                controller cycles a read / a write takes the port for when
+                                streaming (one native-port burst each; a fraction where
+                                measured so)
     """
     name: str
     ctrl_hz: float
@@ -116,6 +140,8 @@ class DramTiming:
     cdc_core: int
     size_bytes: int
     cdc_ctrl: int = 0
+    read_ctrl: Fraction = Fraction(2)
+    write_ctrl: Fraction = Fraction(2)
 
     def cycles(self, core_hz):
         """The figures in core cycles at ``core_hz``: latencies and the refresh stall to the
@@ -126,10 +152,17 @@ class DramTiming:
 
         def near(n):
             return max(0, math.floor(n * ratio + 0.5 + 1e-9))
+        # The command rate exactly: a core cycle is `per_core` controller cycles (a ratio
+        # of small integers: 6/5 at 41.67 MHz), in units that make every figure whole.
+        per_core = Fraction(self.ctrl_hz / core_hz).limit_denominator(1000)
+        rd, wr = Fraction(self.read_ctrl), Fraction(self.write_ctrl)
+        unit = math.lcm(per_core.denominator, rd.denominator, wr.denominator)
         return DramCycles(hit=self.cdc_core + near(self.hit_ctrl + self.cdc_ctrl),
                           miss=near(self.miss_ctrl),
                           refi=int(self.refi_ctrl * ratio + 1e-9),
-                          rfc=max(1, near(self.rfc_ctrl)))
+                          rfc=max(1, near(self.rfc_ctrl)),
+                          tick=int(per_core * unit), read_cost=int(rd * unit),
+                          write_cost=int(wr * unit))
 
 
 #: The ECPIX-5's DDR3 behind LiteDRAM as boards/litedram_gen.py builds it: LiteDRAMCore 2024.12
@@ -144,9 +177,14 @@ class DramTiming:
 #: controller and holds this model to it: median 12 core cycles (a miss 15) at 25 MHz, 14 (17)
 #: at 31.25 MHz, 18 (22) at 41.67 MHz. (Until 2026-12-06 the crossings were 4 core cycles,
 #: which fit 25 and 31.25 MHz but gave 17 at 41.67.)
+#: A read takes the port for 2 controller cycles (one BL8 burst of the 1:2 PHY), a write for
+#: 9/4: what tests/boards/test_litedram.py measures through the bridge and the controller, 256
+#: reads streamed in 467 core cycles at 41.67 MHz and 256 writes (and one read) in 532, and
+#: holds this model to (within 3 %).
 ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
                          refi_ctrl=391, rfc_ctrl=24, cdc_core=3, cdc_ctrl=2,
-                         size_bytes=512 << 20)
+                         size_bytes=512 << 20, read_ctrl=Fraction(2),
+                         write_ctrl=Fraction(9, 4))
 
 
 class DramModel(wiring.Component):
@@ -210,8 +248,16 @@ class DramModel(wiring.Component):
         to_refresh = Signal(range(t.refi), init=t.refi - 1)     # a refresh every `refi` cycles
         refreshing = Signal(range(t.rfc + 1))
         reserved = Signal(range(self.credits + 1))
-        m.d.comb += req.ready.eq((busy == 0) & (refreshing == 0) & (reserved != self.credits))
+        # The command rate: what the port still owes of the controller's time, in units of
+        # t.tick per core cycle; it takes a request while it owes less than a cycle.
+        owed = Signal(range(max(t.read_cost, t.write_cost) + t.tick + 1))
+        m.d.comb += req.ready.eq((busy == 0) & (refreshing == 0) & (reserved != self.credits) &
+                                 (owed < t.tick))
         accept = req.valid & req.ready
+        owes = Signal.like(owed)
+        m.d.comb += owes.eq(owed + Mux(accept, Mux(req.payload.we, t.write_cost, t.read_cost),
+                                       0))
+        m.d.sync += owed.eq(Mux(owes > t.tick, owes - t.tick, 0))
 
         # ---- open rows ------------------------------------------------------------------------
         bank = req.payload.addr[11:14]
@@ -278,7 +324,9 @@ class DramModel(wiring.Component):
 #: tRFC is 110 ns (Micron; 6 cycles at 50 MHz with LiteDRAM's margin, 14 for the ECPIX-5's 4Gb
 #: part). Measured by ``python -m tools.litedram_timing --board versa`` (2026-12-04), in 50 MHz
 #: cycles: a read 16 on a row hit, 21 on a miss or a closed bank; a refresh every 391 that stops
-#: read data for 15-16 cycles (24 on the ECPIX-5).
+#: read data for 15-16 cycles (24 on the ECPIX-5). The command rate is the ECPIX-5's (the same
+#: controller, PHY and bridge; not measured on this part).
 VERSA_DDR3 = DramTiming(name="versa-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
-                        refi_ctrl=391, rfc_ctrl=16, cdc_core=4, size_bytes=128 << 20)
+                        refi_ctrl=391, rfc_ctrl=16, cdc_core=4, size_bytes=128 << 20,
+                        read_ctrl=Fraction(2), write_ctrl=Fraction(9, 4))
 __all__ += ["VERSA_DDR3"]

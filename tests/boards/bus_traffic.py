@@ -55,3 +55,38 @@ def random_traffic(dut, rng, n_ops, addr_of):
     sim.add_testbench(reader)
     sim.run()
     return expected, got
+
+
+def stream_cycles(dut, requests, idle=0):
+    """Offer ``requests`` ((addr, we, wdata, wstrb), in order) back to back to ``dut.bus`` after
+    ``idle`` cycles, taking every answer at once: the cycles from the first offer until the last
+    answer has come (the way tests/boards/cocotb_litedram.py's ``Bus.run`` counts them on
+    LiteDRAM)."""
+    out = {}
+
+    async def bench(ctx):
+        req, rsp = dut.bus.req, dut.bus.rsp
+        ctx.set(rsp.ready, 1)
+        if idle:
+            await ctx.tick().repeat(idle)
+        pending, reads, n = list(requests), 0, 0
+        while pending or reads:
+            ctx.set(req.valid, bool(pending))
+            if pending:
+                addr, we, wdata, wstrb = pending[0]
+                ctx.set(req.payload, {"addr": addr, "we": we, "wdata": wdata, "wstrb": wstrb})
+            if pending and ctx.get(req.ready):
+                reads += not pending.pop(0)[1]
+            if ctx.get(rsp.valid):
+                reads -= 1
+            await ctx.tick()
+            n += 1
+            assert n < 100 * len(requests) + 1000, "the memory hung"
+        ctx.set(req.valid, 0)
+        out["cycles"] = n
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out["cycles"]

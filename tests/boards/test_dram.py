@@ -9,7 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from boards.dram import ECPIX5_DDR3, DramCycles, DramModel, dram_address
-from tests.boards.bus_traffic import random_traffic
+from tests.boards.bus_traffic import random_traffic, stream_cycles
 
 T = DramCycles(hit=5, miss=3, refi=200, rfc=9)
 
@@ -113,16 +113,70 @@ def test_dram_model_refresh_stops_the_port_and_closes_rows():
     assert len(ans) == n
 
 
+@pytest.mark.parametrize("we", [0, 1], ids=["reads", "writes"])
+def test_dram_model_command_rate(we):
+    """A core cycle of 6 units, a read of 10 and a write of 12 (the controller's 2 and 12/5
+    cycles at 6/5 controller cycles a core cycle): 60 requests to one open row are taken 3 in
+    every 5 cycles (reads) or 1 in every 2 (writes), never two owed cycles' worth at once; the
+    default costs take one a cycle."""
+    rate = DramCycles(hit=5, miss=3, refi=10000, rfc=9, tick=6, read_cost=10, write_cost=12)
+    dut = DramModel(1024, rate, credits=16)
+    reqs = [(8 * k, we, k, 0xFF) for k in range(60)]
+    acc = []
+
+    async def bench(ctx):
+        req, rsp = dut.bus.req, dut.bus.rsp
+        ctx.set(rsp.ready, 1)
+        for t in range(200):
+            ctx.set(req.valid, bool(reqs))
+            if reqs:
+                a, w, d, s = reqs[0]
+                ctx.set(req.payload, {"addr": a, "we": w, "wdata": d, "wstrb": s})
+                if ctx.get(req.ready):
+                    acc.append(t)
+                    reqs.pop(0)
+            await ctx.tick()
+    _run(dut, bench)
+    assert len(acc) == 60
+    steady = acc[1:]                    # after the first request's row opening
+    gaps = [b - a for a, b in zip(steady, steady[1:])]
+    # Owed units after each request: the gaps follow from the arithmetic, not the gateware.
+    owed, want = 0, []
+    cost = 12 if we else 10
+    for _ in range(len(gaps)):
+        owed += cost
+        g = 0
+        while True:
+            owed = max(0, owed - 6)
+            g += 1
+            if owed < 6:
+                break
+        want.append(g)
+    assert gaps == want
+    span = steady[-1] - steady[0]
+    assert abs(span - (len(steady) - 1) * cost / 6) < 2, span
+    fast = DramModel(1024, T, credits=16)
+    assert stream_cycles(fast, [(8 * k, we, k, 0xFF) for k in range(60)]) <= 60 + T.hit + \
+        T.miss + 2
+
+
 def test_ecpix5_ddr3_in_core_cycles():
     """The board's figures in core clocks. At 25 MHz (the core clock until 2026-12-05, one
     core cycle per 2 of LiteDRAM's 50 MHz): a hit's 16 controller cycles are 8 core cycles,
     plus 4 of crossing; a miss's 5 are 3; a refresh every 391 (195 core cycles) stops the port
     for 24 (12). At 31.25 MHz: 14, 3, 244, 15; at 41.67 MHz (boards/cores.py CORE_FREQ): 18, 4,
     325, 20 (the hit and the miss are what tests/boards/test_litedram.py measures through
-    LiteDRAM: 14 and 17 at 31.25 MHz, 18 and 22 at 41.67)."""
+    LiteDRAM: 14 and 17 at 31.25 MHz, 18 and 22 at 41.67).
+
+    The command rate (2 controller cycles a read, 9/4 a write): at 25 MHz a core cycle is 2
+    controller cycles (tick 8 of units of 1/4), a read 8 units, a write 9; at 31.25 MHz 8/5
+    (tick 32 of units of 1/20), a read 40, a write 45; at 41.67 MHz 6/5 (tick 24 of units of
+    1/20), a read 40, a write 45."""
     c = ECPIX5_DDR3.cycles(25e6)
-    assert c == DramCycles(hit=12, miss=3, refi=195, rfc=12)
-    assert ECPIX5_DDR3.cycles(31.25e6) == DramCycles(hit=14, miss=3, refi=244, rfc=15)
-    assert ECPIX5_DDR3.cycles(625e6 / 15) == DramCycles(hit=18, miss=4, refi=325, rfc=20)
+    assert c == DramCycles(hit=12, miss=3, refi=195, rfc=12, tick=8, read_cost=8, write_cost=9)
+    assert ECPIX5_DDR3.cycles(31.25e6) == DramCycles(hit=14, miss=3, refi=244, rfc=15,
+                                                     tick=32, read_cost=40, write_cost=45)
+    assert ECPIX5_DDR3.cycles(625e6 / 15) == DramCycles(hit=18, miss=4, refi=325, rfc=20,
+                                                        tick=24, read_cost=40, write_cost=45)
     with pytest.raises(ValueError):
         DramCycles(hit=2, miss=0, refi=10, rfc=1)

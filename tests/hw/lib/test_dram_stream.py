@@ -8,16 +8,17 @@ inline's InlineCopy (receive buffer -> block).
 
 Oracle: the words the testbench put into the DRAM model's array; every octet out of the reader
 and every word of the copied block must be those. The cycle figures are printed (``-s``) and
-bounded: the DDR3 answers a read 12 core cycles after it takes it, so a mover streams one word
-per cycle only with more than 12 reads in flight through every stage. With 8 in flight (what
-block RAM needs, and what the target built with until the ECPIX-5 build with 32 routed) the same
-LOAD takes nearly twice as long, and the bound fails.
+bounded: the DDR3 answers a read 18 core cycles after it takes it (at 41.67 MHz) and takes a
+read every 5/3 core cycles (its command rate, boards/dram.py), so a mover streams at that rate
+only with more than 11 reads in flight through every stage. With 8 in flight (what block RAM
+needs, and what the target built with until the ECPIX-5 build with 32 routed) the same LOAD
+takes over 1.5 times as long, and the bound fails.
 
 The target builds with 32 in flight in the arbiter and 32 words in DmaReader (the ``shipped``
 LOAD case meets the bound with them). The arbiter's hold of 16 is the default too. InlineCopy
 reads one burst of 32 ahead of its writes (since 2026-12-07; before, each burst's writes waited
-for its own reads): the ``shipped`` copy cases check that a word then costs two bus requests
-and little more, with the source and the block in one bank and in two.
+for its own reads): the ``shipped`` copy cases check that a word then costs a read and a write
+at the DDR3's command rate and little more, with the source and the block in one bank and in two.
 """
 
 import inspect
@@ -151,19 +152,20 @@ def copy_cycles(burst, outstanding, src=0x8000, dst=0x20000):
 
 T = ECPIX5_DDR3.cycles(CORE_HZ)
 WORDS = LENGTH // 8
-# One word per cycle, stretched by the refreshes (a stall of `rfc` every `refi` cycles), plus the
-# first read's latency, a row opened every 2 KiB and a few cycles of pipeline.
-LOAD_BOUND = int(WORDS * (1 + T.rfc / T.refi)) + T.hit + 3 * T.miss + 16
+# One word per read the port takes (the DDR3's command rate: 5/3 core cycles at 41.67 MHz),
+# stretched by the refreshes (a stall of `rfc` every `refi` cycles), plus the first read's
+# latency, a row opened every 2 KiB and a few cycles of pipeline.
+LOAD_BOUND = int(WORDS * T.per_request(0) * (1 + T.rfc / T.refi)) + T.hit + 3 * T.miss + 16
 
 
 def copy_bound(burst, same_bank):
-    """Core cycles InlineCopy of ``LENGTH`` octets may take with reads a burst ahead: two bus
-    requests a word; per burst, two rows opened when the source and the block share a bank
+    """Core cycles InlineCopy of ``LENGTH`` octets may take with reads a burst ahead: a read
+    and a write a word, each at the DDR3's command rate; per burst, two rows opened when the source and the block share a bank
     and the reads the DDR3 model holds back beyond its ``credits`` (16) reads awaiting their
     answers (``hit`` cycles, and 3 of the model's own); each refresh's stall and the two rows
     it closes; the first read's latency."""
     per_burst = (2 * T.miss if same_bank else 0) + max(0, T.hit + 3 - 16)
-    return int((2 * WORDS + WORDS // burst * per_burst)
+    return int(((T.per_request(0) + T.per_request(1)) * WORDS + WORDS // burst * per_burst)
                * (1 + (T.rfc + 2 * T.miss) / T.refi)) + T.hit + 16
 
 
@@ -178,11 +180,10 @@ def test_load_streams_a_block_from_ddr3(shipped):
     they cover the DDR3's read latency; the sizes that suffice for block RAM do not, and take
     longer than one word per cycle less refreshes (LOAD_BOUND).
 
-    (At 31.25 MHz the shipped sizes met LOAD_BOUND too. At the 41.67 MHz core clock, since
-    2026-12-06, they take 664 core cycles against a LOAD_BOUND of 589, and 64 words and 64
-    reads in flight take the same 664: what is left above the bound is the DDR3 model's
-    refreshes and row misses at that clock, not the movers' sizes; 6.17 octets per core cycle,
-    2.06 Gb/s, twice the line.)"""
+    (At the 41.67 MHz core clock the DDR3 takes a read every 5/3 core cycles, LiteDRAM's
+    rate, since 2026-12-07 in the model too: 932 core cycles, 4.39 octets per core cycle,
+    1.46 Gb/s, against a LOAD_BOUND of 952; twice the depth and the reads in flight take the
+    same. Before, the model took a read every core cycle at any clock: 664 cycles.)"""
     depth, outstanding = (DmaReader.DEPTH, ARBITER_DEFAULT) if shipped else \
         (BRAM_SIZED["depth"], BRAM_SIZED["outstanding"])
     n, ok = load_cycles(depth, outstanding)
