@@ -73,28 +73,19 @@ class WordReader(wiring.Component):
 
 class InlineCopy(wiring.Component):
     """Copy ``length`` octets (> 0) from word address ``src`` to word address ``dst`` in bursts
-    of ``burst`` words, the reads one burst ahead of the writes; the last word's octets past the
-    end are not written.
+    of ``burst`` words: up to ``burst`` reads, then the writes of the words they returned, and
+    again; the last word's octets past the end are not written.
 
-    The order on the bus: reads of bursts 0 and 1, writes of burst 0, reads of burst 2, writes
-    of burst 1, and so on (the reads stop ``2 * burst`` words ahead of the writes, the writes
-    ``burst`` words behind the reads). A word's write therefore comes a whole burst of requests
-    after its read, which covers the read latency (18 core cycles for the ECPIX-5's DDR3 at
-    41.67 MHz, boards/dram.py) once ``burst`` exceeds it: no burst waits for its reads. Until
-    2026-12-07 a burst's writes waited for its own reads, one read latency per burst. What
-    that gains is small where the memory's command rate sets the pace: 4 KiB in the DDR3
-    model (LiteDRAM's rate, 5/3 core cycles a read, 15/8 a write) takes 2,031 core cycles
-    against 2,146 when the receive buffer and the block share a bank, and 1,972 against
-    1,966 when they do not; in block RAM 1,024 either way (tests/hw/lib/test_dram_stream.py).
-
-    Why bursts and not one write as soon as each word is back: in DRAM the receive buffer and
-    the block may be two rows of one bank, and alternating single reads and writes then opens a
-    row for every word; a burst opens each row once per ``burst`` words. In block RAM both
-    orders move one word every two cycles.
-
-    The FIFO holds ``2 * burst`` words, every read in flight and every word read and not yet
-    written: a response is always taken at once (``rsp.ready`` stays high), so the copy never
-    holds up another master's responses behind it in the arbiter.
+    Why bursts and not one write as soon as each word is back: in DRAM (boards/dram.py, the
+    pool in DDR3) the receive buffer and the block may be two rows of one bank, and alternating
+    single reads and writes then opens a row for every word; a burst opens each row once per
+    ``burst`` words. In block RAM both orders move one word every two cycles. Each burst waits
+    once for the read latency (18 core cycles for the ECPIX-5 DDR3 at 41.67 MHz). Where the
+    memory's command rate sets the pace that wait matters little: 4 KiB in the DDR3 model
+    (LiteDRAM's rate, boards/dram.py) takes 2,146 core cycles in bursts of 16 when the receive
+    buffer and the block share a bank, 1,966 when they do not; in block RAM 1,024, a word every
+    two cycles (tests/hw/lib/test_dram_stream.py). A variant that reads a burst of 32 ahead of
+    its writes (2026-12-07) took 2,031 and 1,972: not worth a new netlist on the board.
 
     Ports
     -----
@@ -104,9 +95,7 @@ class InlineCopy(wiring.Component):
     mem : Out(MemBusSignature())
     """
 
-    def __init__(self, burst=32):
-        if burst < 1 or burst & (burst - 1):
-            raise ValueError(f"InlineCopy: burst {burst} is not a power of two")
+    def __init__(self, burst=16):
         self.burst = burst
         super().__init__({"start": In(1), "src": In(ADDR_BITS), "dst": In(ADDR_BITS),
                           "length": In(32), "done": Out(1), "busy": Out(1),
@@ -115,47 +104,43 @@ class InlineCopy(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         req, rsp = self.mem.req, self.mem.rsp
-        ahead = 2 * self.burst
-        m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=ahead)
+        m.submodules.fifo = cpf = fifo.SyncFIFOBuffered(width=64, depth=self.burst)
         busy = self.busy
-        reading = Signal()          # issuing reads (else writes)
+        reading = Signal()          # the read half of a burst (else its write half)
         src = Signal(ADDR_BITS)
         dst = Signal(ADDR_BITS)
         words = Signal(16)
-        rd = Signal(16)             # words whose read was taken
+        rd = Signal(16)             # words read
         wr = Signal(16)             # words written
-        rd_more = Signal()          # rd < words
-        gap = Signal(range(ahead + 1))  # rd - wr: reads taken and not yet written
         rem = Signal(3)             # octets of the last word, 0: all 8
         with m.If(self.start):
             m.d.sync += [busy.eq(1), reading.eq(1), src.eq(self.src), dst.eq(self.dst),
-                         words.eq((self.length + 7) >> 3), rd.eq(0), wr.eq(0), rd_more.eq(1),
-                         gap.eq(0), rem.eq(self.length[:3])]
+                         words.eq((self.length + 7) >> 3), rd.eq(0), wr.eq(0),
+                         rem.eq(self.length[:3])]
         last = wr == words - 1
         strb = Mux(last & (rem != 0), (Const(1, 9) << rem) - 1, 0xFF)
-        # Every response has room: at most `ahead` reads are taken and not written.
-        m.d.comb += [rsp.ready.eq(1), cpf.w_en.eq(rsp.valid), cpf.w_data.eq(rsp.payload.rdata)]
         with m.If(busy):
+            m.d.comb += [rsp.ready.eq(cpf.w_rdy), cpf.w_en.eq(rsp.valid),
+                         cpf.w_data.eq(rsp.payload.rdata)]
             with m.If(reading):
-                # There is always a word to read here (rd_more, and gap < ahead).
+                # There is always a word to read here (a copy has one; a burst ends with the
+                # last word read).
                 m.d.comb += [req.valid.eq(1), req.payload.we.eq(0),
                              req.payload.addr.eq(src + (rd << 3))]
                 with m.If(req.ready):
-                    m.d.sync += [rd.eq(rd + 1), gap.eq(gap + 1)]
-                    with m.If(rd + 1 == words):
-                        m.d.sync += [rd_more.eq(0), reading.eq(0)]
-                    with m.Elif(gap + 1 == ahead):
+                    m.d.sync += rd.eq(rd + 1)
+                    with m.If((rd + 1 == words) | (rd + 1 - wr == self.burst)):
                         m.d.sync += reading.eq(0)
             with m.Elif(cpf.r_rdy):
                 _write(m, req, dst + (wr << 3), cpf.r_data, strb)
                 m.d.comb += cpf.r_en.eq(req.ready)
                 with m.If(req.ready):
-                    m.d.sync += [wr.eq(wr + 1), gap.eq(gap - 1)]
+                    m.d.sync += wr.eq(wr + 1)
                     with m.If(last):
                         m.d.sync += busy.eq(0)
                         m.d.comb += self.done.eq(1)
-                    with m.Elif(rd_more & (gap - 1 == self.burst)):
-                        m.d.sync += reading.eq(1)       # a burst written: read the next
+                    with m.Elif(wr + 1 == rd):
+                        m.d.sync += reading.eq(1)       # the burst is written: read on
         return m
 
 
