@@ -20,17 +20,17 @@ clock, with the costs a master sees on the bus:
 - **refresh**: every ``refi`` core cycles the port takes no request for ``rfc`` cycles, and
   every bank is closed afterwards;
 - **command rate**: the controller moves one DDR3 burst (a 16-octet native word, of which a
-  bus word is half) per ``read_ctrl`` / ``write_ctrl`` controller cycles, so above twice the
-  controller's clock divided by that the port takes fewer than one request a core cycle: at the
-  ECPIX-5's 41.67 MHz core clock, 3 reads in 5 cycles. (Until 2026-12-07 the model took one
-  request every cycle at any clock, which was LiteDRAM's rate at the 25 MHz core clock the
-  model was made for, and 1.75 times it at 41.67 MHz: tests/boards/test_litedram.py measured
-  256 reads streamed in 467 core cycles through the real controller, the model in 282.)
+  bus word is half) per ``read_ctrl`` controller cycles for a read and ``write_ctrl`` for a
+  write; a request takes the port for that long, so at a core clock above ``ctrl_hz /
+  read_ctrl`` the port takes fewer than one request a core cycle: at the ECPIX-5's 41.67 MHz,
+  3 reads in 5 cycles. (Until 2026-12-07 the model took a request every cycle at any clock,
+  LiteDRAM's rate at the 25 MHz core clock it was made for. At 41.67 MHz
+  tests/boards/test_litedram.py streamed 256 reads through the real controller in 467 core
+  cycles and 256 writes in 532; the model took 323 and 279.)
 
-Reads answer in order, at most one per cycle; a request takes the port for its command's
-share of the controller's time (plus a miss). Addresses map as LiteDRAM's ROW_BANK_COL does on this module with its 16-octet native
-port: octets 0-3 of the byte address within the native word, column bits 4-10 (a 2 KiB page),
-bank bits 11-13, row bits 14 and up.
+Reads answer in order, at most one per cycle. Addresses map as LiteDRAM's ROW_BANK_COL does on
+this module with its 16-octet native port: octets 0-3 of the byte address within the native
+word, column bits 4-10 (a 2 KiB page), bank bits 11-13, row bits 14 and up.
 
 Simplifications, on the side of the pessimist where they are not exact: one command at a time
 (a miss holds the port even when the next request is to another bank; LiteDRAM's bank machines
@@ -178,9 +178,9 @@ class DramTiming:
 #: at 31.25 MHz, 18 (22) at 41.67 MHz. (Until 2026-12-06 the crossings were 4 core cycles,
 #: which fit 25 and 31.25 MHz but gave 17 at 41.67.)
 #: A read takes the port for 2 controller cycles (one BL8 burst of the 1:2 PHY), a write for
-#: 9/4: what tests/boards/test_litedram.py measures through the bridge and the controller, 256
-#: reads streamed in 467 core cycles at 41.67 MHz and 256 writes (and one read) in 532, and
-#: holds this model to (within 3 %).
+#: 9/4: what tests/boards/test_litedram.py measures through the bridge and the controller (256
+#: reads streamed in 467 core cycles at 41.67 MHz, 256 writes and one read in 532); it holds
+#: this model to those within one refresh (the model: 470 and 524).
 ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
                          refi_ctrl=391, rfc_ctrl=24, cdc_core=3, cdc_ctrl=2,
                          size_bytes=512 << 20, read_ctrl=Fraction(2),

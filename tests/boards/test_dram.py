@@ -117,8 +117,8 @@ def test_dram_model_refresh_stops_the_port_and_closes_rows():
 def test_dram_model_command_rate(we):
     """A core cycle of 6 units, a read of 10 and a write of 12 (the controller's 2 and 12/5
     cycles at 6/5 controller cycles a core cycle): 60 requests to one open row are taken 3 in
-    every 5 cycles (reads) or 1 in every 2 (writes), never two owed cycles' worth at once; the
-    default costs take one a cycle."""
+    every 5 cycles (reads) or 1 in every 2 (writes), the gaps exactly what the owed units
+    give; the default costs take one a cycle."""
     rate = DramCycles(hit=5, miss=3, refi=10000, rfc=9, tick=6, read_cost=10, write_cost=12)
     dut = DramModel(1024, rate, credits=16)
     reqs = [(8 * k, we, k, 0xFF) for k in range(60)]

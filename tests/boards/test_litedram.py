@@ -110,14 +110,16 @@ def test_bridge_on_litedram_controller(cores):
     # the row it closes), which falls into the window or not by the phase of the refresh timer.
     from boards.dram import DramModel
     from tests.boards.bus_traffic import stream_cycles
-    reads = stream_cycles(DramModel(1 << 15, model), [(4096 + 8 * i, 0, 0, 0) for i in range(256)])
-    writes = stream_cycles(DramModel(1 << 15, model), [(8192 + 8 * i, 1, i, 0xFF) for i in range(256)]
-                           + [(8192, 0, 0, 0)])
+    reads = stream_cycles(DramModel(1 << 15, model),
+                          [(4096 + 8 * i, 0, 0, 0) for i in range(256)])
+    writes = stream_cycles(DramModel(1 << 15, model),
+                           [(8192 + 8 * i, 1, i, 0xFF) for i in range(256)] + [(8192, 0, 0, 0)])
     print(f"the timing model: 256 reads in {reads} cycles, 256 writes + 1 read in {writes}",
           file=sys.stderr)
     slack = model.rfc + model.miss
     assert abs(reads - r["stream_read_cycles_256"]) <= slack, (reads, r["stream_read_cycles_256"])
-    assert abs(writes - r["stream_write_cycles_256"]) <= slack, (writes, r["stream_write_cycles_256"])
+    assert abs(writes - r["stream_write_cycles_256"]) <= slack, \
+        (writes, r["stream_write_cycles_256"])
     # init takes the program's waits, counted in controller cycles.
     program = json.loads((SIM_CORE / "init_program.json").read_text())
     waits = sum(s["wait"] for s in program["steps"])
