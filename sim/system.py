@@ -394,8 +394,12 @@ class SystemBench:
         from hw.iface import REG_KBTP
         from hw.kbtp.engine import reg as ENG
         eng = {k: await self.port.rreg(REG_KBTP + ENG[k]) for k in
-               ("HOSTQ_COUNT", "LAST_LATENCY", "LAST_CYCLES", "STALL_CYCLES", "CMD")}
-        return (f"events {self.events}; engine {eng}; probes {self.probes()}; "
+               ("HOSTQ_COUNT", "LAST_LATENCY", "LAST_CYCLES", "STALL_CYCLES", "CMD",
+                "FREE_QUEUE", "RING_OCCUPANCY")}
+        drv = self.driver
+        host = {"handled": len(self.handled), "backlog": len(drv._backlog),
+                "inflight": dict(drv._inflight), "host_actions": drv.host_actions}
+        return (f"events {self.events}; engine {eng}; host {host}; probes {self.probes()}; "
                 f"requester {await self.req_counters()}; last out "
                 f"{[bth_summary(f) for _, f in self.out_frames[-6:]]}; last in "
                 f"{[bth_summary(f) for _, f in self.in_frames[-6:]]}; "
