@@ -128,8 +128,9 @@ class DramTiming:
                                 synchroniser runs in the clock it enters)
     read_ctrl, write_ctrl : Fraction
                                 controller cycles a read / a write takes the port for when
-                                streaming (one native-port burst each; a fraction where
-                                measured so)
+                                streaming (one native-port burst each); the defaults are
+                                LiteDRAM's behind boards/litedram_bridge.py, measured by
+                                tests/boards/test_litedram.py (see ECPIX5_DDR3)
     """
     name: str
     ctrl_hz: float
@@ -141,7 +142,7 @@ class DramTiming:
     size_bytes: int
     cdc_ctrl: int = 0
     read_ctrl: Fraction = Fraction(2)
-    write_ctrl: Fraction = Fraction(2)
+    write_ctrl: Fraction = Fraction(9, 4)
 
     def cycles(self, core_hz):
         """The figures in core cycles at ``core_hz``: latencies and the refresh stall to the
@@ -183,8 +184,7 @@ class DramTiming:
 #: this model to those within one refresh (the model: 470 and 524).
 ECPIX5_DDR3 = DramTiming(name="ecpix5-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
                          refi_ctrl=391, rfc_ctrl=24, cdc_core=3, cdc_ctrl=2,
-                         size_bytes=512 << 20, read_ctrl=Fraction(2),
-                         write_ctrl=Fraction(9, 4))
+                         size_bytes=512 << 20)
 
 
 class DramModel(wiring.Component):
@@ -327,6 +327,5 @@ class DramModel(wiring.Component):
 #: read data for 15-16 cycles (24 on the ECPIX-5). The command rate is the ECPIX-5's (the same
 #: controller, PHY and bridge; not measured on this part).
 VERSA_DDR3 = DramTiming(name="versa-ddr3", ctrl_hz=50e6, hit_ctrl=16, miss_ctrl=5,
-                        refi_ctrl=391, rfc_ctrl=16, cdc_core=4, size_bytes=128 << 20,
-                        read_ctrl=Fraction(2), write_ctrl=Fraction(9, 4))
+                        refi_ctrl=391, rfc_ctrl=16, cdc_core=4, size_bytes=128 << 20)
 __all__ += ["VERSA_DDR3"]
