@@ -259,21 +259,32 @@ def _harness_digest():
 
 
 def build_dir_of(params):
+    trace = "_trace" if _trace() else ""
     if "board" in params:
         dram = f"_{params['dram']}" if params.get("dram") else ""
-        return ROOT / "sim_build" / f"vl_board_{params['board']}{dram}"
+        return ROOT / "sim_build" / f"vl_board_{params['board']}{dram}{trace}"
     slug = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
-    return ROOT / "sim_build" / f"vl_{slug}"
+    return ROOT / "sim_build" / f"vl_{slug}{trace}"
+
+
+def _trace():
+    """A waveform for debugging: ``KBTP_VL_TRACE=<first GMII cycle>[:<cycles>]`` builds the
+    model with Verilator's FST tracing (its own build directory, ``_trace``) and the harness
+    writes every signal from that cycle on into ``KBTP_VL_TRACE_FILE`` (default trace.fst in
+    the run directory). Slower; never used by the tests. Verilator's FST writer needs lz4's
+    headers (Debian: liblz4-dev)."""
+    return bool(os.environ.get("KBTP_VL_TRACE"))
 
 
 def _defines(params):
     """C++ defines of the harness (sim/vl/harness.cpp): the board's core has two clocks; the
-    10 Gb/s target has XGMII pins."""
+    10 Gb/s target has XGMII pins; a traced build dumps a waveform."""
+    d = ["-CFLAGS", "-DKBTP_TRACE", "--trace-fst"] if _trace() else []
     if "board" in params:
-        return ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"]
+        return d + ["-CFLAGS", f"-DKBTP_CORE_DIV={params['core_div']}"]
     if params.get("mac") == "xgmii":
-        return ["-CFLAGS", "-DKBTP_XGMII"]
-    return []
+        return d + ["-CFLAGS", "-DKBTP_XGMII"]
+    return d
 
 
 def _extra_sources(params):

@@ -43,6 +43,11 @@
 
 #include "Vtop.h"
 #include "verilated.h"
+#ifdef KBTP_TRACE
+// A waveform for debugging (sim/vltarget.py: KBTP_VL_TRACE=<first GMII cycle>[:<cycles>] builds
+// with --trace-fst; the file is KBTP_VL_TRACE_FILE or trace.fst). Time unit: half a GMII cycle.
+#include "verilated_fst_c.h"
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -272,6 +277,31 @@ inline void sample_tx() {
 
 #endif  // KBTP_XGMII
 
+#ifdef KBTP_TRACE
+VerilatedFstC* tfp = nullptr;
+uint64_t trace_from = 0, trace_to = ~0ull, trace_t = 0;
+bool trace_closed = false;
+void trace_close() {
+    if (tfp && !trace_closed) tfp->close();
+    trace_closed = true;
+}
+inline void dump() {
+    trace_t++;
+    if (cyc < trace_from || cyc > trace_to || trace_closed) return;
+    if (!tfp) {
+        tfp = new VerilatedFstC;
+        top->trace(tfp, 99);
+        const char* f = getenv("KBTP_VL_TRACE_FILE");
+        tfp->open(f ? f : "trace.fst");
+    }
+    tfp->dump(trace_t);
+    if (cyc == trace_to) trace_close();
+}
+#else
+inline void dump() {}
+inline void trace_close() {}
+#endif
+
 // One clock cycle in two halves: inputs applied and combinational logic settled with the clock
 // low (a host-bus ack is visible here), then the rising edge.
 #ifdef KBTP_CORE_DIV
@@ -286,10 +316,12 @@ inline void half_low() {
     if (core_rose) top->core_clk = 1;
     else if (phase == CORE_DIV / 2) top->core_clk = 0;
     top->eval();
+    dump();
 }
 inline void half_high() {
     top->clk = 1;
     top->eval();
+    dump();
     cyc++;
     phase = phase + 1 == CORE_DIV ? 0 : phase + 1;
     sample_tx();
@@ -306,10 +338,12 @@ inline void half_low() {
     drive_rx();
     top->clk = 0;
     top->eval();
+    dump();
 }
 inline void half_high() {
     top->clk = 1;
     top->eval();
+    dump();
 #ifdef KBTP_XGMII
     cyc += 8;           // ``cyc`` counts octet times: 8 per clock cycle
     sample_tx(cyc);
@@ -374,6 +408,15 @@ int main(int argc, char** argv) {
     out_fd = dup(1);
     dup2(2, 1);
     Verilated::commandArgs(argc, argv);
+#ifdef KBTP_TRACE
+    Verilated::traceEverOn(true);
+    if (const char* t = getenv("KBTP_VL_TRACE")) {
+        trace_from = strtoull(t, nullptr, 10);
+        if (const char* c = strchr(t, ':')) trace_to = trace_from + strtoull(c + 1, nullptr, 10);
+    }
+    // FST keeps its last blocks in memory: close the file on every exit (the parent gone, too).
+    atexit([] { trace_close(); });
+#endif
     crc_init();
     top = new Vtop;
     top->clk = 0;
@@ -487,6 +530,7 @@ int main(int argc, char** argv) {
         case 'Q':
             put_events();
             flush();
+            trace_close();
             top->final();
             delete top;
             return 0;
