@@ -40,7 +40,7 @@ from sim.vltarget import n_ranges_of
 from model.target import SendMsg, TargetConfig, TargetModel, WriteImm
 from roce.rc import RoceEndpoint
 
-__all__ = ["same_events", "SystemBench", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
+__all__ = ["same_events", "SystemBench", "RunTimeout", "VlSystemBench", "PeerMemory", "model_config", "run_sync", "mixed",
            "direct_step", "one_sided", "block_census", "DIRECT", "PERIOD_NS", "T_MAC", "T_IP",
            "P_MAC", "P_IP", "T_QPN0", "P_QPN0", "PMTU", "PMTU_CODE", "STEP"]
 
@@ -88,6 +88,13 @@ def model_config(**over):
               pool_to_base=0x150000, ticket_timeout_ms=1000, retention_ms=10_000.0)
     kw.update(over)
     return TargetConfig(**kw)
+
+
+class RunTimeout(AssertionError):
+    """:meth:`SystemBench.run_until` waited its whole budget (an AssertionError, for the tests
+    that expect one); :meth:`SystemBench.round` adds its hang report to it, and only to it: any
+    other AssertionError raised while a round runs (a frame of the target's that fails its
+    checks, the peer model's or the driver's) reaches the caller with its own message."""
 
 
 def run_sync(coro):
@@ -295,7 +302,8 @@ class SystemBench:
     async def run_until(self, cond, max_cycles=3_000_000, what="condition"):
         end = self.cycles + max_cycles
         while not cond():
-            assert self.cycles < end, f"run_until({what}): timed out"
+            if self.cycles >= end:
+                raise RunTimeout(f"run_until({what}): timed out after {max_cycles} cycles")
             await self.wait(self.step)
         return self.cycles
 
@@ -423,8 +431,9 @@ class SystemBench:
         try:
             await self.run_until(lambda: all(self.events[q] for q, _ in batch), timeout,
                                  f"completions of {[q for q, _ in batch]}")
-        except AssertionError:
-            raise AssertionError("round timed out: " + await self.hang_report(batch)) from None
+        except RunTimeout:
+            raise RunTimeout("round timed out: " + await self.hang_report(batch)) from None
+        # (any other failure, a check of the peer's or the driver's, keeps its own message)
         await self.settle(400)
         obs = self.observed(batch)
         first = None
