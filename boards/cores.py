@@ -229,14 +229,24 @@ def _gmii_flopped(m, gmii, mac, leds):
     m.d.comb += leds.eq(Cat(gmii.rx_dv, gmii.tx_en))
 
 
-#: The board core's MAC cut-through start (KbtpTarget ``mac_tx_start``, GmiiMac ``tx_start``),
-#: in octets. The frames' payloads come from the DDR3 over the core's memory bus, 64 bits at
-#: 41.67 MHz (2.67 times the line), on which the TX path comes right after the receive path
-#: (KbtpTarget: MemArbiter ``urgent``). What the start must cover is the DDR3's first word: a
-#: read takes 18 to 22 core cycles (boards/dram.py), a refresh 12 more, the way to the MAC
-#: about 10: some 130 octet times, which a frame's headers (58 to 70 octets), this start and
-#: the preamble cover.
-BOARD_TX_START = 128
+#: The board core's MAC transmit start (KbtpTarget ``mac_tx_start``, GmiiMac ``tx_start``), in
+#: octets: the largest frame the target sends, so that every frame starts on the wire only once
+#: it is wholly in the MAC's transmit buffer (8 KiB: two such frames). The DDR3 cannot keep a
+#: frame's source at the line's rate. Through the LiteDRAM bridge each 64-bit word is a BL8
+#: command of its own, a read 40/24 and a write 45/24 core cycles at 41.67 MHz
+#: (boards/dram.py DramTiming): sending at line rate (a word per 2.67 core cycles) takes 62 %
+#: of the DDR3's commands, receiving at line rate, whose placement goes first (MemArbiter
+#: ``urgent``), 70 %, refresh 7 % more. Under full-duplex load a frame's source may fall to a
+#: third of the line's rate, and a frame started early runs dry on the wire (an underrun: the
+#: frame is lost and waits for the transport's retransmission). The 5 %-loss soak found one at
+#: round 1,836 (a 256-octet WRITE started at 128 octets). A start at a fixed fraction of the
+#: frame would have to be some two thirds of the largest one; the whole frame costs a LOAD of
+#: 64 octets one frame's fill from the DDR3 beyond its first 128 octets (some 10 octets at
+#: 1.6 octets per GMII cycle). With two words per command (a bridge that pairs them) the
+#: DDR3 would keep up with the line both ways and a short start would be safe again.
+#: Largest frame: Ethernet 14, IPv4 20, UDP 8, BTH 12, RETH 16, ImmDt 4, a path MTU of 4096,
+#: ICRC 4 (an RDMA WRITE Only with Immediate), rounded up to whole words.
+BOARD_TX_START = -(-(14 + 20 + 8 + 12 + 16 + 4 + 4096 + 4) // 8) * 8
 
 
 class KbtpCore(wiring.Component):

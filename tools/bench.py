@@ -730,7 +730,8 @@ class Bench:
         """``n_ops`` operations of each initiator in ``qs`` (default: all), every one keeping
         ``depth`` (default :data:`MULTI_DEPTH`, within the credits) requests outstanding at the
         same time; ``handles[q]``: the handles of
-        initiator ``q`` (its one bound handle, or one per operation for ALLOC_STORE).
+        initiator ``q`` (its one bound handle, or one per operation for ALLOC_STORE). ``op``:
+        one operation for all, or a dict of each QP's (a mixed series, named ``OP@q+...``).
 
         The figures are taken over the common steady-state window: from the cycle every QP has
         had its first COMPLETION (warm-up) to the cycle the first QP has had its last (times:
@@ -747,9 +748,14 @@ class Bench:
         Latency of every request: its last octet in (``rx_log``) to the first octet of its
         COMPLETION."""
         from roce.frames import parse_frame
-        kind, by_read = OPS[op]
-        D = self.within_credits(depth or MULTI_DEPTH)
         qs = list(range(self.n_init)) if qs is None else list(qs)
+        # ``op`` a dict: each QP its own operation (a mixed series: LOADs sending while
+        # STOREs arrive); the figures then mix them, and the bound is the slowest one's.
+        op_of = dict(op) if isinstance(op, dict) else dict.fromkeys(qs, op)
+        if isinstance(op, dict):
+            op = "+".join(f"{op_of[q]}@{q}" for q in qs)
+        kind_of = {q: OPS[op_of[q]] for q in qs}
+        D = self.within_credits(depth or MULTI_DEPTH)
         mtu = self.mtus[qs[0]]
         assert all(self.mtus[q] == mtu for q in qs), "one path MTU for every QP"
         datas = {q: [self.rng.randbytes(length) for _ in range(n_ops)] for q in qs}
@@ -759,16 +765,17 @@ class Bench:
         self.turnaround = 0
         done = lambda q: len(self.events[q]) - ev0[q]
         total = lambda: sum(done(q) for q in qs)
-        plan = self.plan(op, length, mtu)
-        bound = plan["bound"]
+        plans = {q: self.plan(op_of[q], length, mtu) for q in qs}
+        plan = plans[qs[0]]
+        bound = max(pl["bound"] for pl in plans.values())
         k = dict.fromkeys(qs, 0)
         rid_of = {q: {} for q in qs}         # request_id -> operation index
         min_out = dict.fromkeys(qs, D)
         while total() < n_ops * len(qs):
             for q in qs:
                 while k[q] < n_ops and k[q] - done(q) < D:
-                    h = handles[q][k[q]] if kind == "ALLOC_STORE" else handles[q][0]
-                    raw = self.request(q, op, h, length, datas[q][k[q]], slot=k[q] % D)
+                    h = handles[q][k[q]] if kind_of[q][0] == "ALLOC_STORE" else handles[q][0]
+                    raw = self.request(q, op_of[q], h, length, datas[q][k[q]], slot=k[q] % D)
                     rid_of[q][self.rid] = k[q]
                     self.qps[q].send(raw)
                     self._deliver([])     # puts the SEND on the wire now
@@ -783,6 +790,7 @@ class Bench:
         times = {q: [self.events[q][ev0[q] + i][0] for i in range(n_ops)] for q in qs}
         # Content: every QP's LOAD data is its block, every stored block holds what was stored.
         for q in qs:
+            kind = kind_of[q][0]
             for c in comps[q]:
                 assert c.data_length == length, (q, c)
             if kind == "LOAD":
@@ -798,7 +806,7 @@ class Bench:
                 assert dlen == length, (q, h, dlen, length)
                 got = self.vt.mem_read(addr, length)
                 assert got == datas[q][i], \
-                    f"{op} initiator {q}: block content differs from the data stored"
+                    f"{op_of[q]} initiator {q}: block content differs from the data stored"
                 self.content[h] = got
         # Requests: the k-th SEND Only / Last to target QP q is q's k-th request.
         req_at = {q: [] for q in qs}
@@ -853,7 +861,7 @@ class Bench:
         every = [x for q in qs for x in lat[q]]
         per_qp = []
         for q in qs:
-            moved = self._data_octets(kind, by_read, P_QPN0 + q, tx0, sent0,
+            moved = self._data_octets(*kind_of[q], P_QPN0 + q, tx0, sent0,
                                       target_qpn=T_QPN0 + q)
             per_qp.append({
                 "qp": q, "completed": len(comps[q]), "rate_ops": spans[q][0],

@@ -426,3 +426,29 @@ def test_resources_are_the_timing_record(tmp_path):
     assert r["ecpix5"]["clocks"] == bench._resource_entry(rec["report"])["clocks"]
     assert r["ecpix5"]["fmax_mhz"] != 1.0 and r["ecpix5"]["timing_met"]
     assert r["versa"]["fmax_mhz"] == 1.0 and r["versa"]["source"].endswith("report.json")
+
+
+def test_loads_sent_while_stores_arrive_do_not_run_dry():
+    """LOADs of 4 KiB at path MTU 4096 (WRITE frames of 4,170 octets from the DDR3) on one QP
+    while another QP's inline STOREs of 4 KiB arrive at the line's rate, on the shipped core.
+    The responder's placement of the arriving STOREs goes first on the memory bus (MemArbiter
+    ``urgent``), and through the LiteDRAM bridge a word costs a command of its own: the DDR3
+    cannot feed both directions at the line's rate, and a WRITE started on the wire before it
+    was all in the MAC's transmit buffer would run dry (boards/cores.py BOARD_TX_START). No
+    frame of the target's may underrun (an underrun is a frame lost: the peer's FCS check
+    drops it and the bench's own check of the target's frames fails), none is resent, and
+    every LOAD brings its block and every STORE leaves its data (checked in the series)."""
+    n, size = 12, 4096
+    with bench._vt("ecpix5", lambda s: None) as vt:
+        b = bench.Bench(vt, size, mtus=(4096,), n_init=2, max_blocks=8)
+        b.bring_up()
+        for q in (0, 1):
+            bench._bind_one(b, q, b.sess[q].handle_base, size)
+        r = b.series_multi({0: "LOAD", 1: "STORE_INLINE"}, size, n,
+                           {q: [b.sess[q].handle_base] for q in (0, 1)}, depth=4)
+        mac = {k: bench._top_counter(b, "mac", k) for k in ("tx_underruns", "tx_frames")}
+        assert mac["tx_underruns"] == 0, mac
+        assert r["retransmits_peer"] == 0 and bench._req_counter(b, "cnt_retransmits") == 0, r
+        assert [x["completed"] for x in r["per_qp"]] == [n, n], r["per_qp"]
+        # Both directions were busy at once: the LOADs' WRITEs went out while STOREs came in.
+        assert r["wire_util_to_target"] > 0.3 and r["wire_util_to_peer"] > 0.3, r
