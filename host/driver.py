@@ -957,6 +957,13 @@ class KbtpDriver:
         await self._pump()
         return acts
 
+    def state(self):
+        """What the driver holds for an operator or a hang report: messages popped from the
+        host queue and not yet handled (``backlog``), each QP's last reply still in flight
+        (``inflight``: QP -> its WorkRequest's wr_id) and the host actions taken."""
+        return {"backlog": len(self._backlog), "inflight": dict(self._inflight),
+                "host_actions": self.host_actions}
+
     def session_of(self, qp):
         """(Initiator ID, handle base, handle count, quota, features) of ``qp``'s session."""
         c = self._conns.get(qp)

@@ -404,9 +404,7 @@ class SystemBench:
         eng = {k: await self.port.rreg(REG_KBTP + ENG[k]) for k in
                ("HOSTQ_COUNT", "LAST_LATENCY", "LAST_CYCLES", "STALL_CYCLES", "CMD",
                 "FREE_QUEUE", "RING_OCCUPANCY")}
-        drv = self.driver
-        host = {"handled": len(self.handled), "backlog": len(drv._backlog),
-                "inflight": dict(drv._inflight), "host_actions": drv.host_actions}
+        host = {"handled": len(self.handled), **self.driver.state()}
         return (f"events {self.events}; engine {eng}; host {host}; probes {self.probes()}; "
                 f"requester {await self.req_counters()}; last out "
                 f"{[bth_summary(f) for _, f in self.out_frames[-6:]]}; last in "

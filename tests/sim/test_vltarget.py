@@ -145,3 +145,24 @@ def test_no_export_from_modules_older_than_the_files(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="sources changed since this process started"):
         vltarget.build({"width": 8})
     assert not (tmp_path / "hw.sha256").exists()
+
+
+def test_a_round_that_times_out_says_why_and_other_failures_keep_theirs(vt):
+    """SystemBench.round: only its own wait's timeout (RunTimeout) carries the hang report; a
+    failed check on the way (here the bench's check of the target's frames: a frame with a bad
+    FCS, as an underrun sends) keeps its own message. The soak's 'hang' at round 1,836 of seed 1
+    (notes of 2026-12-07) was such a bad FCS, reported as a timeout."""
+    from sim.system import RunTimeout
+    b = VlSystemBench(vt, n_init=1, seed=13)
+    run_sync(b.bring_up())
+    stats = run_sync(mixed(b, rounds=2))
+    raw = b.make_request(0, stats)
+    b.link.loss = 1.0                   # nothing reaches the target: no answer comes
+    with pytest.raises(RunTimeout, match=r"round timed out: events .* engine \{.*HOSTQ_COUNT"):
+        run_sync(b.round([(0, raw)], stats, timeout=20_000))
+    b.link.loss = 0.0
+    real = b.check_out
+    b.check_out = lambda raw, fcs_ok, t: real(raw, False, t)     # the next frame out is bad
+    with pytest.raises(AssertionError, match="bad FCS from the DUT") as e:
+        run_sync(b.round([(0, b.make_request(0, stats))], stats, timeout=400_000))
+    assert not isinstance(e.value, RunTimeout)
