@@ -20,6 +20,7 @@ from amaranth import Cat, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.headers import BTH, RETH, EthernetHeader, ImmDt, IPv4Header, UDPHeader
 from hw.iface import HostBusSignature
 from hw.lib.stream import RegisterSlice, frame_from_packets
 from hw.net.rgmii import GmiiSignature
@@ -231,7 +232,8 @@ def _gmii_flopped(m, gmii, mac, leds):
 
 #: The board core's MAC transmit start (KbtpTarget ``mac_tx_start``, GmiiMac ``tx_start``), in
 #: octets: the largest frame the target sends, so that every frame starts on the wire only once
-#: it is wholly in the MAC's transmit buffer (8 KiB: two such frames). The DDR3 cannot keep a
+#: it is wholly in the MAC's transmit buffer (8 KiB: one such frame and 96 % of the next; a
+#: frame fits once the one before it has drained). The DDR3 cannot keep a
 #: frame's source at the line's rate. Through the LiteDRAM bridge each 64-bit word is a BL8
 #: command of its own, a read 40/24 and a write 45/24 core cycles at 41.67 MHz
 #: (boards/dram.py DramTiming): sending at line rate (a word per 2.67 core cycles) takes 62 %
@@ -245,8 +247,9 @@ def _gmii_flopped(m, gmii, mac, leds):
 #: 1.6 octets per GMII cycle). With two words per command (a bridge that pairs them) the
 #: DDR3 would keep up with the line both ways and a short start would be safe again.
 #: Largest frame: Ethernet 14, IPv4 20, UDP 8, BTH 12, RETH 16, ImmDt 4, a path MTU of 4096,
-#: ICRC 4 (an RDMA WRITE Only with Immediate), rounded up to whole words.
-BOARD_TX_START = -(-(14 + 20 + 8 + 12 + 16 + 4 + 4096 + 4) // 8) * 8
+#: ICRC 4 (an RDMA WRITE Only with Immediate), rounded up to whole words: 4,176.
+BOARD_TX_START = -(-(EthernetHeader.SIZE + IPv4Header.SIZE + UDPHeader.SIZE + BTH.SIZE
+                     + RETH.SIZE + ImmDt.SIZE + 4096 + 4) // 8) * 8   # (+ the ICRC)
 
 
 class KbtpCore(wiring.Component):
